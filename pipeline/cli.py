@@ -1,0 +1,78 @@
+"""The ``authpipe`` console script: one subcommand per role.
+
+Each handler imports its module lazily, so ``authpipe stack status`` does not pay for
+faust or chdb imports. Bad flags exit 2 with argparse's message; an AuthpipeError
+exits 1 with its message; nothing prints a traceback for a user mistake.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+
+from pipeline.errors import AuthpipeError
+from pipeline.logs import configure_logging
+from pipeline.settings import Settings, load_settings
+
+Handler = Callable[[argparse.Namespace, Settings], int]
+
+
+def _stack(args: argparse.Namespace, settings: Settings) -> int:
+    from pipeline.stack import run_stack_command
+
+    return run_stack_command(args.action, settings)
+
+
+def _clickhouse(args: argparse.Namespace, settings: Settings) -> int:
+    from pipeline.sinks.migrate import run_migrate_command
+
+    return run_migrate_command(settings)
+
+
+def _not_yet(name: str) -> Handler:
+    def handler(args: argparse.Namespace, settings: Settings) -> int:
+        print(f"authpipe {name}: not built yet in this version", file=sys.stderr)
+        return 2
+
+    return handler
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="authpipe", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    stack = sub.add_parser("stack", help="the local dev stack (real Kafka broker)")
+    stack.add_argument("action", choices=["up", "down", "status"])
+    stack.set_defaults(handler=_stack)
+
+    ch = sub.add_parser("clickhouse", help="ClickHouse schema")
+    ch.add_argument("action", choices=["migrate"])
+    ch.set_defaults(handler=_clickhouse)
+
+    for name, help_text in [
+        ("worker", "the stream processors"),
+        ("edge", "the gateway decision feed"),
+        ("simulate", "produce simulated login traffic"),
+    ]:
+        sub.add_parser(name, help=help_text).set_defaults(handler=_not_yet(name))
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        settings = load_settings()
+        configure_logging(settings.log.level, settings.log.format)
+        handler: Handler = args.handler
+        return handler(args, settings)
+    except AuthpipeError as exc:
+        print(f"authpipe: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
