@@ -1,0 +1,1 @@
+"""ClickHouse fixtures (filled in by the ClickHouse work)."""

@@ -1,0 +1,1 @@
+"""Kafka broker fixtures (filled in by the stack work)."""
