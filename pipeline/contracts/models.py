@@ -1,0 +1,154 @@
+"""Pydantic wire models. Inputs ignore unknown fields; outputs forbid them; all are frozen.
+
+Timestamps on the wire are RFC 3339. Inputs must carry an offset; outputs are always
+UTC with millisecond precision and a ``Z`` suffix (``2026-11-29T22:45:09.123Z``).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Annotated, Literal
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, PlainSerializer, field_validator
+
+SCHEMA_VERSION = 1
+USER_AGENT_MAX_CHARS = 512
+
+Flow = Literal["login", "uia", "mfa", "recovery", "token"]
+Outcome = Literal["success", "failure"]
+FailureReason = Literal["bad_password", "unknown_account", "bad_second_factor", "refused", "other"]
+Scope = Literal["account_source", "account", "device", "uia", "mfa", "source"]
+AppliesTo = Literal["untrusted", "device", "uia", "mfa", "all"]
+Action = Literal["block", "observe"]
+AppliedDecision = Literal["allowed", "block", "observe"]
+
+
+def format_utc_ms(value: datetime) -> str:
+    """RFC 3339, UTC, millisecond precision, ``Z`` suffix."""
+    utc = value.astimezone(UTC)
+    return utc.strftime("%Y-%m-%dT%H:%M:%S.") + f"{utc.microsecond // 1000:03d}Z"
+
+
+def ms_to_datetime(epoch_ms: int) -> datetime:
+    """Epoch milliseconds as an aware UTC datetime."""
+    return _EPOCH + timedelta(milliseconds=epoch_ms)
+
+
+def datetime_to_ms(value: datetime) -> int:
+    """An aware datetime as epoch milliseconds (floor)."""
+    delta = value - _EPOCH
+    return (delta.days * 86_400 + delta.seconds) * 1000 + delta.microseconds // 1000
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+UtcMs = Annotated[AwareDatetime, PlainSerializer(format_utc_ms, return_type=str, when_used="json")]
+
+
+class _Input(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore", strict=True)
+
+
+class _Output(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+
+class LoginAttempt(_Input):
+    """One authentication attempt, schema ``login_attempt`` version 1 (topic auth.login-attempts).
+
+    Unknown extra fields are accepted and ignored: producers may be newer than we are.
+    ``peer_ip`` is checked to be an IP address by normalisation, which parses it anyway;
+    ``forwarded_for`` entries are free text because garbage there is skipped entry by entry.
+    """
+
+    event_id: str = Field(min_length=1, max_length=128, description="unique per attempt")
+    occurred_at: AwareDatetime = Field(description="event time, RFC 3339 with offset")
+    tenant: str = Field("default", min_length=1, max_length=64, description="realm")
+    service: str = Field(min_length=1, max_length=128, description="emitting login service")
+    flow: Flow = Field("login", description="uia = password re-check inside a session")
+    account: str = Field(min_length=1, max_length=320, description="identifier as typed")
+    peer_ip: str = Field(min_length=2, max_length=64, description="TCP peer, IPv4 or IPv6")
+    forwarded_for: tuple[str, ...] = Field((), max_length=64, description="XFF chain, left to right")
+    device_id: str | None = Field(None, min_length=1, max_length=256, description="device cookie id")
+    device_trusted: bool = Field(False, description="cookie verified trusted for this account")
+    session_id: str | None = Field(None, min_length=1, max_length=256, description="for uia")
+    outcome: Outcome
+    failure_reason: FailureReason | None = None
+    user_agent: str | None = Field(None, description="cut to 512 characters")
+
+    @field_validator("user_agent", mode="before")
+    @classmethod
+    def _cut_user_agent(cls, value: object) -> object:
+        if isinstance(value, str) and len(value) > USER_AGENT_MAX_CHARS:
+            return value[:USER_AGENT_MAX_CHARS]
+        return value
+
+
+class Decision(_Output):
+    """A throttle decision on the compacted topic auth.throttle-decisions.
+
+    The Kafka key is ``key``; a null value with that key (a tombstone) lifts it.
+    ``device_id`` is the keyed digest of the device cookie id (or of the session id for
+    ``uia``), never the raw id.
+    """
+
+    decision_id: str
+    key: str
+    tenant: str
+    scope: Scope
+    account_digest: str | None
+    source: str | None
+    device_id: str | None
+    applies_to: AppliesTo
+    action: Action
+    rule: str
+    count: int = Field(ge=0)
+    threshold: int = Field(ge=0)
+    window_ms: int = Field(ge=0)
+    issued_at: UtcMs
+    expires_at: UtcMs
+    policy_version: str
+
+
+class Alert(_Output):
+    """An alert on auth.alerts, emitted once per subject per window."""
+
+    alert_id: str
+    type: str = Field(pattern=r"^[a-z][a-z0-9_]*$")
+    tenant: str
+    source: str | None
+    account_digest: str | None
+    count: int = Field(ge=0)
+    distinct_accounts: int = Field(ge=0)
+    window_start: UtcMs
+    window_end: UtcMs
+    policy_version: str
+
+
+class AuditRow(_Output):
+    """One row of the audit stream auth.audit, the ClickHouse ``attempts`` table's input.
+
+    ``weight`` is the number of attempts the row stands for: 1 for an ordinary row,
+    more for the summary row the rate cap writes when a key's minute closes, so that
+    ``sum(weight)`` is exact whatever the cap dropped.
+    """
+
+    ts: UtcMs
+    tenant: str
+    service: str
+    flow: Flow
+    account_digest: str
+    account: str | None = None
+    source: str
+    device_id: str
+    trusted: bool
+    outcome: Outcome
+    failure_reason: str
+    decision: AppliedDecision
+    weight: int = Field(ge=1)
+    summary: bool = False
+    policy_version: str
+    event_id: str
+    kafka_topic: str
+    kafka_partition: int = Field(ge=0)
+    kafka_offset: int = Field(ge=0)

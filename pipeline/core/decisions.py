@@ -1,0 +1,163 @@
+"""The refusal check, shared by the worker (for audit) and the edge (for enforcement).
+
+An attempt ``(tenant, account, source, device, trusted, flow)`` is refused exactly when
+an unexpired ``block`` decision applies to it; ``retry_after_ms`` is the longest
+remaining block. Which decisions apply is decided by key, so the check is a handful of
+dict lookups:
+
+* every flow: ``source|t|-|s|-`` (source blocks apply to all; off by default);
+* password flows from a trusted device: ``device|t|a|-|d`` only, never the
+  account_source or account blocks: a stranger cannot lock the owner out of their device;
+* other password flows: ``account_source|t|a|s|-`` and ``account|t|a|-|-``;
+* ``uia``: ``uia|t|a|-|<session or device>`` (or ``uia|t|a|s|-`` with neither);
+* ``mfa``: ``mfa|t|a|-|<device or session>`` (or ``mfa|t|a|s|-`` with neither).
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+from pipeline.core.attempt import PASSWORD_FLOWS, Attempt
+from pipeline.core.keys import Key, decision_key
+
+
+def uia_key(tenant: str, account: str, source: str, session: str | None, device: str | None) -> Key:
+    """The re-auth bucket: per session, else per device, else per source."""
+    handle = session or device
+    if handle:
+        return decision_key("uia", tenant, account, None, handle)
+    return decision_key("uia", tenant, account, source, None)
+
+
+def mfa_key(tenant: str, account: str, source: str, device: str | None, session: str | None) -> Key:
+    """The second-factor bucket: per device, else per session, else per source."""
+    handle = device or session
+    if handle:
+        return decision_key("mfa", tenant, account, None, handle)
+    return decision_key("mfa", tenant, account, source, None)
+
+
+def applicable_keys(
+    tenant: str,
+    account: str,
+    source: str,
+    device: str | None,
+    session: str | None,
+    trusted: bool,
+    flow: str,
+) -> tuple[Key, ...]:
+    """The decision keys that can refuse this attempt (see the module docstring)."""
+    # Inlined decision_key tuples: this runs once per event on the hot path.
+    source_key: Key = ("source", tenant, None, source, None)
+    if flow in PASSWORD_FLOWS:
+        if trusted and device:
+            return (source_key, ("device", tenant, account, None, device))
+        return (
+            source_key,
+            ("account_source", tenant, account, source, None),
+            ("account", tenant, account, None, None),
+        )
+    if flow == "uia":
+        return (source_key, uia_key(tenant, account, source, session, device))
+    return (source_key, mfa_key(tenant, account, source, device, session))
+
+
+def keys_for(attempt: Attempt) -> tuple[Key, ...]:
+    return applicable_keys(
+        attempt.tenant, attempt.account, attempt.source, attempt.device,
+        attempt.session, attempt.trusted, attempt.flow,
+    )  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class Active:
+    """What the index keeps of a decision: enough to refuse, and the id for operators."""
+
+    decision_id: str
+    action: str
+    expires_ms: int
+    rule: str
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """The answer of the check. Only ``allowed`` and ``retry_after_ms`` go to clients."""
+
+    allowed: bool
+    retry_after_ms: int
+    matched_key: Key | None = None
+    observed_key: Key | None = None
+
+    @property
+    def applied(self) -> str:
+        if not self.allowed:
+            return "block"
+        return "observe" if self.observed_key else "allowed"
+
+
+ALLOWED = Verdict(True, 0)
+
+
+class DecisionIndex:
+    """Active decisions by key, with lazy expiry from a heap ordered by ``expires_ms``.
+
+    ``check`` ignores expired entries even before ``prune`` removes them, so a decision
+    whose tombstone never arrives stops being enforced at its ``expires_at``.
+    """
+
+    __slots__ = ("_active", "_heap")
+
+    def __init__(self) -> None:
+        self._active: dict[Key, Active] = {}
+        self._heap: list[tuple[int, str, Key]] = []
+
+    def __len__(self) -> int:
+        return len(self._active)
+
+    def put(self, key: Key, active: Active) -> None:
+        self._active[key] = active
+        # Ordered by (expiry, decision id): ids are unique, so keys (which may hold None)
+        # are never compared.
+        heapq.heappush(self._heap, (active.expires_ms, active.decision_id, key))
+
+    def lift(self, key: Key) -> Active | None:
+        return self._active.pop(key, None)
+
+    def get(self, key: Key) -> Active | None:
+        return self._active.get(key)
+
+    def items(self) -> list[tuple[Key, Active]]:
+        return list(self._active.items())
+
+    def prune(self, now_ms: int) -> list[Key]:
+        """Remove decisions expired at ``now_ms``; returns their keys."""
+        heap = self._heap
+        removed: list[Key] = []
+        while heap and heap[0][0] <= now_ms:
+            _, decision_id, key = heapq.heappop(heap)
+            current = self._active.get(key)
+            if current is not None and current.decision_id == decision_id:
+                del self._active[key]
+                removed.append(key)
+        return removed
+
+    def check(self, keys: tuple[Key, ...], now_ms: int) -> Verdict:
+        """Refused iff an unexpired block applies; retry after the longest remaining one."""
+        retry_ms = 0
+        matched: Key | None = None
+        observed: Key | None = None
+        active = self._active
+        for key in keys:
+            entry = active.get(key)
+            if entry is None or entry.expires_ms <= now_ms:
+                continue
+            if entry.action == "block":
+                remaining = entry.expires_ms - now_ms
+                if remaining > retry_ms:
+                    retry_ms, matched = remaining, key
+            elif observed is None:
+                observed = key
+        if matched is None:
+            return Verdict(True, 0, None, observed) if observed else ALLOWED
+        return Verdict(False, retry_ms, matched, observed)

@@ -1,0 +1,625 @@
+"""The policy engine: ``step(state, attempt, now_ms) -> (state, decisions, alerts)``.
+
+The work is split the way the stream partitions it, so one worker, many workers and a
+single-process replay all run the same code:
+
+* ``AccountShard`` sees every attempt of its accounts (partitioned by account digest):
+  rules 1-4 and mfa, escalation (6), the lifetime bound (7), the ceiling alert, and its
+  share of the tenant-wide count of distinct failing accounts (exact when summed,
+  because accounts are disjoint across shards). It forwards untrusted password
+  failures to the source stage.
+* ``SourceShard`` sees those failures partitioned by source: the spray signal (5), the
+  credential-stuffing signal, and its share of distinct failing sources per tenant.
+* ``TenantRollup`` sums the shares and raises ``spray_tenant`` (8).
+* ``Engine`` wires the three together in one process (replay, backtest, tests).
+
+Windows use event time (``occurred_ms``); ``now_ms`` is the watermark (the newest event
+time seen) and decides expiry and lateness, so replaying the same events always gives
+byte-identical decisions. Nothing here reads the clock or performs I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from pipeline.contracts.models import Alert, Decision, ms_to_datetime
+from pipeline.core.attempt import Attempt
+from pipeline.core.decisions import ALLOWED, Active, DecisionIndex, Verdict, keys_for
+from pipeline.core.dedupe import Deduper
+from pipeline.core.keys import Key, decision_key, format_key, pair_key, stable_id
+from pipeline.core.policy import DEFAULT_POLICY, Policy, RuleConfig, TenantPolicy
+from pipeline.core.state import KeyState, PairState, SourceState
+from pipeline.core.table import BoundedTable
+from pipeline.core.window import WindowSpec
+
+APPLIES_TO = {
+    "account_source": "untrusted",
+    "account": "untrusted",
+    "device": "device",
+    "uia": "uia",
+    "mfa": "mfa",
+    "source": "all",
+}
+COUNTER_RULES = ("account_source", "account", "device", "uia", "mfa")
+
+
+@dataclass
+class Outbox:
+    """What a step produced, in order. ``decisions`` holds ``(key, Decision | None)``;
+    None is a tombstone (the decision was lifted early or expired)."""
+
+    decisions: list[tuple[str, Decision | None]] = field(default_factory=list)
+    alerts: list[Alert] = field(default_factory=list)
+    forwards: list[Attempt] = field(default_factory=list)
+    partials: dict[tuple[str, int], int] = field(default_factory=dict)
+
+    def clear(self) -> None:
+        self.decisions.clear()
+        self.alerts.clear()
+        self.forwards.clear()
+        self.partials.clear()
+
+
+@dataclass
+class Metrics:
+    """Counters a shell exports: what the core did and where its bounds bit."""
+
+    counted: int = 0
+    duplicates: int = 0
+    late: int = 0
+    decisions: int = 0
+    lifts: int = 0
+    alerts: int = 0
+
+
+def _alert(
+    kind: str, tenant: str, source: str | None, account: str | None,
+    count: int, distinct: int, start_ms: int, end_ms: int, version: str,
+) -> Alert:  # fmt: skip
+    return Alert(
+        alert_id=stable_id(kind, tenant, source or "-", account or "-", start_ms, version),
+        type=kind,
+        tenant=tenant,
+        source=source,
+        account_digest=account,
+        count=count,
+        distinct_accounts=distinct,
+        window_start=ms_to_datetime(start_ms),
+        window_end=ms_to_datetime(end_ms),
+        policy_version=version,
+    )
+
+
+def _factory(ring_size: int) -> Callable[[], KeyState]:
+    return lambda: KeyState(ring_size)
+
+
+class _TenantTables:
+    """One tenant's compiled rules and bounded tables (built once per tenant)."""
+
+    def __init__(self, policy: TenantPolicy, on_drop_counter: object = None) -> None:
+        self.policy = policy
+        self.specs = {
+            rule: WindowSpec(getattr(policy, rule).window_ms, policy.sub_buckets)
+            for rule in (*COUNTER_RULES, "source")
+        }
+        self.stuffing_spec = WindowSpec(policy.stuffing.window_ms, policy.sub_buckets)
+        self.cfg: dict[str, RuleConfig] = {
+            rule: getattr(policy, rule) for rule in (*COUNTER_RULES, "source")
+        }
+        self.factories = {rule: _factory(self.specs[rule].ring_size) for rule in COUNTER_RULES}
+        self.counters: dict[str, BoundedTable[KeyState]] = {
+            rule: BoundedTable(policy.entry_cap) for rule in COUNTER_RULES
+        }
+        self.sources: BoundedTable[SourceState] = BoundedTable(policy.entry_cap)
+        self.pairs: BoundedTable[PairState] = BoundedTable(policy.entry_cap)
+        self.max_span_ms = max(spec.span_ms for spec in self.specs.values())
+
+    def tables(self) -> list[BoundedTable[KeyState] | BoundedTable[SourceState] | BoundedTable[PairState]]:
+        return [*self.counters.values(), self.sources, self.pairs]
+
+
+class _Shard:
+    """What both shards share: policy, tables per tenant, the decision index, dedupe."""
+
+    def __init__(self, policy: Policy, dedupe_horizon_ms: int, dedupe_capacity: int) -> None:
+        self.policy = policy
+        self.version = policy.policy_version
+        self.tenants: dict[str, _TenantTables] = {}
+        self.index = DecisionIndex()
+        # A zero horizon turns dedupe off (the source stage of a single-process Engine is
+        # fed only by the already-deduplicated account stage).
+        self.dedupe = Deduper(dedupe_horizon_ms, dedupe_capacity) if dedupe_horizon_ms else None
+        self.watermark_ms = 0
+        self.metrics = Metrics()
+        # Keys whose state changed since the last ``take_dirty``: the stream flushes them.
+        self.dirty: set[tuple[str, str, Key]] = set()
+
+    def tenant(self, tenant: str) -> _TenantTables:
+        tables = self.tenants.get(tenant)
+        if tables is None:
+            tables = _TenantTables(self.policy.for_tenant(tenant))
+            self.tenants[tenant] = tables
+        return tables
+
+    def _issue(
+        self, out: Outbox, rule: str, scope: str, key: Key, tenant: str, account: str | None,
+        source: str | None, device: str | None, cfg: RuleConfig, count: int,
+        issued_ms: int, expires_ms: int,
+    ) -> str:  # fmt: skip
+        action = "block" if cfg.mode == "enforce" else "observe"
+        wire_key = format_key(key)
+        decision_id = stable_id(wire_key, issued_ms, expires_ms, self.version)
+        decision = Decision(
+            decision_id=decision_id,
+            key=wire_key,
+            tenant=tenant,
+            scope=scope,  # type: ignore[arg-type]
+            account_digest=account,
+            source=source,
+            device_id=device,
+            applies_to=APPLIES_TO[scope],  # type: ignore[arg-type]
+            action=action,  # type: ignore[arg-type]
+            rule=rule,
+            count=count,
+            threshold=cfg.threshold,
+            window_ms=cfg.window_ms,
+            issued_at=ms_to_datetime(issued_ms),
+            expires_at=ms_to_datetime(expires_ms),
+            policy_version=self.version,
+        )
+        self.index.put(key, Active(decision_id, action, expires_ms, rule))
+        out.decisions.append((wire_key, decision))
+        self.metrics.decisions += 1
+        return decision_id
+
+    def _lift(self, out: Outbox, key: Key) -> None:
+        if self.index.lift(key) is not None:
+            out.decisions.append((format_key(key), None))
+            self.metrics.lifts += 1
+
+    def advance(self, now_ms: int, out: Outbox) -> None:
+        """Move the watermark: expire table entries and tombstone expired decisions."""
+        if now_ms > self.watermark_ms:
+            self.watermark_ms = now_ms
+        for key in self.index.prune(self.watermark_ms):
+            out.decisions.append((format_key(key), None))
+            self.metrics.lifts += 1
+        for name, tables in self.tenants.items():
+            for table in tables.tables():
+                for key in table.expire(self.watermark_ms):
+                    self.dirty.add((name, _table_name(tables, table), key))
+
+    def evictions(self) -> int:
+        return sum(t.evictions for tt in self.tenants.values() for t in tt.tables())
+
+    def entries(self) -> int:
+        return sum(len(t) for tt in self.tenants.values() for t in tt.tables())
+
+
+def _table_name(tables: _TenantTables, table: object) -> str:
+    for name, candidate in tables.counters.items():
+        if candidate is table:
+            return name
+    return "sources" if table is tables.sources else "pairs"
+
+
+class AccountShard(_Shard):
+    """Rules keyed by account: per (account, source), the ceiling, device, uia, mfa,
+    escalation and the lifetime bound. See the module docstring for the split."""
+
+    def __init__(
+        self, policy: Policy = DEFAULT_POLICY, *, part: int = 0,
+        dedupe_horizon_ms: int = 3_600_000, dedupe_capacity: int = 1_000_000,
+    ) -> None:  # fmt: skip
+        super().__init__(policy, dedupe_horizon_ms, dedupe_capacity)
+        self.part = part
+        self.tenant_partials: dict[tuple[str, int], int] = {}
+
+    def step(self, a: Attempt, now_ms: int, out: Outbox, seq: int = -1) -> Verdict | None:
+        """Apply one attempt. Returns the decision that applied to it (for the audit row),
+        or None for a duplicate ``event_id`` (not counted, not audited)."""
+        if now_ms > self.watermark_ms:
+            self.watermark_ms = now_ms
+        if self.dedupe is not None and self.dedupe.seen(a.event_id, self.watermark_ms):
+            self.metrics.duplicates += 1
+            return None
+        keys = keys_for(a)
+        verdict = self.index.check(keys, a.occurred_ms) if len(self.index) else ALLOWED
+        tables = self.tenants.get(a.tenant) or self.tenant(a.tenant)
+        if a.occurred_ms <= self.watermark_ms - tables.max_span_ms:
+            self.metrics.late += 1
+            return verdict
+        if a.success:
+            self._success(a, tables, keys, out, seq)
+        elif a.failure_reason != "refused":
+            self._failure(a, tables, keys, out, seq)
+            self.metrics.counted += 1
+        return verdict
+
+    # -- successes ----------------------------------------------------------------------
+
+    def _success(
+        self, a: Attempt, t: _TenantTables, keys: tuple[Key, ...], out: Outbox, seq: int
+    ) -> None:
+        tenant, account = a.tenant, a.account
+        acct_key = decision_key("account", tenant, account, None, None)
+        acct = t.counters["account"].get(acct_key)
+        if acct is not None and (seq < 0 or acct.seq < seq):
+            # Rule 7's streak ends; the ceiling's count and escalation are never cleared.
+            acct.streak = 0
+            acct.lifetime_alerted = False
+            self._mark(tenant, "account", acct_key, acct, seq)
+        if a.password_flow:
+            key = decision_key("account_source", tenant, account, a.source, None)
+            self._reset(t, tenant, "account_source", key, out, seq)
+            if a.trusted and a.device:
+                self._reset(t, tenant, "device", keys[1], out, seq)
+        else:
+            self._reset(t, tenant, a.flow, keys[1], out, seq)
+
+    def _reset(
+        self, t: _TenantTables, tenant: str, rule: str, key: Key, out: Outbox, seq: int
+    ) -> None:
+        """A success clears its own counter and escalation, and lifts its own decision."""
+        entry = t.counters[rule].get(key)
+        if entry is None or (seq >= 0 and entry.seq >= seq):
+            return
+        entry.ring.clear()
+        entry.level = 0
+        if entry.blocked_until_ms:
+            entry.blocked_until_ms = 0
+            self._lift(out, key)
+        self._mark(tenant, rule, key, entry, seq)
+
+    # -- failures -----------------------------------------------------------------------
+
+    def _failure(
+        self, a: Attempt, t: _TenantTables, keys: tuple[Key, ...], out: Outbox, seq: int
+    ) -> None:
+        pol = t.policy
+        tenant = a.tenant
+        password_untrusted = a.password_flow and not (a.trusted and a.device)
+        acct_key = keys[2] if password_untrusted else decision_key("account", tenant, a.account, None, None)
+        acct = t.counters["account"].touch(acct_key, t.factories["account"])
+        fresh = seq < 0 or acct.seq < seq
+        if fresh:
+            self._streak(a, t, acct, out)
+        if a.password_flow:
+            if not password_untrusted:
+                self._count(a, t, "device", "device", keys[1], None, a.device, out, seq)
+                if fresh:
+                    self._mark(tenant, "account", acct_key, acct, seq)
+                return
+            self._count(a, t, "account_source", "account_source", keys[1], a.source, None, out, seq)
+            if fresh and self._count_entry(a, t, "account", "account", acct_key, acct, None, None, out):
+                spec = t.specs["account"]
+                out.alerts.append(_alert(
+                    "account_under_attack", tenant, None, a.account, acct.ring.total,
+                    0, a.occurred_ms - spec.window_ms, a.occurred_ms, self.version,
+                ))  # fmt: skip
+                self.metrics.alerts += 1
+            if fresh:
+                self._tenant_share(a, pol, acct, out)
+                out.forwards.append(a)
+        elif a.flow == "uia":
+            handle = a.session or a.device
+            self._count(a, t, "uia", "uia", keys[1], None if handle else a.source, handle, out, seq)
+        else:
+            handle = a.device or a.session
+            self._count(a, t, "mfa", "mfa", keys[1], None if handle else a.source, handle, out, seq)
+        if fresh:
+            self._mark(tenant, "account", acct_key, acct, seq)
+
+    def _streak(self, a: Attempt, t: _TenantTables, acct: KeyState, out: Outbox) -> None:
+        """Rule 7: consecutive failures of an account with no success, alerted once."""
+        acct.streak += 1
+        memory = a.occurred_ms + t.policy.streak_memory_ms
+        if memory > acct.keep_until_ms:
+            acct.keep_until_ms = memory
+        bound = t.policy.lifetime.threshold
+        if acct.streak >= bound and not acct.lifetime_alerted:
+            acct.lifetime_alerted = True
+            out.alerts.append(_alert(
+                "lifetime_bound", a.tenant, None, a.account, acct.streak, 0,
+                a.occurred_ms, a.occurred_ms, self.version,
+            ))  # fmt: skip
+            self.metrics.alerts += 1
+
+    def _tenant_share(self, a: Attempt, pol: TenantPolicy, acct: KeyState, out: Outbox) -> None:
+        """Count the account once per tumbling window in this shard's share of rule 8."""
+        window = a.occurred_ms // pol.tenant_spray.window_ms
+        if acct.spray_window == window:
+            return
+        acct.spray_window = window
+        slot = (a.tenant, window)
+        value = self.tenant_partials.get(slot, 0) + 1
+        self.tenant_partials[slot] = value
+        out.partials[slot] = value
+        if len(self.tenant_partials) > 4 * pol.tenant_spray.baseline_windows + 64:
+            # Old windows are closed: keep the dict bounded (insertion order = age).
+            del self.tenant_partials[next(iter(self.tenant_partials))]
+
+    def _count(
+        self, a: Attempt, t: _TenantTables, rule: str, scope: str, key: Key,
+        source: str | None, device: str | None, out: Outbox, seq: int,
+    ) -> bool:  # fmt: skip
+        entry = t.counters[rule].touch(key, t.factories[rule])
+        if seq >= 0 and entry.seq >= seq:
+            return False
+        tripped = self._count_entry(a, t, rule, scope, key, entry, source, device, out)
+        self._mark(a.tenant, rule, key, entry, seq)
+        return tripped
+
+    def _count_entry(
+        self, a: Attempt, t: _TenantTables, rule: str, scope: str, key: Key,
+        entry: KeyState, source: str | None, device: str | None, out: Outbox,
+    ) -> bool:  # fmt: skip
+        """Count one failure; trip (issue a decision) when the threshold is reached with
+        no decision active. Returns True on a trip."""
+        spec = t.specs[rule]
+        now = a.occurred_ms
+        if not entry.ring.add(now // spec.sub_ms):
+            return False
+        keep = (entry.ring.head + spec.ring_size) * spec.sub_ms
+        if keep > entry.keep_until_ms:
+            entry.keep_until_ms = keep
+        cfg = t.cfg[rule]
+        if entry.ring.total < cfg.threshold or now < entry.blocked_until_ms:
+            return False
+        entry.level += 1
+        expires = now + t.policy.backoff.block_ms(entry.level)
+        entry.blocked_until_ms = expires
+        account = None if scope == "source" else a.account
+        entry.decision_id = self._issue(
+            out, rule, scope, key, a.tenant, account, source, device, cfg,
+            entry.ring.total, now, expires,
+        )  # fmt: skip
+        entry.keep_until_ms = max(entry.keep_until_ms, expires, now + t.policy.streak_memory_ms)
+        return True
+
+    def _mark(self, tenant: str, table: str, key: Key, entry: KeyState, seq: int) -> None:
+        if seq > entry.seq:
+            entry.seq = seq
+        self.dirty.add((tenant, table, key))
+
+
+class SourceShard(_Shard):
+    """Signals keyed by source: spray (rule 5) and credential stuffing.
+
+    Fed only untrusted password failures (the account shard forwards them). Allowlisted
+    ranges are exempt. In ``observe`` mode (the default) spray raises ``spray_source``
+    once per window and never blocks: a NAT full of colleagues is never collateral.
+    """
+
+    def __init__(
+        self, policy: Policy = DEFAULT_POLICY, *, part: int = 0,
+        dedupe_horizon_ms: int = 3_600_000, dedupe_capacity: int = 1_000_000,
+    ) -> None:  # fmt: skip
+        super().__init__(policy, dedupe_horizon_ms, dedupe_capacity)
+        self.part = part
+        self.tenant_partials: dict[tuple[str, int], int] = {}
+
+    def step(self, a: Attempt, now_ms: int, out: Outbox, seq: int = -1) -> None:
+        if now_ms > self.watermark_ms:
+            self.watermark_ms = now_ms
+        if self.dedupe is not None and self.dedupe.seen(a.event_id, self.watermark_ms):
+            self.metrics.duplicates += 1
+            return
+        t = self.tenants.get(a.tenant) or self.tenant(a.tenant)
+        pol = t.policy
+        if a.occurred_ms <= self.watermark_ms - t.max_span_ms:
+            self.metrics.late += 1
+            return
+        if pol.allowlist and _allowlisted(pol, a.source):
+            return
+        skey = decision_key("source", a.tenant, None, a.source, None)
+        spray, stuffing = t.specs["source"], t.stuffing_spec
+        src = t.sources.touch(skey, lambda: SourceState(spray.ring_size, stuffing.ring_size))
+        if seq >= 0 and src.seq >= seq:
+            return
+        self.metrics.counted += 1
+        self._distinct(a, t, src)
+        self._spray(a, t, src, skey, out)
+        self._stuffing(a, t, src, out)
+        self._tenant_share(a, pol, src, out)
+        if seq > src.seq:
+            src.seq = seq
+        self.dirty.add((a.tenant, "sources", skey))
+
+    def _distinct(self, a: Attempt, t: _TenantTables, src: SourceState) -> None:
+        """Move the pair's one count to the bucket of its latest failure."""
+        spec = t.specs["source"]
+        bucket = a.occurred_ms // spec.sub_ms
+        pkey = pair_key(a.tenant, a.source, a.account)
+        pair = t.pairs.touch(pkey, PairState)
+        if pair.bucket < bucket:
+            if pair.bucket >= 0:
+                src.distinct.remove(pair.bucket)
+            if src.distinct.add(bucket):
+                pair.bucket = bucket
+        pair.keep_until_ms = (max(pair.bucket, src.distinct.head) + spec.ring_size) * spec.sub_ms
+        src.keep_until_ms = max(src.keep_until_ms, pair.keep_until_ms)
+        self.dirty.add((a.tenant, "pairs", pkey))
+
+    def _spray(self, a: Attempt, t: _TenantTables, src: SourceState, skey: Key, out: Outbox) -> None:
+        cfg = t.policy.source
+        distinct = src.distinct.total
+        now = a.occurred_ms
+        if distinct < cfg.threshold or now < src.spray_alerted_until_ms:
+            return
+        src.spray_alerted_until_ms = now + cfg.window_ms
+        out.alerts.append(_alert(
+            "spray_source", a.tenant, a.source, None, distinct, distinct,
+            now - cfg.window_ms, now, self.version,
+        ))  # fmt: skip
+        self.metrics.alerts += 1
+        if cfg.mode == "enforce" and now >= src.blocked_until_ms:
+            expires = now + cfg.window_ms
+            src.blocked_until_ms = expires
+            src.decision_id = self._issue(
+                out, "source", "source", skey, a.tenant, None, a.source, None, cfg,
+                distinct, now, expires,
+            )  # fmt: skip
+        src.keep_until_ms = max(src.keep_until_ms, src.spray_alerted_until_ms, src.blocked_until_ms)
+
+    def _stuffing(self, a: Attempt, t: _TenantTables, src: SourceState, out: Outbox) -> None:
+        cfg = t.policy.stuffing
+        bucket = a.occurred_ms // t.stuffing_spec.sub_ms
+        src.failures.add(bucket)
+        if a.failure_reason == "unknown_account":
+            src.unknown.add(bucket)
+        src.unknown.count_at(src.failures.head)
+        failures, unknown = src.failures.total, src.unknown.total
+        now = a.occurred_ms
+        if failures < cfg.min_attempts or unknown < cfg.unknown_ratio * failures:
+            return
+        if now < src.stuffing_alerted_until_ms:
+            return
+        src.stuffing_alerted_until_ms = now + cfg.window_ms
+        src.keep_until_ms = max(src.keep_until_ms, src.stuffing_alerted_until_ms)
+        out.alerts.append(_alert(
+            "credential_stuffing", a.tenant, a.source, None, failures, src.distinct.total,
+            now - cfg.window_ms, now, self.version,
+        ))  # fmt: skip
+        self.metrics.alerts += 1
+
+    def _tenant_share(self, a: Attempt, pol: TenantPolicy, src: SourceState, out: Outbox) -> None:
+        window = a.occurred_ms // pol.tenant_spray.window_ms
+        if src.tenant_window == window:
+            return
+        src.tenant_window = window
+        slot = (a.tenant, window)
+        value = self.tenant_partials.get(slot, 0) + 1
+        self.tenant_partials[slot] = value
+        out.partials[slot] = value
+        if len(self.tenant_partials) > 4 * pol.tenant_spray.baseline_windows + 64:
+            del self.tenant_partials[next(iter(self.tenant_partials))]
+
+
+def _allowlisted(pol: TenantPolicy, source: str) -> bool:
+    from pipeline.core.normalise import parse_address
+
+    address = parse_address(source.partition("/")[0])
+    return address is not None and address in pol.allowlist_set
+
+
+class TenantRollup:
+    """Rule 8: sums the shards' shares of distinct failing accounts and sources per tenant
+    and tumbling window, and raises ``spray_tenant`` once per (tenant, window) when the
+    accounts are far above the trailing baseline and enough sources took part.
+
+    Totals are kept incrementally; the baseline (mean of the previous windows' account
+    totals) is computed once per (tenant, window), so an update is O(1).
+    """
+
+    def __init__(self, policy: Policy = DEFAULT_POLICY) -> None:
+        self.policy = policy
+        self.shares: dict[tuple[str, str, int, int], int] = {}
+        self.accounts: dict[tuple[str, int], int] = {}
+        self.sources: dict[tuple[str, int], int] = {}
+        self.baselines: dict[tuple[str, int], float] = {}
+        self.fired: set[tuple[str, int]] = set()
+
+    def update(self, tenant: str, window: int, kind: str, part: int, share: int) -> Alert | None:
+        """Record a shard's latest share (``kind`` "a" accounts or "s" sources)."""
+        share_key = (kind, tenant, window, part)
+        old = self.shares.get(share_key, 0)
+        if share <= old:
+            return None
+        self.shares[share_key] = share
+        slot = (tenant, window)
+        totals = self.accounts if kind == "a" else self.sources
+        totals[slot] = totals.get(slot, 0) + share - old
+        if slot in self.fired:
+            return None
+        cfg = self.policy.for_tenant(tenant).tenant_spray
+        baseline = self.baselines.get(slot)
+        if baseline is None:
+            baseline = self._new_window(tenant, window, cfg.baseline_windows)
+        accounts, sources = self.accounts.get(slot, 0), self.sources.get(slot, 0)
+        if accounts < max(cfg.min_accounts, cfg.factor * baseline) or sources < cfg.min_sources:
+            return None
+        self.fired.add(slot)
+        start = window * cfg.window_ms
+        return _alert(
+            "spray_tenant", tenant, None, None, accounts, accounts, start,
+            start + cfg.window_ms, self.policy.policy_version,
+        )  # fmt: skip
+
+    def _new_window(self, tenant: str, window: int, baseline_windows: int) -> float:
+        previous = [self.accounts.get((tenant, w), 0) for w in range(window - baseline_windows, window)]
+        baseline = sum(previous) / baseline_windows
+        self.baselines[(tenant, window)] = baseline
+        # Forget windows older than the baseline needs (bounded memory).
+        horizon = window - baseline_windows - 2
+        for table in (self.accounts, self.sources, self.baselines):
+            for slot in [s for s in table if s[0] == tenant and s[1] < horizon]:
+                del table[slot]
+        for share_key in [k for k in self.shares if k[1] == tenant and k[2] < horizon]:
+            del self.shares[share_key]
+        self.fired = {s for s in self.fired if s[0] != tenant or s[1] >= horizon}
+        return baseline
+
+
+class Engine:
+    """All rules in one process: the reference the stream must agree with.
+
+    ``step`` applies one attempt with ``now_ms`` as the watermark; ``run`` replays a
+    sequence, advancing the watermark to each attempt's time.
+    """
+
+    def __init__(self, policy: Policy = DEFAULT_POLICY) -> None:
+        self.policy = policy
+        self.accounts = AccountShard(policy)
+        self.sources = SourceShard(policy, dedupe_horizon_ms=0)
+        self.rollup = TenantRollup(policy)
+        self.out = Outbox()
+        self._next_advance_ms = 0
+
+    def step(self, a: Attempt, now_ms: int) -> Verdict | None:
+        out = self.out
+        if now_ms >= self._next_advance_ms:
+            # Expiry runs once per watermark second: enforcement itself is exact (the
+            # check compares expires_ms), only tombstones may trail by up to a second.
+            self.advance(now_ms)
+        verdict = self.accounts.step(a, now_ms, out)
+        if out.partials:
+            for (tenant, window), share in out.partials.items():
+                self._rollup(tenant, window, "a", share)
+            out.partials.clear()
+        if out.forwards:
+            for forwarded in out.forwards:
+                self.sources.step(forwarded, now_ms, out)
+            out.forwards.clear()
+            for (tenant, window), share in out.partials.items():
+                self._rollup(tenant, window, "s", share)
+            out.partials.clear()
+        return verdict
+
+    def advance(self, now_ms: int) -> None:
+        """Move the watermark of every part: expiry and tombstones."""
+        self.accounts.advance(now_ms, self.out)
+        self.sources.advance(now_ms, self.out)
+        self._next_advance_ms = now_ms - now_ms % 1000 + 1000
+
+    def _rollup(self, tenant: str, window: int, kind: str, share: int) -> None:
+        alert = self.rollup.update(tenant, window, kind, 0, share)
+        if alert is not None:
+            self.out.alerts.append(alert)
+
+    def step_batch(self, attempts: Iterable[Attempt]) -> list[Verdict | None]:
+        """The batch form: each attempt's own time is the watermark (monotone max)."""
+        verdicts: list[Verdict | None] = []
+        now = self.accounts.watermark_ms
+        for a in attempts:
+            if a.occurred_ms > now:
+                now = a.occurred_ms
+            verdicts.append(self.step(a, now))
+        return verdicts
+
+    def run(self, attempts: Iterable[Attempt]) -> Outbox:
+        """Replay attempts; returns everything produced (the engine's outbox)."""
+        self.step_batch(attempts)
+        return self.out

@@ -1,0 +1,179 @@
+"""The throttle policy: a frozen, versioned config object built from TOML text.
+
+Every number is configurable per tenant: ``[tenants.<name>]`` tables are merged over
+``[defaults]`` key by key. Every enforcing rule has ``mode = "enforce" | "observe"``;
+observe-mode decisions are published with ``action = "observe"`` and never refuse.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Mapping
+from functools import cached_property
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from pipeline.core.errors import PolicyError
+from pipeline.core.normalise import NetworkSet, parse_network
+
+Mode = Literal["enforce", "observe"]
+MINUTE_MS = 60_000
+WINDOW_MS = 15 * MINUTE_MS
+HOUR_MS = 60 * MINUTE_MS
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class RuleConfig(_Frozen):
+    """A sliding-window threshold: ``threshold`` events within ``window_ms`` trip the rule."""
+
+    threshold: int = Field(ge=1, le=1_000_000)
+    window_ms: int = Field(WINDOW_MS, ge=1000, le=7 * 24 * HOUR_MS)
+    mode: Mode = "enforce"
+
+
+class BackoffConfig(_Frozen):
+    """Block length after the k-th consecutive trip: ``min(cap_ms, base_ms * 2**(k-1))``."""
+
+    base_ms: int = Field(WINDOW_MS, ge=1000)
+    cap_ms: int = Field(HOUR_MS, ge=1000)
+
+    @model_validator(mode="after")
+    def _cap_not_below_base(self) -> BackoffConfig:
+        if self.cap_ms < self.base_ms:
+            raise ValueError("backoff.cap_ms must be >= backoff.base_ms")
+        return self
+
+    def block_ms(self, trips: int) -> int:
+        """The block length for the ``trips``-th consecutive trip (1-based), capped."""
+        if trips <= 1:
+            return min(self.cap_ms, self.base_ms)
+        # Past 2**40 every sane cap is reached; clamp the shift so huge streaks stay cheap.
+        return min(self.cap_ms, self.base_ms << min(trips - 1, 40))
+
+
+class LifetimeConfig(_Frozen):
+    """NIST 800-63B: this many consecutive failures with no success raise ``lifetime_bound``."""
+
+    threshold: int = Field(100, ge=1)
+
+
+class StuffingConfig(_Frozen):
+    """A source whose failures are mostly ``unknown_account`` raises ``credential_stuffing``."""
+
+    min_attempts: int = Field(50, ge=1)
+    unknown_ratio: float = Field(0.8, gt=0.0, le=1.0)
+    window_ms: int = Field(WINDOW_MS, ge=1000)
+    mode: Mode = "observe"
+
+
+class TenantSprayConfig(_Frozen):
+    """Distinct failing accounts in a tenant per tumbling window, against its trailing baseline.
+
+    Fires when ``distinct >= max(min_accounts, factor * baseline)`` and at least
+    ``min_sources`` sources failed, where ``baseline`` is the mean of the previous
+    ``baseline_windows`` windows.
+    """
+
+    window_ms: int = Field(WINDOW_MS, ge=1000)
+    baseline_windows: int = Field(8, ge=1, le=96)
+    factor: float = Field(5.0, ge=1.0)
+    min_accounts: int = Field(100, ge=1)
+    min_sources: int = Field(10, ge=1)
+
+
+class TenantPolicy(_Frozen):
+    """The rules of one tenant (or the defaults every tenant starts from)."""
+
+    account_source: RuleConfig = RuleConfig(threshold=5)
+    account: RuleConfig = RuleConfig(threshold=50)
+    device: RuleConfig = RuleConfig(threshold=10)
+    uia: RuleConfig = RuleConfig(threshold=5)
+    mfa: RuleConfig = RuleConfig(threshold=5)
+    source: RuleConfig = RuleConfig(threshold=200, mode="observe")
+    backoff: BackoffConfig = BackoffConfig()
+    lifetime: LifetimeConfig = LifetimeConfig()
+    stuffing: StuffingConfig = StuffingConfig()
+    tenant_spray: TenantSprayConfig = TenantSprayConfig()
+    allowlist: tuple[str, ...] = Field((), description="CIDRs exempt from the source signal")
+    case_sensitive: bool = False
+    sub_buckets: int = Field(15, ge=1, le=240, description="sliding-window resolution")
+    entry_cap: int = Field(100_000, ge=10, description="entries per table for this tenant")
+    streak_memory_ms: int = Field(
+        24 * HOUR_MS, ge=0, description="escalation level and failure streak kept this long"
+    )
+
+    @field_validator("allowlist")
+    @classmethod
+    def _cidrs(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for cidr in value:
+            parse_network(cidr)
+        return value
+
+    @cached_property
+    def allowlist_set(self) -> NetworkSet:
+        return NetworkSet(self.allowlist)
+
+
+class Policy(_Frozen):
+    """A versioned policy: defaults plus per-tenant overrides."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", ignored_types=(cached_property,))
+
+    policy_version: str = Field("default-1", min_length=1, max_length=64)
+    defaults: TenantPolicy = TenantPolicy()
+    tenants: Mapping[str, TenantPolicy] = Field(default_factory=dict)
+
+    def for_tenant(self, tenant: str) -> TenantPolicy:
+        """The tenant's rules, or the defaults for a tenant without overrides."""
+        return self.tenants.get(tenant, self.defaults)
+
+
+def _merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in override.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def policy_from_mapping(document: Mapping[str, Any]) -> Policy:
+    """Build a policy from a parsed document; tenant tables are merged over the defaults."""
+    unknown = set(document) - {"policy_version", "defaults", "tenants"}
+    if unknown:
+        raise PolicyError(
+            f"unknown top-level policy keys {sorted(unknown)}; "
+            "expected policy_version, [defaults] and [tenants.<name>]"
+        )
+    defaults = document.get("defaults", {})
+    tenants_doc = document.get("tenants", {})
+    try:
+        base = TenantPolicy.model_validate(defaults).model_dump()
+        tenants = {
+            name: TenantPolicy.model_validate(_merge(base, override))
+            for name, override in tenants_doc.items()
+        }
+        return Policy(
+            policy_version=document.get("policy_version", "default-1"),
+            defaults=TenantPolicy.model_validate(base),
+            tenants=tenants,
+        )
+    except (ValidationError, ValueError, AttributeError) as exc:
+        raise PolicyError(f"invalid policy: {exc}") from exc
+
+
+def policy_from_toml(text: str) -> Policy:
+    """Parse TOML text into a Policy; raises PolicyError with the parser's message."""
+    try:
+        document = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise PolicyError(f"policy is not valid TOML: {exc}") from exc
+    return policy_from_mapping(document)
+
+
+DEFAULT_POLICY = Policy()

@@ -1,0 +1,139 @@
+"""Per-key state records of the core's tables and their compact serialised form.
+
+Every record has ``keep_until_ms`` (when the bounded table may drop it) and ``seq``
+(the position in its input stream of the last event applied to it). ``seq`` makes
+replays idempotent per key: after a crash, an event at or below a key's ``seq`` was
+already applied to that key and is skipped for it, even if the state was flushed
+only partly before the crash.
+"""
+
+from __future__ import annotations
+
+from pipeline.core.window import Ring
+
+
+class KeyState:
+    """A rule's counter for one key: the sliding-window ring plus escalation state.
+
+    ``level`` is the number of consecutive trips without a success (rule 6);
+    ``blocked_until_ms`` and ``decision_id`` describe the active decision, if any.
+    On the account table the record also carries the failure streak of rule 7 and the
+    tenant-spray window the account was last counted in.
+    """
+
+    __slots__ = (
+        "blocked_until_ms",
+        "decision_id",
+        "keep_until_ms",
+        "level",
+        "lifetime_alerted",
+        "ring",
+        "seq",
+        "spray_window",
+        "streak",
+    )
+
+    def __init__(self, ring_size: int) -> None:
+        self.ring = Ring(ring_size)
+        self.level = 0
+        self.blocked_until_ms = 0
+        self.decision_id = ""
+        self.keep_until_ms = 0
+        self.seq = -1
+        self.streak = 0
+        self.lifetime_alerted = False
+        self.spray_window = -1
+
+    def dump(self) -> list[object]:
+        return [
+            self.ring.dump(), self.level, self.blocked_until_ms, self.decision_id,
+            self.keep_until_ms, self.seq, self.streak, self.lifetime_alerted, self.spray_window,
+        ]  # fmt: skip
+
+    @classmethod
+    def load(cls, data: list[object]) -> KeyState:
+        ring_data, level, blocked, decision_id, keep, seq, streak, alerted, window = data
+        state = cls.__new__(cls)
+        state.ring = Ring.load(ring_data)  # type: ignore[arg-type]
+        state.level = level  # type: ignore[assignment]
+        state.blocked_until_ms = blocked  # type: ignore[assignment]
+        state.decision_id = decision_id  # type: ignore[assignment]
+        state.keep_until_ms = keep  # type: ignore[assignment]
+        state.seq = seq  # type: ignore[assignment]
+        state.streak = streak  # type: ignore[assignment]
+        state.lifetime_alerted = alerted  # type: ignore[assignment]
+        state.spray_window = window  # type: ignore[assignment]
+        return state
+
+
+class SourceState:
+    """One source's spray and stuffing signals.
+
+    ``distinct`` counts each (source, account) pair once, in the bucket of its latest
+    failure (the pair table remembers which bucket); ``failures`` and ``unknown`` count
+    failures and ``unknown_account`` failures for the credential-stuffing ratio.
+    """
+
+    __slots__ = (
+        "blocked_until_ms",
+        "decision_id",
+        "distinct",
+        "failures",
+        "keep_until_ms",
+        "seq",
+        "spray_alerted_until_ms",
+        "stuffing_alerted_until_ms",
+        "tenant_window",
+        "unknown",
+    )
+
+    def __init__(self, spray_ring: int, stuffing_ring: int) -> None:
+        self.distinct = Ring(spray_ring)
+        self.failures = Ring(stuffing_ring)
+        self.unknown = Ring(stuffing_ring)
+        self.spray_alerted_until_ms = 0
+        self.stuffing_alerted_until_ms = 0
+        self.blocked_until_ms = 0
+        self.decision_id = ""
+        self.keep_until_ms = 0
+        self.seq = -1
+        self.tenant_window = -1
+
+    def dump(self) -> list[object]:
+        return [
+            self.distinct.dump(), self.failures.dump(), self.unknown.dump(),
+            self.spray_alerted_until_ms, self.stuffing_alerted_until_ms, self.blocked_until_ms,
+            self.decision_id, self.keep_until_ms, self.seq, self.tenant_window,
+        ]  # fmt: skip
+
+    @classmethod
+    def load(cls, data: list[object]) -> SourceState:
+        state = cls.__new__(cls)
+        state.distinct = Ring.load(data[0])  # type: ignore[arg-type]
+        state.failures = Ring.load(data[1])  # type: ignore[arg-type]
+        state.unknown = Ring.load(data[2])  # type: ignore[arg-type]
+        (
+            state.spray_alerted_until_ms, state.stuffing_alerted_until_ms,
+            state.blocked_until_ms, state.decision_id, state.keep_until_ms, state.seq,
+            state.tenant_window,
+        ) = data[3:]  # type: ignore[assignment]  # fmt: skip
+        return state
+
+
+class PairState:
+    """A (source, account) pair: the bucket its account is counted in for the source."""
+
+    __slots__ = ("bucket", "keep_until_ms")
+
+    def __init__(self) -> None:
+        self.bucket = -1
+        self.keep_until_ms = 0
+
+    def dump(self) -> list[object]:
+        return [self.bucket, self.keep_until_ms]
+
+    @classmethod
+    def load(cls, data: list[object]) -> PairState:
+        state = cls()
+        state.bucket, state.keep_until_ms = data  # type: ignore[assignment]
+        return state

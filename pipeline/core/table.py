@@ -1,0 +1,95 @@
+"""A bounded table of per-key entries with O(1) amortised expiry and eviction.
+
+Entries are kept in an ordered dict in the order they were last touched. Each entry
+carries ``keep_until_ms``; ``expire(now_ms)`` pops from the oldest end while the oldest
+entry is past it, so expiry never scans. An entry whose deadline is earlier than an
+older-touched neighbour's waits until it reaches the front (or the cap removes it):
+memory stays bounded by the cap either way.
+
+When an insert would exceed ``cap``, the least recently touched entry is evicted and
+``evictions`` counts it; callers export that as a metric, because a cap that bites
+means someone is sending more distinct identifiers than the table was sized for.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from typing import Generic, Protocol, TypeVar
+
+from pipeline.core.keys import Key
+
+
+class Expiring(Protocol):
+    keep_until_ms: int
+
+
+E = TypeVar("E", bound=Expiring)
+
+
+class BoundedTable(Generic[E]):
+    """Key -> entry, at most ``cap`` entries, oldest-touched evicted first."""
+
+    __slots__ = ("_entries", "cap", "evictions", "expired", "on_drop")
+
+    def __init__(self, cap: int, on_drop: Callable[[Key, E], None] | None = None) -> None:
+        self._entries: OrderedDict[Key, E] = OrderedDict()
+        self.cap = cap
+        self.evictions = 0
+        self.expired = 0
+        self.on_drop = on_drop
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, key: Key) -> bool:
+        return key in self._entries
+
+    def get(self, key: Key) -> E | None:
+        return self._entries.get(key)
+
+    def touch(self, key: Key, factory: Callable[[], E]) -> E:
+        """The entry for ``key`` (created if missing), moved to the newest end."""
+        entries = self._entries
+        entry = entries.get(key)
+        if entry is None:
+            if len(entries) >= self.cap:
+                old_key, old = entries.popitem(last=False)
+                self.evictions += 1
+                if self.on_drop is not None:
+                    self.on_drop(old_key, old)
+            entry = factory()
+            entries[key] = entry
+        else:
+            entries.move_to_end(key)
+        return entry
+
+    def put(self, key: Key, entry: E) -> None:
+        """Insert a restored entry at the newest end (cap applies)."""
+        if key not in self._entries and len(self._entries) >= self.cap:
+            self._entries.popitem(last=False)
+            self.evictions += 1
+        self._entries[key] = entry
+        self._entries.move_to_end(key)
+
+    def pop(self, key: Key) -> E | None:
+        return self._entries.pop(key, None)
+
+    def expire(self, now_ms: int) -> list[Key]:
+        """Drop entries from the oldest end while they are past ``keep_until_ms``."""
+        entries = self._entries
+        dropped: list[Key] = []
+        while entries:
+            key = next(iter(entries))
+            entry = entries[key]
+            if entry.keep_until_ms > now_ms:
+                break
+            del entries[key]
+            self.expired += 1
+            dropped.append(key)
+            if self.on_drop is not None:
+                self.on_drop(key, entry)
+        return dropped
+
+    def items(self) -> Iterator[tuple[Key, E]]:
+        return iter(list(self._entries.items()))
