@@ -21,6 +21,7 @@ byte-identical decisions. Nothing here reads the clock or performs I/O.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import Any
 from dataclasses import dataclass, field
 
 from pipeline.contracts.models import Alert, Decision, ms_to_datetime
@@ -133,8 +134,9 @@ class _Shard:
         self.dedupe = Deduper(dedupe_horizon_ms, dedupe_capacity) if dedupe_horizon_ms else None
         self.watermark_ms = 0
         self.metrics = Metrics()
+        self.tenant_partials: dict[tuple[str, int], int] = {}
         # Keys whose state changed since the last ``take_dirty``: the stream flushes them.
-        self.dirty: set[tuple[str, str, Key]] = set()
+        self.dirty: set[tuple[str, Key]] = set()
 
     def tenant(self, tenant: str) -> _TenantTables:
         tables = self.tenants.get(tenant)
@@ -189,7 +191,60 @@ class _Shard:
         for name, tables in self.tenants.items():
             for table in tables.tables():
                 for key in table.expire(self.watermark_ms):
-                    self.dirty.add((name, _table_name(tables, table), key))
+                    self.dirty.add((_table_name(tables, table), key))
+
+    # -- durable state: the stream writes changed entries to a changelog and restores them
+
+    def _table(self, name: str, tenant: str) -> BoundedTable[Any]:
+        tables = self.tenant(tenant)
+        if name == "sources":
+            return tables.sources
+        if name == "pairs":
+            return tables.pairs
+        return tables.counters[name]
+
+    def take_dirty(self) -> list[tuple[list[Any], list[Any] | None]]:
+        """Changed entries since the last call as ``([table, *key], dump or None)``, plus
+        the shard's meta record (watermark, tenant shares). None means deleted."""
+        changes: list[tuple[list[Any], list[Any] | None]] = []
+        for name, key in self.dirty:
+            entry = self._table(name, key[1]).get(key)
+            changes.append(([name, *key], entry.dump() if entry is not None else None))
+        self.dirty.clear()
+        changes.append((["meta"], self.meta()))
+        return changes
+
+    def meta(self) -> list[Any]:
+        return [self.watermark_ms, [[t, w, v] for (t, w), v in self.tenant_partials.items()]]
+
+    def restore(self, key: list[Any], value: list[Any]) -> None:
+        """Load one changelog record (the inverse of ``take_dirty``)."""
+        if key == ["meta"]:
+            self.watermark_ms = max(self.watermark_ms, value[0])
+            for tenant, window, share in value[1]:
+                slot = (tenant, window)
+                self.tenant_partials[slot] = max(self.tenant_partials.get(slot, 0), share)
+            return
+        name, *parts = key
+        entry_key: Key = tuple(parts)
+        loader: Any = {"sources": SourceState, "pairs": PairState}.get(name, KeyState)
+        self._table(name, entry_key[1]).put(entry_key, loader.load(value))
+
+    def finish_restore(self, out: Outbox) -> None:
+        """After loading: re-index active decisions and expire what the changelog kept
+        past its time (restored windows are not expired by the framework)."""
+        for tables in self.tenants.values():
+            pairs: list[tuple[str, BoundedTable[Any]]] = [
+                *tables.counters.items(), ("source", tables.sources)
+            ]
+            for rule, table in pairs:
+                mode = tables.cfg[rule].mode
+                for key, entry in table.items():
+                    if entry.blocked_until_ms > self.watermark_ms and entry.decision_id:
+                        action = "block" if mode == "enforce" else "observe"
+                        active = Active(entry.decision_id, action, entry.blocked_until_ms, rule)
+                        self.index.put(key, active)
+        self.advance(self.watermark_ms, out)
 
     def evictions(self) -> int:
         return sum(t.evictions for tt in self.tenants.values() for t in tt.tables())
@@ -215,7 +270,6 @@ class AccountShard(_Shard):
     ) -> None:  # fmt: skip
         super().__init__(policy, dedupe_horizon_ms, dedupe_capacity)
         self.part = part
-        self.tenant_partials: dict[tuple[str, int], int] = {}
 
     def step(self, a: Attempt, now_ms: int, out: Outbox, seq: int = -1) -> Verdict | None:
         """Apply one attempt. Returns the decision that applied to it (for the audit row),
@@ -382,7 +436,7 @@ class AccountShard(_Shard):
     def _mark(self, tenant: str, table: str, key: Key, entry: KeyState, seq: int) -> None:
         if seq > entry.seq:
             entry.seq = seq
-        self.dirty.add((tenant, table, key))
+        self.dirty.add((table, key))
 
 
 class SourceShard(_Shard):
@@ -399,7 +453,6 @@ class SourceShard(_Shard):
     ) -> None:  # fmt: skip
         super().__init__(policy, dedupe_horizon_ms, dedupe_capacity)
         self.part = part
-        self.tenant_partials: dict[tuple[str, int], int] = {}
 
     def step(self, a: Attempt, now_ms: int, out: Outbox, seq: int = -1) -> None:
         if now_ms > self.watermark_ms:
@@ -426,7 +479,7 @@ class SourceShard(_Shard):
         self._tenant_share(a, pol, src, out)
         if seq > src.seq:
             src.seq = seq
-        self.dirty.add((a.tenant, "sources", skey))
+        self.dirty.add(("sources", skey))
 
     def _distinct(self, a: Attempt, t: _TenantTables, src: SourceState) -> None:
         """Move the pair's one count to the bucket of its latest failure."""
@@ -441,7 +494,7 @@ class SourceShard(_Shard):
                 pair.bucket = bucket
         pair.keep_until_ms = (max(pair.bucket, src.distinct.head) + spec.ring_size) * spec.sub_ms
         src.keep_until_ms = max(src.keep_until_ms, pair.keep_until_ms)
-        self.dirty.add((a.tenant, "pairs", pkey))
+        self.dirty.add(("pairs", pkey))
 
     def _spray(self, a: Attempt, t: _TenantTables, src: SourceState, skey: Key, out: Outbox) -> None:
         cfg = t.policy.source
