@@ -21,8 +21,8 @@ byte-identical decisions. Nothing here reads the clock or performs I/O.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
 from dataclasses import dataclass, field
+from typing import Any
 
 from pipeline.contracts.models import Alert, Decision, ms_to_datetime
 from pipeline.core.attempt import Attempt
@@ -188,7 +188,7 @@ class _Shard:
         for key in self.index.prune(self.watermark_ms):
             out.decisions.append((format_key(key), None))
             self.metrics.lifts += 1
-        for name, tables in self.tenants.items():
+        for tables in self.tenants.values():
             for table in tables.tables():
                 for key in table.expire(self.watermark_ms):
                     self.dirty.add((_table_name(tables, table), key))
