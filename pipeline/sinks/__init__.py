@@ -1,0 +1,1 @@
+"""Sinks: where authpipe writes its audit rows, decisions and alerts (ClickHouse)."""
