@@ -1,1 +1,124 @@
-"""Kafka broker fixtures (filled in by the stack work)."""
+"""Kafka broker fixtures: one real broker per test session.
+
+``kafka_bootstrap`` is the broker's ``host:port``. With ``AUTHPIPE_TEST_KAFKA_BOOTSTRAP``
+set, that broker is used as is; otherwise a ``LocalKafka`` starts in a temp dir on free
+ports and stops at the end of the session. Its jars come from the shared cache
+``<repo>/.state/kafka/libs`` (the CLI's default; ``scripts/setup`` fills it), so a test
+session does not run Maven. A broker that cannot start fails the tests (also in CI),
+with the tail of its broker.log; it never skips them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import shutil
+import socket
+import tempfile
+import uuid
+from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
+
+import pytest
+
+from pipeline.errors import AuthpipeError
+from pipeline.kafka_admin import wait_for_broker
+from pipeline.stack import LocalKafka, fetch_libs, pid_alive, port_free
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SHARED_LIBS_DIR = REPO_ROOT / ".state" / "kafka" / "libs"
+ENV_BOOTSTRAP = "AUTHPIPE_TEST_KAFKA_BOOTSTRAP"
+TEST_STATE_BASE = Path(tempfile.gettempdir()) / "authpipe-test-kafka"
+EXTERNAL_READY_TIMEOUT_S = 30.0
+_TOPIC_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct TCP ports free on 127.0.0.1 right now (all held while choosing)."""
+    with ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [int(sock.getsockname()[1]) for sock in sockets]
+
+
+def free_port_pair(attempts: int = 50) -> tuple[int, int]:
+    """Two consecutive free ports (port, port + 1): the CLI's broker and controller ports."""
+    for _ in range(attempts):
+        (port,) = free_ports(1)
+        if port < 65535 and port_free(port + 1):
+            return port, port + 1
+    raise AssertionError(f"no free consecutive port pair on 127.0.0.1 in {attempts} attempts")
+
+
+def unique_topic(prefix: str = "test") -> str:
+    """A topic name no other test (or earlier run on the same broker) has used."""
+    safe = _TOPIC_UNSAFE.sub("-", prefix).strip("-.")[:120] or "test"
+    return f"{safe}-{uuid.uuid4().hex[:10]}"
+
+
+def shared_kafka_libs() -> Path:
+    """The shared jar cache, fetched with Maven only if it is missing or outdated."""
+    return fetch_libs(SHARED_LIBS_DIR)
+
+
+def _reap_orphan_brokers(base: Path) -> None:
+    """Stop brokers left by test sessions that died without teardown (e.g. SIGKILL).
+
+    Each session's dir is ``<pytest pid>-<token>``; a dir whose pytest pid is gone is an
+    orphan. Only a process that LocalKafka recognises as that dir's broker is stopped.
+    """
+    if not base.is_dir():
+        return
+    for state_dir in base.iterdir():
+        owner = state_dir.name.split("-", 1)[0]
+        if not owner.isdigit() or pid_alive(int(owner)):
+            continue
+        LocalKafka(state_dir, port=1, controller_port=2).down()
+        shutil.rmtree(state_dir, ignore_errors=True)
+
+
+def _fail(what: str, exc: BaseException) -> None:
+    context = "CI" if os.environ.get("CI") else "local run"
+    pytest.fail(
+        f"{what} ({context}): {exc}\n"
+        f"Run `bash scripts/setup` (Java 17+ and Maven needed), or point {ENV_BOOTSTRAP} "
+        "at a running broker.",
+        pytrace=False,
+    )
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap() -> Iterator[str]:
+    """Bootstrap ``host:port`` of the session's real Kafka broker."""
+    external = os.environ.get(ENV_BOOTSTRAP)
+    if external:
+        try:
+            asyncio.run(wait_for_broker(external, EXTERNAL_READY_TIMEOUT_S))
+        except AuthpipeError as exc:
+            _fail(f"the broker at {ENV_BOOTSTRAP}={external} is not reachable", exc)
+        yield external
+        return
+
+    _reap_orphan_brokers(TEST_STATE_BASE)
+    state_dir = TEST_STATE_BASE / f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    port, controller_port = free_ports(2)
+    kafka = LocalKafka(state_dir, port, controller_port, libs_dir=SHARED_LIBS_DIR)
+    try:
+        kafka.up()
+    except AuthpipeError as exc:
+        kafka.down()
+        _fail("the test Kafka broker did not start", exc)
+    try:
+        yield kafka.bootstrap
+    finally:
+        kafka.down()
+        shutil.rmtree(state_dir, ignore_errors=True)
+
+
+@pytest.fixture
+def topic_name(request: pytest.FixtureRequest) -> str:
+    """A fresh topic name derived from the test's name."""
+    return unique_topic(request.node.name)

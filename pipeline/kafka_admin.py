@@ -1,0 +1,183 @@
+"""Small async helpers around aiokafka's admin client: wait for a broker, ensure topics.
+
+``ensure_topics`` is idempotent: missing topics are created with their configs; an
+existing topic is left as it is, unless it has fewer partitions than asked for, which
+is an error (keys would hash to other partitions than the code expects).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import KafkaError, TopicAlreadyExistsError, for_code
+
+from pipeline.errors import AuthpipeError
+from pipeline.logs import get_logger
+
+log = get_logger("kafka_admin")
+
+_POLL_INTERVAL_S = 0.25
+_NO_ERROR = 0
+
+
+class KafkaAdminError(AuthpipeError):
+    """A topic could not be created or does not match what the code needs."""
+
+
+class BrokerUnavailableError(KafkaAdminError):
+    """No broker answered a metadata request in time."""
+
+
+class TopicMismatchError(KafkaAdminError):
+    """An existing topic has fewer partitions than its spec asks for."""
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    """What a topic must look like: name, partition count and topic-level configs."""
+
+    name: str
+    partitions: int
+    configs: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+
+    def __post_init__(self) -> None:
+        if self.partitions < 1:
+            raise KafkaAdminError(
+                f"topic {self.name!r}: partitions={self.partitions}; ask for at least 1"
+            )
+
+
+def _admin(bootstrap: str, request_timeout_ms: int) -> AIOKafkaAdminClient:
+    return AIOKafkaAdminClient(
+        bootstrap_servers=bootstrap,
+        client_id="authpipe-admin",
+        request_timeout_ms=request_timeout_ms,
+    )
+
+
+async def _broker_count(bootstrap: str, request_timeout_ms: int) -> int:
+    admin = _admin(bootstrap, request_timeout_ms)
+    try:
+        await admin.start()
+        cluster: dict[str, Any] = await admin.describe_cluster()
+        return len(cluster.get("brokers") or [])
+    finally:
+        await admin.close()
+
+
+async def wait_for_broker(bootstrap: str, timeout_s: float) -> None:
+    """Return once a broker at ``bootstrap`` answers a metadata request listing a broker.
+
+    Raises BrokerUnavailableError after ``timeout_s`` seconds with the last failure.
+    """
+    deadline = time.monotonic() + timeout_s
+    last_problem = "no answer yet"
+    while True:
+        remaining_s = deadline - time.monotonic()
+        if remaining_s <= 0:
+            raise BrokerUnavailableError(
+                f"no Kafka broker answered at {bootstrap} within {timeout_s:.0f}s "
+                f"(last problem: {last_problem}); start one with `authpipe stack up` "
+                "or fix AUTHPIPE_KAFKA_BOOTSTRAP_SERVERS"
+            )
+        request_timeout_ms = max(500, int(min(remaining_s, 5.0) * 1000))
+        try:
+            async with asyncio.timeout(max(remaining_s, 0.5)):
+                brokers = await _broker_count(bootstrap, request_timeout_ms)
+            if brokers > 0:
+                return
+            last_problem = "metadata listed no broker yet"
+        except (KafkaError, OSError, TimeoutError) as exc:
+            last_problem = f"{type(exc).__name__}: {exc}"
+        await asyncio.sleep(min(_POLL_INTERVAL_S, max(deadline - time.monotonic(), 0.0)))
+
+
+def _topic_partitions(described: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+    """Partition counts of the topics that exist, from a metadata ``describe_topics``."""
+    return {
+        str(topic["topic"]): len(topic.get("partitions") or [])
+        for topic in described
+        if topic.get("error_code", _NO_ERROR) == _NO_ERROR
+    }
+
+
+def _check_partitions(specs: Sequence[TopicSpec], existing: Mapping[str, int]) -> None:
+    for spec in specs:
+        have = existing.get(spec.name)
+        if have is not None and have < spec.partitions:
+            raise TopicMismatchError(
+                f"topic {spec.name!r} exists with {have} partitions but {spec.partitions} "
+                "are needed; add partitions (kafka-topics --alter --partitions) or delete "
+                "the topic on a dev broker"
+            )
+
+
+def _creation_failures(response: Any) -> list[str]:
+    """Problems reported per topic by a CreateTopics response, ignoring 'already exists'."""
+    problems: list[str] = []
+    for entry in response.topic_errors:
+        topic, code = entry[0], entry[1]
+        message = entry[2] if len(entry) > 2 else None
+        if code in (_NO_ERROR, TopicAlreadyExistsError.errno):
+            continue
+        problems.append(f"{topic}: {for_code(code).__name__} {message or ''}".strip())
+    return problems
+
+
+async def ensure_topics(
+    bootstrap: str,
+    specs: Sequence[TopicSpec],
+    replication_factor: int = 1,
+    request_timeout_ms: int = 30_000,
+) -> None:
+    """Create the topics of ``specs`` that do not exist yet; check the ones that do."""
+    if not specs:
+        return
+    admin = _admin(bootstrap, request_timeout_ms)
+    try:
+        await admin.start()
+        # All topics, not by name: a by-name metadata request may auto-create topics.
+        existing = _topic_partitions(await admin.describe_topics())
+        _check_partitions(specs, existing)
+        missing = [spec for spec in specs if spec.name not in existing]
+        if missing:
+            response = await admin.create_topics(
+                [
+                    NewTopic(
+                        name=spec.name,
+                        num_partitions=spec.partitions,
+                        replication_factor=replication_factor,
+                        topic_configs=dict(spec.configs),
+                    )
+                    for spec in missing
+                ],
+                timeout_ms=request_timeout_ms,
+            )
+            problems = _creation_failures(response)
+            if problems:
+                raise KafkaAdminError(
+                    f"could not create topics at {bootstrap}: {'; '.join(problems)}; "
+                    "fix the topic spec or the broker configuration"
+                )
+            # A topic created concurrently by someone else may have other partitions.
+            _check_partitions(specs, _topic_partitions(await admin.describe_topics()))
+        for spec in missing:
+            log.info(
+                "kafka_topic_created",
+                topic=spec.name,
+                partitions=spec.partitions,
+                replication_factor=replication_factor,
+            )
+    except KafkaError as exc:
+        raise KafkaAdminError(
+            f"Kafka admin request to {bootstrap} failed ({type(exc).__name__}: {exc}); "
+            "check that the broker is up (`authpipe stack status`)"
+        ) from exc
+    finally:
+        await admin.close()
