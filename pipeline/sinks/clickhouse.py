@@ -16,12 +16,20 @@ values are encoded and decoded by the same Native-format codec:
 * Parameters bind server-side: write ``{name:Type}`` placeholders in the SQL and pass the
   values in ``parameters``; values are never formatted into the SQL text.
 * ``dedup_token`` becomes the ``insert_deduplication_token`` setting; with the tables'
-  ``non_replicated_deduplication_window`` a retried insert with the same token is a no-op.
+  ``non_replicated_deduplication_window`` a retried insert with the same token is a no-op,
+  in the table and in the materialized views fed by it. Without a token ClickHouse still
+  drops an insert whose data is byte-identical to one of the last 1000 blocks, so writers
+  should always pass a token naming the batch (e.g. topic, partition, offset range).
+* Errors: ClickHouseUnavailable when the server cannot be reached or answers with a
+  transient code (back off and retry), ClickHouseError otherwise; ``code`` is the server's.
+* Sharing: one handle may serve several threads (HTTP: no session is used; chdb:
+  calls of one handle are serialized by clickhouse-connect).
 """
 
 from __future__ import annotations
 
 import re
+import struct
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from types import TracebackType
@@ -149,6 +157,11 @@ def translate_error(exc: Exception, where: str) -> ClickHouseError:
             f"ClickHouse at {where} is unavailable ({text}); retry later or check the server",
             code,
         )
+    if code is None:
+        return ClickHouseError(
+            f"the ClickHouse client refused the call for {where}: {text}; "
+            "fix the columns or values passed",
+        )
     return ClickHouseError(f"ClickHouse at {where} refused the statement: {text}", code)
 
 
@@ -211,13 +224,19 @@ class ConnectClickHouse:
             return
         _refuse_naive_datetimes(table, columns, rows)
         settings = {"insert_deduplication_token": dedup_token} if dedup_token else None
-        self._call(
-            self._client.insert,
-            table,
-            rows,
-            column_names=list(columns),
-            settings=settings,
-        )
+        try:
+            self._call(
+                self._client.insert,
+                table,
+                rows,
+                column_names=list(columns),
+                settings=settings,
+            )
+        except (TypeError, ValueError, OverflowError, struct.error) as exc:
+            raise ClickHouseError(
+                f"insert into {table}: a value does not fit its column's type ({exc}); "
+                "check the types of the row values",
+            ) from exc
 
     def close(self) -> None:
         if self._closed:

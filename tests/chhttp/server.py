@@ -204,10 +204,24 @@ def _run(conn: Any, sql: str, fmt: str, params: dict[str, str] | None = None) ->
 
 
 def decode_body(body: bytes, encoding: str) -> bytes:
-    """Undo Content-Encoding; lz4 and gzip bodies may be several frames/members."""
+    """Undo Content-Encoding; a body that does not decode is CANNOT_DECOMPRESS (271)."""
     encoding = encoding.strip().lower()
     if encoding in ("", "identity"):
         return body
+    try:
+        return _decompress(body, encoding)
+    except QueryFailed:
+        raise
+    except Exception as exc:
+        raise QueryFailed(
+            f"Code: 271. DB::Exception: Cannot decompress the {encoding} request body: "
+            f"{exc}. (CANNOT_DECOMPRESS)",
+            271,
+        ) from exc
+
+
+def _decompress(body: bytes, encoding: str) -> bytes:
+    """lz4 and gzip bodies may be several frames/members (one per insert block)."""
     if encoding == "lz4":
         return _lz4_frames(body)
     if encoding == "gzip":
@@ -338,6 +352,10 @@ class Handler(BaseHTTPRequestHandler):
             reply = self.server.engine.execute(request)
         except QueryFailed as exc:
             self._send_error(exc, query_id or str(uuid.uuid4()))
+            return
+        except Exception as exc:  # answer like a server would, never drop the connection
+            failed = QueryFailed(f"Code: 1001. DB::Exception: {exc!r}. (STD_EXCEPTION)", 1001)
+            self._send_error(failed, query_id or str(uuid.uuid4()))
             return
         self._send_reply(reply, request, query_id)
 

@@ -204,6 +204,19 @@ def test_naive_datetimes_are_refused(clickhouse: ClickHouse) -> None:
     assert clickhouse.query("SELECT count() FROM attempts") == [(0,)]
 
 
+def test_values_of_the_wrong_type_are_refused(clickhouse: ClickHouse) -> None:
+    """A str in a UInt32 column and a None in a String column raise ClickHouseError."""
+    wrong_weight = attempt_row(recent_minute(), "e1")
+    wrong_weight[ATTEMPT_COLUMNS.index("weight")] = "many"
+    null_source = attempt_row(recent_minute(), "e2", source=None)  # type: ignore[arg-type]
+
+    with pytest.raises(ClickHouseError, match="insert into attempts: a value does not fit"):
+        clickhouse.insert("attempts", ATTEMPT_COLUMNS, [wrong_weight])
+    with pytest.raises(ClickHouseError, match="Invalid None value in non-Nullable column"):
+        clickhouse.insert("attempts", ATTEMPT_COLUMNS, [null_source])
+    assert clickhouse.query("SELECT count() FROM attempts") == [(0,)]
+
+
 def test_same_dedup_token_inserts_once(clickhouse: ClickHouse) -> None:
     """The same dedup_token twice stores one copy, in the table and in its aggregates."""
     ts = recent_minute()
