@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from pipeline.errors import AuthpipeError
 from pipeline.logs import configure_logging
@@ -28,6 +29,21 @@ def _clickhouse(args: argparse.Namespace, settings: Settings) -> int:
     from pipeline.sinks.migrate import run_migrate_command
 
     return run_migrate_command(settings)
+
+
+def _worker(args: argparse.Namespace, settings: Settings) -> int:
+    from pipeline.stream.worker import run_worker
+
+    if args.policy is not None:
+        settings = settings.model_copy(update={"policy_path": args.policy})
+    return run_worker(settings)
+
+
+def _existing_file(text: str) -> Path:
+    path = Path(text)
+    if not path.is_file():
+        raise argparse.ArgumentTypeError(f"{text} is not a file")
+    return path
 
 
 def _not_yet(name: str) -> Handler:
@@ -50,8 +66,11 @@ def build_parser() -> argparse.ArgumentParser:
     ch.add_argument("action", choices=["migrate"])
     ch.set_defaults(handler=_clickhouse)
 
+    worker = sub.add_parser("worker", help="the stream processors (faust-streaming)")
+    worker.add_argument("--policy", type=_existing_file, help="policy TOML (default: built-in)")
+    worker.set_defaults(handler=_worker)
+
     for name, help_text in [
-        ("worker", "the stream processors"),
         ("edge", "the gateway decision feed"),
         ("simulate", "produce simulated login traffic"),
     ]:

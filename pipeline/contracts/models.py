@@ -152,3 +152,13 @@ class AuditRow(_Output):
     kafka_topic: str
     kafka_partition: int = Field(ge=0)
     kafka_offset: int = Field(ge=0)
+
+
+# The audit topic carries batches: {"v": 1, "columns": AUDIT_COLUMNS, "rows": [[...], ...]}.
+# Each row holds AuditRow's fields in this order, except that ``ts`` is epoch milliseconds
+# (``ts_ms``): positional rows cost a fraction of objects to encode and decode.
+AUDIT_COLUMNS: tuple[str, ...] = (
+    "ts_ms", "tenant", "service", "flow", "account_digest", "account", "source", "device_id",
+    "trusted", "outcome", "failure_reason", "decision", "weight", "summary", "policy_version",
+    "event_id", "kafka_topic", "kafka_partition", "kafka_offset",
+)  # fmt: skip

@@ -1,0 +1,325 @@
+"""The faust-streaming worker: ingest loop, agents over batch envelopes, tables, web.
+
+Why batches: faust costs about 120 us per event it iterates and one changelog message
+per table write. So the input topic is read by an aiokafka ``getmany`` loop inside the
+faust worker (``ingest``), which validates and normalises a whole batch, dead-letters
+bad events, and writes ONE envelope per target partition to the internal
+``attempts-by-account`` topic. faust agents then iterate envelopes, not events: the
+framework's cost is paid per envelope of hundreds of rows, and each changed state key
+is written to the changelog once per envelope, not once per event.
+
+Flow inside one worker (every worker runs every stage; partitions spread the work):
+
+    auth.login-attempts --ingest--> attempts-by-account --account agent--> decisions,
+    alerts, audit, attempts-by-source --source agent--> decisions, alerts
+    shares from both agents --> tenant-shares --rollup agent--> spray_tenant alerts
+
+State lives in faust tables (changelog-backed, memory store, compacted changelogs):
+on assignment faust replays a partition's changelog, and the stage rebuilds its core
+shard from it at the partition's first envelope, expiring what was kept past its time
+(faust does not expire restored windows: faust-streaming issue 385). Two workers in one
+group own disjoint partitions, so a limit is enforced once, never twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Iterable
+from typing import Any
+
+import faust
+from aiokafka import AIOKafkaConsumer
+from aiokafka.structs import TopicPartition
+
+from pipeline.contracts.codec import dumps, loads
+from pipeline.core.attempt import Normaliser
+from pipeline.core.keys import Digester
+from pipeline.core.normalise import NetworkSet, SourceRules
+from pipeline.core.policy import Policy
+from pipeline.logs import get_logger
+from pipeline.settings import Settings
+from pipeline.stream.ingest import Ingest, Record
+from pipeline.stream.metrics import WorkerMetrics
+from pipeline.stream.stages import AccountStage, RollupStage, SourceStage, StageOutput
+from pipeline.stream.topics import Topics
+
+log = get_logger("worker")
+
+RAW: dict[str, Any] = {"key_serializer": "raw", "value_serializer": "raw"}
+CHANGELOG_CONFIG = {
+    "cleanup.policy": "compact",
+    "segment.ms": str(10 * 60_000),
+    "min.cleanable.dirty.ratio": "0.2",
+    "delete.retention.ms": str(3_600_000),
+}
+
+
+def wall_ms() -> int:
+    """The only clock read of the stream shell (the core never reads one)."""
+    return time.time_ns() // 1_000_000
+
+
+def build_normaliser(settings: Settings) -> Normaliser:
+    ingest = settings.ingest
+    return Normaliser(
+        digester=Digester(settings.identity.digest_key),
+        sources=SourceRules(
+            trusted_proxies=NetworkSet(ingest.trusted_proxies),
+            ipv4_prefix=ingest.ipv4_prefix,
+            ipv6_prefix=ingest.ipv6_prefix,
+        ),
+        case_sensitive_tenants=frozenset(ingest.case_sensitive_tenants),
+    )
+
+
+class Worker:
+    """Builds the faust app and holds the stages; faust callbacks are thin calls in."""
+
+    def __init__(self, settings: Settings, policy: Policy) -> None:
+        self.settings = settings
+        self.policy = policy
+        kafka = settings.kafka
+        self.partitions = kafka.partitions
+        self.topics = Topics.from_settings(kafka)
+        self.metrics = WorkerMetrics()
+        self.ingest = Ingest(
+            normaliser=build_normaliser(settings),
+            partitions=kafka.partitions,
+            max_event_bytes=settings.ingest.max_event_bytes,
+            max_future_skew_ms=settings.ingest.max_future_skew_ms,
+            keep_plain_account=settings.clickhouse.store_plain_account,
+        )
+        dedupe = {
+            "dedupe_horizon_ms": settings.ingest.dedupe_horizon_ms,
+            "dedupe_capacity": settings.ingest.dedupe_capacity,
+        }
+        self.accounts = AccountStage(policy, kafka.partitions, input_topic=kafka.input_topic, **dedupe)
+        self.sources = SourceStage(policy, kafka.partitions, **dedupe)
+        self.rollup = RollupStage(policy)
+        self.ingest_ready = asyncio.Event()
+        self.app = self._build_app()
+
+    # -- the faust app ------------------------------------------------------------------
+
+    def _build_app(self) -> faust.App:
+        s = self.settings
+        app = faust.App(
+            s.kafka.app_id,
+            broker=[f"kafka://{host}" for host in s.kafka.bootstrap_servers.split(",")],
+            store="memory://",
+            topic_partitions=self.partitions,
+            topic_replication_factor=s.kafka.replication_factor,
+            table_standby_replicas=0,
+            consumer_auto_offset_reset="earliest",
+            broker_commit_interval=1.0,
+            web_enabled=True,
+            web_port=s.worker.web_port,
+            web_bind="127.0.0.1",
+            web_host="127.0.0.1",
+            datadir=str(s.state_dir / "faust"),
+            loghandlers=[],
+            producer_acks=-1,
+            stream_buffer_maxsize=64,
+            broker_max_poll_records=64,
+        )
+        t = self.topics
+        self.by_account = app.topic(t.by_account, partitions=self.partitions, **RAW)
+        self.by_source = app.topic(t.by_source, partitions=self.partitions, **RAW)
+        self.shares = app.topic(t.shares, partitions=self.partitions, **RAW)
+        self.decisions = app.topic(t.decisions, partitions=self.partitions, **RAW)
+        self.alerts = app.topic(t.alerts, partitions=self.partitions, **RAW)
+        self.dlq = app.topic(t.dlq, partitions=self.partitions, **RAW)
+        self.audit = app.topic(t.audit, partitions=self.partitions, **RAW)
+        table: dict[str, Any] = {
+            "partitions": self.partitions,
+            "key_type": bytes,
+            "value_type": bytes,
+            "recovery_buffer_size": 10_000,
+            # Compacted changelogs keep recovery bounded by the live keys, not history.
+            "extra_topic_configs": CHANGELOG_CONFIG,
+        }
+        self.account_table = app.Table("account-state", **table)
+        self.source_table = app.Table("source-state", **table)
+        self.rollup_table = app.Table("rollup-state", **table)
+        app.agent(self.by_account, name="account-stage")(self._account_agent)
+        app.agent(self.by_source, name="source-stage")(self._source_agent)
+        app.agent(self.shares, name="rollup-stage")(self._rollup_agent)
+        app.task(self._ingest_loop)
+        app.timer(1.0)(self._expire_tick)
+        app.on_partitions_revoked.connect(self._on_revoked)  # type: ignore[arg-type]
+        self._add_views(app)
+        return app
+
+    def _add_views(self, app: faust.App) -> None:
+        # faust calls a page function as fun(view, request); plain closures, not methods.
+        async def metrics(web: Any, request: Any) -> Any:
+            self.metrics.observe_state(self)
+            body, content_type = self.metrics.render()
+            return web.bytes(body, content_type=content_type)
+
+        async def readyz(web: Any, request: Any) -> Any:
+            ready = self.ready()
+            return web.json({"ready": ready}, status=200 if ready else 503)
+
+        async def healthz(web: Any, request: Any) -> Any:
+            return web.json({"ok": True})
+
+        app.page("/metrics")(metrics)
+        app.page("/readyz")(readyz)
+        app.page("/healthz")(healthz)
+
+    # -- ingest: aiokafka getmany loop, one envelope per target partition -----------------
+
+    async def _ingest_loop(self) -> None:
+        s = self.settings
+        consumer = AIOKafkaConsumer(
+            self.topics.input,
+            bootstrap_servers=s.kafka.bootstrap_servers,
+            group_id=f"{s.kafka.app_id}-ingest",
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            max_partition_fetch_bytes=4 * 1024 * 1024,
+            fetch_max_wait_ms=s.worker.batch_max_wait_ms,
+        )
+        await consumer.start()
+        self.ingest_ready.set()
+        try:
+            while True:
+                batch = await consumer.getmany(
+                    timeout_ms=s.worker.batch_max_wait_ms, max_records=s.worker.batch_max_events
+                )
+                if batch:
+                    await self._ingest_batch(consumer, batch)
+        finally:
+            await consumer.stop()
+
+    async def _ingest_batch(self, consumer: AIOKafkaConsumer, batch: dict[Any, Any]) -> None:
+        records = [
+            Record(tp.topic, tp.partition, m.offset, m.key, m.value)
+            for tp, messages in batch.items()
+            for m in messages
+        ]
+        result = self.ingest.process(records, wall_ms())
+        pending: list[Awaitable[Any]] = []
+        for partition, rows in result.rows.items():
+            envelope = dumps({"v": 1, "rows": rows})
+            pending.append(await self.by_account.send(key=str(partition).encode(), value=envelope, partition=partition))
+        for dead in result.dead:
+            pending.append(await self.dlq.send(
+                key=dead.record.key, value=dead.record.value, headers=dead.headers(),
+            ))  # fmt: skip
+        # Offsets are committed only once every envelope and dead letter is acknowledged:
+        # a crash before that re-reads the batch, and the account stage skips what it
+        # already applied (it remembers the highest input offset per input partition).
+        await asyncio.gather(*pending)
+        await consumer.commit({tp: messages[-1].offset + 1 for tp, messages in batch.items()})
+        self.metrics.ingested(result.valid, result.reasons)
+        for tp, messages in batch.items():
+            highwater = consumer.highwater(tp)
+            if highwater is not None:
+                self.metrics.lag(tp.partition, highwater - messages[-1].offset - 1)
+
+    # -- agents -------------------------------------------------------------------------
+
+    def _partition_records(self, table: Any, partition: int) -> list[tuple[bytes, bytes]]:
+        """A partition's recovered changelog records, removed from faust's store: the
+        shard keeps the state from here on (one copy in memory, not two)."""
+        prefix = b"[%d," % partition
+        store = table.data
+        records = [(k, v) for k, v in list(store.items()) if k.startswith(prefix)]
+        for key, _ in records:
+            del store[key]
+        return records
+
+    async def _account_agent(self, stream: Any) -> None:
+        async for event in stream.events():
+            message = event.message
+            partition = message.partition
+            if not self.accounts.owns(partition):
+                rebuilt = self.accounts.rebuild(partition, self._partition_records(self.account_table, partition))
+                await self._emit(rebuilt, self.account_table, partition)
+            started = time.perf_counter()
+            rows = loads(message.value)["rows"]
+            result = self.accounts.process(partition, message.offset, rows)
+            await self._emit(result, self.account_table, partition)
+            self.metrics.stage("account", len(rows), result, time.perf_counter() - started)
+
+    async def _source_agent(self, stream: Any) -> None:
+        async for event in stream.events():
+            message = event.message
+            partition = message.partition
+            if not self.sources.owns(partition):
+                rebuilt = self.sources.rebuild(partition, self._partition_records(self.source_table, partition))
+                await self._emit(rebuilt, self.source_table, partition)
+            started = time.perf_counter()
+            rows = loads(message.value)["rows"]
+            result = self.sources.process(partition, message.offset, rows)
+            await self._emit(result, self.source_table, partition)
+            self.metrics.stage("source", len(rows), result, time.perf_counter() - started)
+
+    async def _rollup_agent(self, stream: Any) -> None:
+        async for event in stream.events():
+            partition = event.message.partition
+            if not self.rollup.owns(partition):
+                self.rollup.rebuild(partition, self._partition_records(self.rollup_table, partition))
+            result = self.rollup.process(partition, loads(event.message.value))
+            await self._emit(result, self.rollup_table, partition)
+
+    async def _emit(self, result: StageOutput, table: Any, partition: int) -> None:
+        """Send a stage's outputs; only after they are acknowledged, its changelog."""
+        pending: list[Awaitable[Any]] = []
+        for key, value in result.decisions:
+            pending.append(await self.decisions.send(key=key, value=value))
+        for alert in result.alerts:
+            pending.append(await self.alerts.send(value=alert))
+        audit = result.audit_message()
+        if audit is not None:
+            pending.append(await self.audit.send(key=str(partition).encode(), value=audit, partition=partition))
+        for target, rows in result.forwards.items():
+            envelope = dumps({"v": 1, "rows": rows})
+            pending.append(await self.by_source.send(key=str(target).encode(), value=envelope, partition=target))
+        by_part: dict[int, list[list[Any]]] = {}
+        for share in result.shares:
+            by_part.setdefault(hash_tenant(share[0], self.partitions), []).append(share)
+        for target, shares in by_part.items():
+            pending.append(await self.shares.send(key=shares[0][0].encode(), value=dumps(shares), partition=target))
+        if pending:
+            await asyncio.gather(*pending)
+        for key, value in result.changelog:
+            table.send_changelog(partition, key, value)
+        self.metrics.emitted(result)
+
+    # -- timers, rebalances, web ----------------------------------------------------------
+
+    async def _expire_tick(self) -> None:
+        now = wall_ms()
+        for key, value in [*self.accounts.expire(now), *self.sources.expire(now)]:
+            await self.decisions.send(key=key, value=value)
+            self.metrics.decisions_total.labels(kind="tombstone").inc()
+
+    async def _on_revoked(self, sender: Any, *args: Any, **kwargs: Any) -> None:
+        revoked: Iterable[TopicPartition] = args[0] if args else kwargs.get("revoked", ())
+        for tp in revoked:
+            if tp.topic == self.topics.by_account:
+                self.accounts.drop(tp.partition)
+            elif tp.topic == self.topics.by_source:
+                self.sources.drop(tp.partition)
+            elif tp.topic == self.topics.shares:
+                self.rollup.drop(tp.partition)
+
+    def ready(self) -> bool:
+        recovery: Any = self.app.tables.recovery  # type: ignore[attr-defined]
+        return (
+            self.ingest_ready.is_set()
+            and recovery.completed.is_set()
+            and not recovery.in_recovery
+            and not self.app.rebalancing
+        )
+
+
+def hash_tenant(tenant: str, partitions: int) -> int:
+    """Partition of a tenant's shares on the tenant-shares topic (stable across processes)."""
+    import zlib
+
+    return zlib.crc32(tenant.encode()) % partitions

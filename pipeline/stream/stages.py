@@ -1,0 +1,260 @@
+"""The stages of the stream, free of faust: envelope in, outputs and changelog records out.
+
+Each stage holds one core shard per partition it owns. The faust agents in
+``pipeline.stream.app`` are thin shells over these classes, and the in-memory twin in
+``pipeline.stream.memory`` drives the same classes without a broker, so one test suite
+checks the logic both ways.
+
+Exactly-once effect on state, with at-least-once delivery:
+
+* every row carries its upstream coordinates; a stage remembers, per upstream
+  partition, the highest position it applied (``inputs``) and skips anything at or
+  below it, so an upstream replay after a crash is never counted twice;
+* every core entry remembers the ``seq`` of the last row applied to it, so a replay of
+  this stage's own input after a partial changelog flush skips per key;
+* changelog records are written after the envelope's decisions and alerts are
+  acknowledged by the broker, and faust flushes the producer before it commits input
+  offsets: a crash anywhere replays, and replays are skipped as above.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipeline.contracts.codec import dumps, encode, loads
+from pipeline.contracts.models import AUDIT_COLUMNS
+from pipeline.core.attempt import Attempt
+from pipeline.core.engine import AccountShard, Outbox, SourceShard, TenantRollup
+from pipeline.core.policy import Policy
+from pipeline.stream.partitioning import source_partition
+
+ROWS_PER_ENVELOPE = 1 << 16  # seq = offset * this + row index; envelopes never hold more
+
+
+@dataclass
+class StageOutput:
+    """What one envelope produced, ready to send. Decision values of None are tombstones."""
+
+    decisions: list[tuple[bytes, bytes | None]] = field(default_factory=list)
+    alerts: list[bytes] = field(default_factory=list)
+    audit: list[list[Any]] = field(default_factory=list)
+    forwards: dict[int, list[list[Any]]] = field(default_factory=dict)
+    shares: list[list[Any]] = field(default_factory=list)
+    changelog: list[tuple[bytes, bytes | None]] = field(default_factory=list)
+    counted: int = 0
+    skipped: int = 0
+
+    def audit_message(self) -> bytes | None:
+        if not self.audit:
+            return None
+        return dumps({"v": 1, "columns": AUDIT_COLUMNS, "rows": self.audit})
+
+
+def _collect(out: Outbox, result: StageOutput) -> None:
+    for key, decision in out.decisions:
+        result.decisions.append((key.encode(), encode(decision) if decision else None))
+    result.alerts.extend(encode(alert) for alert in out.alerts)
+    out.decisions.clear()
+    out.alerts.clear()
+
+
+def _changelog_key(partition: int, key: list[Any]) -> bytes:
+    return dumps([partition, *key])
+
+
+class _Stage:
+    """Shards by partition, upstream watermarks, rebuild from changelog records."""
+
+    shard_type: type[AccountShard] | type[SourceShard]
+
+    def __init__(self, policy: Policy, partitions: int, dedupe_horizon_ms: int, dedupe_capacity: int) -> None:
+        self.policy = policy
+        self.partitions = partitions
+        self.dedupe_horizon_ms = dedupe_horizon_ms
+        self.dedupe_capacity = dedupe_capacity
+        self.shards: dict[int, Any] = {}
+        self.inputs: dict[int, dict[int, int]] = {}
+
+    def owns(self, partition: int) -> bool:
+        return partition in self.shards
+
+    def rebuild(self, partition: int, records: Iterable[tuple[bytes, bytes]]) -> StageOutput:
+        """Build the shard of ``partition`` from its changelog records (key, value)."""
+        shard = self.shard_type(
+            self.policy, part=partition, dedupe_horizon_ms=self.dedupe_horizon_ms,
+            dedupe_capacity=self.dedupe_capacity,
+        )  # fmt: skip
+        inputs: dict[int, int] = {}
+        for raw_key, raw_value in records:
+            key = loads(raw_key)
+            if key[0] != partition or raw_value is None:
+                continue
+            value = loads(raw_value)
+            if key[1] == "inputs":
+                inputs = {int(p): int(o) for p, o in value.items()}
+            else:
+                shard.restore(key[1:], value)
+        out = Outbox()
+        shard.finish_restore(out)
+        self.shards[partition] = shard
+        self.inputs[partition] = inputs
+        result = StageOutput()
+        _collect(out, result)
+        return result
+
+    def drop(self, partition: int) -> None:
+        self.shards.pop(partition, None)
+        self.inputs.pop(partition, None)
+
+    def expire(self, now_ms: int) -> list[tuple[bytes, None]]:
+        """Tombstones for decisions past their expiry on the wall clock (no event needed)."""
+        from pipeline.core.keys import format_key
+
+        lifted: list[tuple[bytes, None]] = []
+        for shard in self.shards.values():
+            for key in shard.index.prune(now_ms):
+                lifted.append((format_key(key).encode(), None))
+        return lifted
+
+    def _finish(self, partition: int, shard: Any, out: Outbox, result: StageOutput) -> None:
+        shard.advance(shard.watermark_ms, out)
+        _collect(out, result)
+        for key, value in shard.take_dirty():
+            result.changelog.append(
+                (_changelog_key(partition, key), dumps(value) if value is not None else None)
+            )
+        inputs = {str(p): o for p, o in self.inputs[partition].items()}
+        result.changelog.append((_changelog_key(partition, ["inputs"]), dumps(inputs)))
+
+    def _fresh(self, partition: int, upstream: int, position: int) -> bool:
+        """True once per upstream position: replays at or below the watermark are skipped."""
+        applied = self.inputs[partition]
+        if position <= applied.get(upstream, -1):
+            return False
+        applied[upstream] = position
+        return True
+
+
+class AccountStage(_Stage):
+    """Rows partitioned by account: rules 1-4, mfa, escalation, lifetime; audit rows;
+    forwards untrusted password failures to the source stage."""
+
+    shard_type = AccountShard
+
+    def __init__(
+        self, policy: Policy, partitions: int, *, input_topic: str,
+        dedupe_horizon_ms: int = 3_600_000, dedupe_capacity: int = 1_000_000,
+    ) -> None:  # fmt: skip
+        super().__init__(policy, partitions, dedupe_horizon_ms, dedupe_capacity)
+        self.input_topic = input_topic
+        self.version = policy.policy_version
+
+    def process(self, partition: int, offset: int, rows: list[list[Any]]) -> StageOutput:
+        shard: AccountShard = self.shards[partition]
+        result = StageOutput()
+        out = Outbox()
+        base_seq = offset * ROWS_PER_ENVELOPE
+        watermark = shard.watermark_ms
+        for index, row in enumerate(rows):
+            in_part, in_off, service, plain = row[0], row[1], row[2], row[3]
+            if not self._fresh(partition, in_part, in_off):
+                result.skipped += 1
+                continue
+            attempt = Attempt.from_row(row[4:])
+            if attempt.occurred_ms > watermark:
+                watermark = attempt.occurred_ms
+            seq = base_seq + index
+            verdict = shard.step(attempt, watermark, out, seq)
+            if out.forwards:
+                self._forward(out.forwards, seq, partition, result)
+            if verdict is None:
+                continue
+            result.counted += 1
+            result.audit.append([
+                attempt.occurred_ms, attempt.tenant, service, attempt.flow, attempt.account,
+                plain, attempt.source, attempt.device or "", attempt.trusted,
+                "success" if attempt.success else "failure", attempt.failure_reason or "",
+                verdict.applied, 1, False, self.version, attempt.event_id, self.input_topic,
+                in_part, in_off,
+            ])  # fmt: skip
+        for (tenant, window), share in out.partials.items():
+            result.shares.append([tenant, window, "a", partition, share])
+        out.partials.clear()
+        self._finish(partition, shard, out, result)
+        return result
+
+    def _forward(self, forwards: list[Attempt], seq: int, partition: int, result: StageOutput) -> None:
+        for attempt in forwards:
+            target = source_partition(attempt.tenant, attempt.source, self.partitions)
+            result.forwards.setdefault(target, []).append([partition, seq, *attempt.to_row()])
+        forwards.clear()
+
+
+class SourceStage(_Stage):
+    """Forwarded failures partitioned by source: spray and credential stuffing."""
+
+    shard_type = SourceShard
+
+    def process(self, partition: int, offset: int, rows: list[list[Any]]) -> StageOutput:
+        shard: SourceShard = self.shards[partition]
+        result = StageOutput()
+        out = Outbox()
+        base_seq = offset * ROWS_PER_ENVELOPE
+        watermark = shard.watermark_ms
+        for index, row in enumerate(rows):
+            if not self._fresh(partition, row[0], row[1]):
+                result.skipped += 1
+                continue
+            attempt = Attempt.from_row(row[2:])
+            if attempt.occurred_ms > watermark:
+                watermark = attempt.occurred_ms
+            shard.step(attempt, watermark, out, base_seq + index)
+            result.counted += 1
+        for (tenant, window), share in out.partials.items():
+            result.shares.append([tenant, window, "s", partition, share])
+        out.partials.clear()
+        self._finish(partition, shard, out, result)
+        return result
+
+
+class RollupStage:
+    """Tenant shares in, ``spray_tenant`` alerts out (rule 8). Shares are absolute values
+    (each shard's latest count), so replays and duplicates are harmless."""
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+        self.rollups: dict[int, TenantRollup] = {}
+
+    def owns(self, partition: int) -> bool:
+        return partition in self.rollups
+
+    def rebuild(self, partition: int, records: Iterable[tuple[bytes, bytes]]) -> None:
+        rollup = TenantRollup(self.policy)
+        shares: list[list[Any]] = []
+        for raw_key, raw_value in records:
+            key = loads(raw_key)
+            if key[0] != partition or raw_value is None:
+                continue
+            if key[1] == "fired":
+                rollup.fired.add((key[2], key[3]))
+            else:
+                shares.append([*key[1:], loads(raw_value)])
+        for tenant, window, kind, part, share in shares:
+            rollup.update(tenant, window, kind, part, share)
+        self.rollups[partition] = rollup
+
+    def drop(self, partition: int) -> None:
+        self.rollups.pop(partition, None)
+
+    def process(self, partition: int, shares: list[list[Any]]) -> StageOutput:
+        rollup = self.rollups[partition]
+        result = StageOutput()
+        for tenant, window, kind, part, share in shares:
+            alert = rollup.update(tenant, window, kind, part, share)
+            result.changelog.append((dumps([partition, tenant, window, kind, part]), dumps(share)))
+            if alert is not None:
+                result.alerts.append(encode(alert))
+                result.changelog.append((dumps([partition, "fired", tenant, window]), b"1"))
+        return result

@@ -1,0 +1,79 @@
+"""Every topic the worker uses, with explicit configs, created at start (idempotently).
+
+| topic | partitions | configs | purpose |
+|---|---|---|---|
+| ``auth.login-attempts`` | P | delete, 7 days | input from login services |
+| ``<app>.attempts-by-account`` | P | delete, 1 day | ingest -> account stage (batch envelopes) |
+| ``<app>.attempts-by-source`` | P | delete, 1 day | account stage -> source stage |
+| ``<app>.tenant-shares`` | P | delete, 1 day | shards' shares of rule 8 -> rollup |
+| ``auth.throttle-decisions`` | P | compact, fast segments | decisions and tombstones |
+| ``auth.alerts`` | P | delete, 30 days | alerts |
+| ``auth.login-attempts.dlq`` | P | delete, 30 days | dead letters, bytes untouched |
+| ``auth.audit`` | P | delete, 7 days | audit batches for the ClickHouse sink |
+
+faust creates the changelog topics of its tables itself (compacted, P partitions).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pipeline.kafka_admin import TopicSpec
+from pipeline.settings import KafkaSettings
+
+DAY_MS = 86_400_000
+
+# Compaction must keep up so the decision topic converges to the active decisions and a
+# gateway's cold load stays small: short segments and a low dirty ratio let the cleaner
+# run often; tombstones are kept a day so an edge offline for less catches every lift
+# (longer outages are covered by expires_at, which the edge honours on its own).
+DECISIONS_CONFIG = {
+    "cleanup.policy": "compact",
+    "segment.ms": str(60_000),
+    "min.cleanable.dirty.ratio": "0.1",
+    "delete.retention.ms": str(DAY_MS),
+    "min.compaction.lag.ms": "0",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Topics:
+    """Names of every topic, derived once from the settings."""
+
+    input: str
+    by_account: str
+    by_source: str
+    shares: str
+    decisions: str
+    alerts: str
+    dlq: str
+    audit: str
+
+    @classmethod
+    def from_settings(cls, kafka: KafkaSettings) -> Topics:
+        prefix = kafka.app_id
+        return cls(
+            input=kafka.input_topic,
+            by_account=f"{prefix}.attempts-by-account",
+            by_source=f"{prefix}.attempts-by-source",
+            shares=f"{prefix}.tenant-shares",
+            decisions=kafka.decisions_topic,
+            alerts=kafka.alerts_topic,
+            dlq=kafka.dlq_topic,
+            audit=kafka.audit_topic,
+        )
+
+    def specs(self, partitions: int) -> list[TopicSpec]:
+        def deleting(days: int) -> dict[str, str]:
+            return {"cleanup.policy": "delete", "retention.ms": str(days * DAY_MS)}
+
+        return [
+            TopicSpec(self.input, partitions, deleting(7)),
+            TopicSpec(self.by_account, partitions, deleting(1)),
+            TopicSpec(self.by_source, partitions, deleting(1)),
+            TopicSpec(self.shares, partitions, deleting(1)),
+            TopicSpec(self.decisions, partitions, DECISIONS_CONFIG),
+            TopicSpec(self.alerts, partitions, deleting(30)),
+            TopicSpec(self.dlq, partitions, deleting(30)),
+            TopicSpec(self.audit, partitions, deleting(7)),
+        ]

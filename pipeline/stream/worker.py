@@ -1,0 +1,47 @@
+"""``authpipe worker``: create the topics, then run the faust worker until stopped."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from pipeline.core.policy import DEFAULT_POLICY, Policy, policy_from_toml
+from pipeline.kafka_admin import ensure_topics, wait_for_broker
+from pipeline.logs import get_logger
+from pipeline.settings import Settings
+from pipeline.stream.topics import Topics
+
+log = get_logger("worker")
+
+
+def load_policy(path: Path | None) -> Policy:
+    """The policy from a TOML file, or the built-in defaults."""
+    if path is None:
+        return DEFAULT_POLICY
+    return policy_from_toml(path.read_text(encoding="utf-8"))
+
+
+async def prepare_topics(settings: Settings, timeout_s: float = 30.0) -> None:
+    kafka = settings.kafka
+    await wait_for_broker(kafka.bootstrap_servers, timeout_s)
+    specs = Topics.from_settings(kafka).specs(kafka.partitions)
+    await ensure_topics(kafka.bootstrap_servers, specs, replication_factor=kafka.replication_factor)
+
+
+def run_worker(settings: Settings) -> int:
+    """Run the stream processors in the foreground; returns the exit code."""
+    from faust import Worker as FaustWorker
+
+    from pipeline.stream.app import Worker
+
+    policy = load_policy(settings.policy_path)
+    asyncio.run(prepare_topics(settings))
+    (settings.state_dir / "faust").mkdir(parents=True, exist_ok=True)
+    worker = Worker(settings, policy)
+    log.info("worker_starting", policy_version=policy.policy_version,
+             partitions=settings.kafka.partitions, web_port=settings.worker.web_port)  # fmt: skip
+    faust_worker = FaustWorker(
+        worker.app, loglevel="WARNING", quiet=True, redirect_stdouts=False, logging_config=None
+    )
+    faust_worker.execute_from_commandline()
+    return 0
