@@ -293,10 +293,28 @@ class Worker:
     # -- timers, rebalances, web ----------------------------------------------------------
 
     async def _expire_tick(self) -> None:
+        await self._rebuild_assigned()
         now = wall_ms()
         for key, value in [*self.accounts.expire(now), *self.sources.expire(now)]:
             await self.decisions.send(key=key, value=value)
             self.metrics.decisions_total.labels(kind="tombstone").inc()
+
+    async def _rebuild_assigned(self) -> None:
+        """Rebuild shards of newly assigned partitions as soon as recovery is done, so a
+        restarted worker holds its counters and decisions before the first new event."""
+        if not self.ready():
+            return
+        stages = (
+            (self.topics.by_account, self.accounts, self.account_table),
+            (self.topics.by_source, self.sources, self.source_table),
+        )
+        for tp in self.app.consumer.assignment():
+            for topic, stage, table in stages:
+                if tp.topic == topic and not stage.owns(tp.partition):
+                    rebuilt = stage.rebuild(tp.partition, self._partition_records(table, tp.partition))
+                    await self._emit(rebuilt, table, tp.partition)
+            if tp.topic == self.topics.shares and not self.rollup.owns(tp.partition):
+                self.rollup.rebuild(tp.partition, self._partition_records(self.rollup_table, tp.partition))
 
     async def _on_revoked(self, sender: Any, *args: Any, **kwargs: Any) -> None:
         revoked: Iterable[TopicPartition] = args[0] if args else kwargs.get("revoked", ())

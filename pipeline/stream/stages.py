@@ -69,7 +69,10 @@ class _Stage:
 
     shard_type: type[AccountShard] | type[SourceShard]
 
-    def __init__(self, policy: Policy, partitions: int, dedupe_horizon_ms: int, dedupe_capacity: int) -> None:
+    def __init__(
+        self, policy: Policy, partitions: int, dedupe_horizon_ms: int = 3_600_000,
+        dedupe_capacity: int = 1_000_000,
+    ) -> None:  # fmt: skip
         self.policy = policy
         self.partitions = partitions
         self.dedupe_horizon_ms = dedupe_horizon_ms
