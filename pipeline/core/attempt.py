@@ -5,10 +5,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pipeline.contracts.models import LoginAttempt, datetime_to_ms
-from pipeline.core.keys import Digester
+from pipeline.core.errors import InvalidAttempt
+from pipeline.core.keys import NONE, Digester
 from pipeline.core.normalise import SourceRules, normalise_account
 
 PASSWORD_FLOWS = frozenset({"login", "token", "recovery"})
+
+
+def valid_tenant(tenant: str) -> bool:
+    """A tenant that can appear in a decision key: ``|`` separates the key's parts and a
+    lone ``-`` means "none", so either would make ``parse_key`` fail on the gateway."""
+    return bool(tenant) and tenant != NONE and "|" not in tenant
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,8 +79,13 @@ class Normaliser:
         return self.digester.account(tenant, normalised)
 
     def normalise(self, event: LoginAttempt) -> Attempt:
-        """Raises InvalidAttempt (bad peer_ip, empty account) for the dead-letter topic."""
+        """Raises InvalidAttempt (bad peer_ip, empty account, bad tenant) for the dead-letter
+        topic."""
         tenant = event.tenant
+        if not valid_tenant(tenant):
+            raise InvalidAttempt(
+                "bad_tenant", f"tenant {tenant[:64]!r} contains '|' or is '-' (key syntax)"
+            )
         device = self.digester.device(tenant, event.device_id) if event.device_id else None
         session = self.digester.session(tenant, event.session_id) if event.session_id else None
         return Attempt(

@@ -97,9 +97,14 @@ def _factory(ring_size: int) -> Callable[[], KeyState]:
 
 
 class _TenantTables:
-    """One tenant's compiled rules and bounded tables (built once per tenant)."""
+    """One tenant's compiled rules and bounded tables (built once per tenant).
 
-    def __init__(self, policy: TenantPolicy, on_drop_counter: object = None) -> None:
+    ``dirty`` is the shard's record of changed keys: entries a table drops (expired or
+    evicted by the cap) are marked there, so the changelog deletes them too and a restore
+    never brings an evicted entry back.
+    """
+
+    def __init__(self, policy: TenantPolicy, dirty: dict[tuple[str, Key], None]) -> None:
         self.policy = policy
         self.specs = {
             rule: WindowSpec(getattr(policy, rule).window_ms, policy.sub_buckets)
@@ -111,14 +116,23 @@ class _TenantTables:
         }
         self.factories = {rule: _factory(self.specs[rule].ring_size) for rule in COUNTER_RULES}
         self.counters: dict[str, BoundedTable[KeyState]] = {
-            rule: BoundedTable(policy.entry_cap) for rule in COUNTER_RULES
+            rule: BoundedTable(policy.entry_cap, _marker(dirty, rule)) for rule in COUNTER_RULES
         }
-        self.sources: BoundedTable[SourceState] = BoundedTable(policy.entry_cap)
-        self.pairs: BoundedTable[PairState] = BoundedTable(policy.entry_cap)
+        self.sources: BoundedTable[SourceState] = BoundedTable(
+            policy.entry_cap, _marker(dirty, "sources")
+        )
+        self.pairs: BoundedTable[PairState] = BoundedTable(policy.entry_cap, _marker(dirty, "pairs"))
         self.max_span_ms = max(spec.span_ms for spec in self.specs.values())
 
     def tables(self) -> list[BoundedTable[KeyState] | BoundedTable[SourceState] | BoundedTable[PairState]]:
         return [*self.counters.values(), self.sources, self.pairs]
+
+
+def _marker(dirty: dict[tuple[str, Key], None], name: str) -> Callable[[Key, Any], None]:
+    def mark(key: Key, _entry: Any) -> None:
+        dirty[(name, key)] = None
+
+    return mark
 
 
 class _Shard:
@@ -136,12 +150,14 @@ class _Shard:
         self.metrics = Metrics()
         self.tenant_partials: dict[tuple[str, int], int] = {}
         # Keys whose state changed since the last ``take_dirty``: the stream flushes them.
-        self.dirty: set[tuple[str, Key]] = set()
+        # A dict, not a set: its order is the order of first change, so the changelog
+        # (and a restore from it) does not depend on string hash randomisation.
+        self.dirty: dict[tuple[str, Key], None] = {}
 
     def tenant(self, tenant: str) -> _TenantTables:
         tables = self.tenants.get(tenant)
         if tables is None:
-            tables = _TenantTables(self.policy.for_tenant(tenant))
+            tables = _TenantTables(self.policy.for_tenant(tenant), self.dirty)
             self.tenants[tenant] = tables
         return tables
 
@@ -190,8 +206,7 @@ class _Shard:
             self.metrics.lifts += 1
         for tables in self.tenants.values():
             for table in tables.tables():
-                for key in table.expire(self.watermark_ms):
-                    self.dirty.add((_table_name(tables, table), key))
+                table.expire(self.watermark_ms)  # the tables mark what they drop as dirty
 
     # -- durable state: the stream writes changed entries to a changelog and restores them
 
@@ -217,9 +232,11 @@ class _Shard:
     def meta(self) -> list[Any]:
         return [self.watermark_ms, [[t, w, v] for (t, w), v in self.tenant_partials.items()]]
 
-    def restore(self, key: list[Any], value: list[Any]) -> None:
-        """Load one changelog record (the inverse of ``take_dirty``)."""
+    def restore(self, key: list[Any], value: list[Any] | None) -> None:
+        """Load one changelog record (the inverse of ``take_dirty``); None deletes."""
         if key == ["meta"]:
+            if value is None:
+                return
             self.watermark_ms = max(self.watermark_ms, value[0])
             for tenant, window, share in value[1]:
                 slot = (tenant, window)
@@ -227,13 +244,19 @@ class _Shard:
             return
         name, *parts = key
         entry_key: Key = tuple(parts)
+        if value is None:
+            self._table(name, entry_key[1]).pop(entry_key)
+            return
         loader: Any = {"sources": SourceState, "pairs": PairState}.get(name, KeyState)
         self._table(name, entry_key[1]).put(entry_key, loader.load(value))
 
     def finish_restore(self, out: Outbox) -> None:
         """After loading: re-index active decisions and expire what the changelog kept
-        past its time (restored windows are not expired by the framework)."""
+        past its time (restored windows are not expired by the framework). Tables are put
+        in deadline order first, so expiry from the front reaches every dead entry."""
         for tables in self.tenants.values():
+            for any_table in tables.tables():
+                any_table.sort_by_deadline()
             pairs: list[tuple[str, BoundedTable[Any]]] = [
                 *tables.counters.items(), ("source", tables.sources)
             ]
@@ -251,13 +274,6 @@ class _Shard:
 
     def entries(self) -> int:
         return sum(len(t) for tt in self.tenants.values() for t in tt.tables())
-
-
-def _table_name(tables: _TenantTables, table: object) -> str:
-    for name, candidate in tables.counters.items():
-        if candidate is table:
-            return name
-    return "sources" if table is tables.sources else "pairs"
 
 
 class AccountShard(_Shard):
@@ -300,7 +316,8 @@ class AccountShard(_Shard):
         tenant, account = a.tenant, a.account
         acct_key = decision_key("account", tenant, account, None, None)
         acct = t.counters["account"].get(acct_key)
-        if acct is not None and (seq < 0 or acct.seq < seq):
+        live = acct is not None and acct.keep_until_ms > self.watermark_ms
+        if live and acct is not None and (seq < 0 or acct.seq < seq):
             # Rule 7's streak ends; the ceiling's count and escalation are never cleared.
             acct.streak = 0
             acct.lifetime_alerted = False
@@ -318,7 +335,9 @@ class AccountShard(_Shard):
     ) -> None:
         """A success clears its own counter and escalation, and lifts its own decision."""
         entry = t.counters[rule].get(key)
-        if entry is None or (seq >= 0 and entry.seq >= seq):
+        if entry is None or entry.keep_until_ms <= self.watermark_ms:
+            return  # absent, or past its time (gone even before ``expire`` pops it)
+        if seq >= 0 and entry.seq >= seq:
             return
         entry.ring.clear()
         entry.level = 0
@@ -336,7 +355,7 @@ class AccountShard(_Shard):
         tenant = a.tenant
         password_untrusted = a.password_flow and not (a.trusted and a.device)
         acct_key = keys[2] if password_untrusted else decision_key("account", tenant, a.account, None, None)
-        acct = t.counters["account"].touch(acct_key, t.factories["account"])
+        acct = t.counters["account"].touch(acct_key, t.factories["account"], self.watermark_ms)
         fresh = seq < 0 or acct.seq < seq
         if fresh:
             self._streak(a, t, acct, out)
@@ -387,6 +406,10 @@ class AccountShard(_Shard):
         if acct.spray_window == window:
             return
         acct.spray_window = window
+        # Keep the entry to the window's end, or a re-created entry would count twice.
+        end = (window + 1) * pol.tenant_spray.window_ms
+        if acct.keep_until_ms < end:
+            acct.keep_until_ms = end
         slot = (a.tenant, window)
         value = self.tenant_partials.get(slot, 0) + 1
         self.tenant_partials[slot] = value
@@ -399,7 +422,7 @@ class AccountShard(_Shard):
         self, a: Attempt, t: _TenantTables, rule: str, scope: str, key: Key,
         source: str | None, device: str | None, out: Outbox, seq: int,
     ) -> bool:  # fmt: skip
-        entry = t.counters[rule].touch(key, t.factories[rule])
+        entry = t.counters[rule].touch(key, t.factories[rule], self.watermark_ms)
         if seq >= 0 and entry.seq >= seq:
             return False
         tripped = self._count_entry(a, t, rule, scope, key, entry, source, device, out)
@@ -436,7 +459,7 @@ class AccountShard(_Shard):
     def _mark(self, tenant: str, table: str, key: Key, entry: KeyState, seq: int) -> None:
         if seq > entry.seq:
             entry.seq = seq
-        self.dirty.add((table, key))
+        self.dirty[(table, key)] = None
 
 
 class SourceShard(_Shard):
@@ -479,7 +502,7 @@ class SourceShard(_Shard):
         self._tenant_share(a, pol, src, out)
         if seq > src.seq:
             src.seq = seq
-        self.dirty.add(("sources", skey))
+        self.dirty[("sources", skey)] = None
 
     def _distinct(self, a: Attempt, t: _TenantTables, src: SourceState) -> None:
         """Move the pair's one count to the bucket of its latest failure."""
@@ -494,7 +517,7 @@ class SourceShard(_Shard):
                 pair.bucket = bucket
         pair.keep_until_ms = (max(pair.bucket, src.distinct.head) + spec.ring_size) * spec.sub_ms
         src.keep_until_ms = max(src.keep_until_ms, pair.keep_until_ms)
-        self.dirty.add(("pairs", pkey))
+        self.dirty[("pairs", pkey)] = None
 
     def _spray(self, a: Attempt, t: _TenantTables, src: SourceState, skey: Key, out: Outbox) -> None:
         cfg = t.policy.source
@@ -508,7 +531,9 @@ class SourceShard(_Shard):
             now - cfg.window_ms, now, self.version,
         ))  # fmt: skip
         self.metrics.alerts += 1
-        if cfg.mode == "enforce" and now >= src.blocked_until_ms:
+        # Like every rule, observe mode publishes its decision with action "observe" (the
+        # refusal check never applies it); enforce mode publishes a block.
+        if now >= src.blocked_until_ms:
             expires = now + cfg.window_ms
             src.blocked_until_ms = expires
             src.decision_id = self._issue(
@@ -543,6 +568,9 @@ class SourceShard(_Shard):
         if src.tenant_window == window:
             return
         src.tenant_window = window
+        end = (window + 1) * pol.tenant_spray.window_ms
+        if src.keep_until_ms < end:
+            src.keep_until_ms = end
         slot = (a.tenant, window)
         value = self.tenant_partials.get(slot, 0) + 1
         self.tenant_partials[slot] = value
@@ -627,6 +655,8 @@ class Engine:
         self.policy = policy
         self.accounts = AccountShard(policy)
         self.sources = SourceShard(policy, dedupe_horizon_ms=0)
+        # One index for both stages, so source decisions refuse in the verdict too.
+        self.sources.index = self.accounts.index
         self.rollup = TenantRollup(policy)
         self.out = Outbox()
         self._next_advance_ms = 0

@@ -28,7 +28,8 @@ class Digester:
     def _digest(self, namespace: bytes, tenant: str, value: str) -> str:
         h = hashlib.blake2b(digest_size=DIGEST_BYTES, key=self._key)
         h.update(namespace)
-        h.update(tenant.encode())
+        # surrogatepass: a lone surrogate must give a digest, never an exception.
+        h.update(tenant.encode("utf-8", "surrogatepass"))
         h.update(b"\x00")
         h.update(value.encode("utf-8", "surrogatepass"))
         return h.hexdigest()

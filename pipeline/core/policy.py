@@ -21,6 +21,9 @@ Mode = Literal["enforce", "observe"]
 MINUTE_MS = 60_000
 WINDOW_MS = 15 * MINUTE_MS
 HOUR_MS = 60 * MINUTE_MS
+MAX_WINDOW_MS = 7 * 24 * HOUR_MS
+MAX_BLOCK_MS = 366 * 24 * HOUR_MS
+"""Longest block: keeps ``expires_at`` a representable timestamp whatever the config says."""
 
 
 class _Frozen(BaseModel):
@@ -31,15 +34,15 @@ class RuleConfig(_Frozen):
     """A sliding-window threshold: ``threshold`` events within ``window_ms`` trip the rule."""
 
     threshold: int = Field(ge=1, le=1_000_000)
-    window_ms: int = Field(WINDOW_MS, ge=1000, le=7 * 24 * HOUR_MS)
+    window_ms: int = Field(WINDOW_MS, ge=1000, le=MAX_WINDOW_MS)
     mode: Mode = "enforce"
 
 
 class BackoffConfig(_Frozen):
     """Block length after the k-th consecutive trip: ``min(cap_ms, base_ms * 2**(k-1))``."""
 
-    base_ms: int = Field(WINDOW_MS, ge=1000)
-    cap_ms: int = Field(HOUR_MS, ge=1000)
+    base_ms: int = Field(WINDOW_MS, ge=1000, le=MAX_BLOCK_MS)
+    cap_ms: int = Field(HOUR_MS, ge=1000, le=MAX_BLOCK_MS)
 
     @model_validator(mode="after")
     def _cap_not_below_base(self) -> BackoffConfig:
@@ -51,8 +54,10 @@ class BackoffConfig(_Frozen):
         """The block length for the ``trips``-th consecutive trip (1-based), capped."""
         if trips <= 1:
             return min(self.cap_ms, self.base_ms)
-        # Past 2**40 every sane cap is reached; clamp the shift so huge streaks stay cheap.
-        return min(self.cap_ms, self.base_ms << min(trips - 1, 40))
+        # base >= 1, so shifting by cap's bit length already exceeds the cap: clamping the
+        # shift there keeps huge streaks cheap and still exact (the old clamp at 40 bits
+        # returned less than the cap for caps above base * 2**40).
+        return min(self.cap_ms, self.base_ms << min(trips - 1, self.cap_ms.bit_length()))
 
 
 class LifetimeConfig(_Frozen):
@@ -66,7 +71,7 @@ class StuffingConfig(_Frozen):
 
     min_attempts: int = Field(50, ge=1)
     unknown_ratio: float = Field(0.8, gt=0.0, le=1.0)
-    window_ms: int = Field(WINDOW_MS, ge=1000)
+    window_ms: int = Field(WINDOW_MS, ge=1000, le=MAX_WINDOW_MS)
     mode: Mode = "observe"
 
 
@@ -78,7 +83,7 @@ class TenantSprayConfig(_Frozen):
     ``baseline_windows`` windows.
     """
 
-    window_ms: int = Field(WINDOW_MS, ge=1000)
+    window_ms: int = Field(WINDOW_MS, ge=1000, le=MAX_WINDOW_MS)
     baseline_windows: int = Field(8, ge=1, le=96)
     factor: float = Field(5.0, ge=1.0)
     min_accounts: int = Field(100, ge=1)
@@ -103,7 +108,7 @@ class TenantPolicy(_Frozen):
     sub_buckets: int = Field(15, ge=1, le=240, description="sliding-window resolution")
     entry_cap: int = Field(100_000, ge=10, description="entries per table for this tenant")
     streak_memory_ms: int = Field(
-        24 * HOUR_MS, ge=0, description="escalation level and failure streak kept this long"
+        24 * HOUR_MS, ge=0, le=MAX_BLOCK_MS, description="escalation level and failure streak kept this long"
     )
 
     @field_validator("allowlist")
@@ -142,6 +147,9 @@ def _merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, An
     return merged
 
 
+_BUILTIN = TenantPolicy().model_dump()
+
+
 def policy_from_mapping(document: Mapping[str, Any]) -> Policy:
     """Build a policy from a parsed document; tenant tables are merged over the defaults."""
     unknown = set(document) - {"policy_version", "defaults", "tenants"}
@@ -152,18 +160,32 @@ def policy_from_mapping(document: Mapping[str, Any]) -> Policy:
         )
     defaults = document.get("defaults", {})
     tenants_doc = document.get("tenants", {})
+    if not isinstance(defaults, Mapping) or not isinstance(tenants_doc, Mapping):
+        raise PolicyError("invalid policy: [defaults] and [tenants] must be tables")
     try:
-        base = TenantPolicy.model_validate(defaults).model_dump()
-        tenants = {
-            name: TenantPolicy.model_validate(_merge(base, override))
-            for name, override in tenants_doc.items()
-        }
+        # [defaults] is merged over the built-in defaults key by key, like tenants over
+        # it: a table that sets only ``source.threshold`` must keep the built-in
+        # ``mode = "observe"`` (RuleConfig's own default is "enforce"), and one that sets
+        # only a mode must not fail for want of a threshold.
+        base = TenantPolicy.model_validate(_merge(_BUILTIN, defaults)).model_dump()
+    except (ValidationError, ValueError) as exc:
+        raise PolicyError(f"invalid policy: [defaults]: {exc}") from exc
+    tenants: dict[str, TenantPolicy] = {}
+    for name, override in tenants_doc.items():
+        if not isinstance(override, Mapping):
+            raise PolicyError(f"invalid policy: [tenants.{name}] must be a table")
+        try:
+            tenants[name] = TenantPolicy.model_validate(_merge(base, override))
+        except (ValidationError, ValueError) as exc:
+            # Name the tenant: pydantic's message names only the field inside it.
+            raise PolicyError(f"invalid policy: [tenants.{name}]: {exc}") from exc
+    try:
         return Policy(
             policy_version=document.get("policy_version", "default-1"),
             defaults=TenantPolicy.model_validate(base),
             tenants=tenants,
         )
-    except (ValidationError, ValueError, AttributeError) as exc:
+    except (ValidationError, ValueError) as exc:
         raise PolicyError(f"invalid policy: {exc}") from exc
 
 

@@ -48,10 +48,16 @@ class BoundedTable(Generic[E]):
     def get(self, key: Key) -> E | None:
         return self._entries.get(key)
 
-    def touch(self, key: Key, factory: Callable[[], E]) -> E:
-        """The entry for ``key`` (created if missing), moved to the newest end."""
+    def touch(self, key: Key, factory: Callable[[], E], now_ms: int = -1) -> E:
+        """The entry for ``key``, moved to the newest end; created if missing or if its
+        ``keep_until_ms`` is at or before ``now_ms`` (past its time, it is semantically
+        gone even if ``expire`` has not reached it yet behind a longer-lived neighbour)."""
         entries = self._entries
         entry = entries.get(key)
+        if entry is not None and entry.keep_until_ms <= now_ms:
+            del entries[key]
+            self.expired += 1
+            entry = None
         if entry is None:
             if len(entries) >= self.cap:
                 old_key, old = entries.popitem(last=False)
@@ -67,10 +73,17 @@ class BoundedTable(Generic[E]):
     def put(self, key: Key, entry: E) -> None:
         """Insert a restored entry at the newest end (cap applies)."""
         if key not in self._entries and len(self._entries) >= self.cap:
-            self._entries.popitem(last=False)
+            old_key, old = self._entries.popitem(last=False)
             self.evictions += 1
+            if self.on_drop is not None:
+                self.on_drop(old_key, old)
         self._entries[key] = entry
         self._entries.move_to_end(key)
+
+    def sort_by_deadline(self) -> None:
+        """Order entries by ``keep_until_ms`` (stable), so ``expire`` pops every dead entry
+        from the front. Used once after a restore, whose load order is the changelog's."""
+        self._entries = OrderedDict(sorted(self._entries.items(), key=_deadline))
 
     def pop(self, key: Key) -> E | None:
         return self._entries.pop(key, None)
@@ -93,3 +106,7 @@ class BoundedTable(Generic[E]):
 
     def items(self) -> Iterator[tuple[Key, E]]:
         return iter(list(self._entries.items()))
+
+
+def _deadline(item: tuple[Key, Expiring]) -> int:
+    return item[1].keep_until_ms

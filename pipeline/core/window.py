@@ -1,19 +1,27 @@
 """Sliding-window counting with a ring of sub-buckets.
 
-A window of ``window_ms`` is split into ``n`` sub-buckets of ``sub_ms = window_ms // n``.
-A ring keeps ``n + 1`` buckets: the current (partial) one and the ``n`` before it. The
-count at time ``t`` is the sum of those buckets, so it covers the interval
-``[floor(t / sub_ms) * sub_ms - n * sub_ms, t]``, whose length is between ``window_ms``
-and ``window_ms + sub_ms``.
+A window of ``window_ms`` is split into sub-buckets of ``sub_ms = window_ms // k`` (``k``
+the policy's ``sub_buckets``); ``n = ceil(window_ms / sub_ms)`` of them cover the window
+(``n == k`` when ``k`` divides ``window_ms``, as for every default). A ring keeps ``n + 1``
+buckets: the current (partial) one and the ``n`` before it. The count at time ``t`` is
+the sum of those buckets, so it covers ``[(floor(t / sub_ms) - n) * sub_ms, t]``, an
+interval between ``n * sub_ms >= window_ms`` and ``span_ms = (n + 1) * sub_ms`` long.
 
-Guarantees (pinned by hypothesis tests):
+Guarantees (pinned by hypothesis tests against a brute-force reference):
 
-* no undercount: every event in ``(t - window_ms, t]`` is counted, so a key can never
-  get more than ``threshold - 1`` events accepted in any interval of ``window_ms``;
-  the worst-case overshoot over the threshold is zero (a fixed window allows
-  ``2 * threshold - 2`` in a burst straddling its boundary);
-* bounded overcount: no event older than ``window_ms + sub_ms`` is counted, so an
-  honest user's old failure is remembered at most one sub-bucket (1/n) longer.
+* no undercount: for events arriving in time order, every event in
+  ``(t - window_ms, t]`` is counted at ``t``. So when the ``threshold``-th event of any
+  interval of ``window_ms`` arrives, all of them are counted and the rule trips: at most
+  ``threshold - 1`` events of any such interval are ever accepted before a trip. The
+  worst-case overshoot over the threshold is zero (a fixed window lets
+  ``2 * threshold - 2`` through in a burst straddling its boundary);
+* bounded overcount: no event aged ``span_ms`` or more is counted. ``span_ms`` is
+  ``window_ms + sub_ms`` when ``k`` divides ``window_ms`` (an honest user's old failure
+  is remembered at most one sub-bucket, 1/k of the window, longer), and below
+  ``window_ms + 2 * sub_ms`` otherwise.
+
+A late event (older than the ring's newest bucket) is counted in its own bucket while
+that bucket is still in the ring, and dropped (``add`` returns False) once it left.
 
 Memory is ``n + 1`` integers per key; every operation is O(1) amortised (advancing the
 ring clears each bucket at most once per pass).

@@ -1,0 +1,89 @@
+"""The refusal check: which decision keys apply to an attempt, and DecisionIndex."""
+
+from __future__ import annotations
+
+from pipeline.core.decisions import Active, DecisionIndex, Verdict, applicable_keys, keys_for
+from tests.unit.test_core_support import att
+
+A, S, D, SESS = "a" * 32, "203.0.113.5", "d" * 32, "5" * 32
+
+
+def test_untrusted_password_flow_keys() -> None:
+    """An untrusted login is checked against source, account_source and account."""
+    assert applicable_keys("t", A, S, D, None, False, "login") == (
+        ("source", "t", None, S, None),
+        ("account_source", "t", A, S, None),
+        ("account", "t", A, None, None),
+    )
+
+
+def test_trusted_password_flow_keys() -> None:
+    """A trusted device is checked against source and its device key only."""
+    for flow in ("login", "token", "recovery"):
+        assert applicable_keys("t", A, S, D, None, True, flow) == (
+            ("source", "t", None, S, None),
+            ("device", "t", A, None, D),
+        )
+
+
+def test_uia_and_mfa_keys() -> None:
+    """uia uses session > device > source; mfa uses device > session > source."""
+    assert applicable_keys("t", A, S, D, SESS, True, "uia")[1] == ("uia", "t", A, None, SESS)
+    assert applicable_keys("t", A, S, D, None, False, "uia")[1] == ("uia", "t", A, None, D)
+    assert applicable_keys("t", A, S, None, None, False, "uia")[1] == ("uia", "t", A, S, None)
+    assert applicable_keys("t", A, S, D, SESS, False, "mfa")[1] == ("mfa", "t", A, None, D)
+    assert applicable_keys("t", A, S, None, SESS, False, "mfa")[1] == ("mfa", "t", A, None, SESS)
+    assert applicable_keys("t", A, S, None, None, False, "mfa")[1] == ("mfa", "t", A, S, None)
+
+
+def test_keys_for_uses_the_attempt_fields() -> None:
+    """keys_for(attempt) equals applicable_keys of its fields."""
+    a = att(0, device=D, trusted=True)
+    assert keys_for(a) == applicable_keys(a.tenant, a.account, a.source, D, None, True, "login")
+
+
+def _index(*entries: tuple[tuple[str, str, str | None, str | None, str | None], str, int]) -> DecisionIndex:
+    index = DecisionIndex()
+    for n, (key, action, expires) in enumerate(entries):
+        index.put(key, Active(f"id{n}", action, expires, key[0]))
+    return index
+
+
+AS = ("account_source", "t", A, S, None)
+AC = ("account", "t", A, None, None)
+SRC = ("source", "t", None, S, None)
+
+
+def test_check_refuses_with_the_longest_remaining_block() -> None:
+    """Refused iff a block applies; retry_after is the longest remaining one."""
+    index = _index((AS, "block", 1000), (AC, "block", 5000))
+    verdict = index.check((SRC, AS, AC), 400)
+    assert verdict == Verdict(False, 4600, AC, None)
+    assert verdict.applied == "block"
+
+
+def test_check_ignores_expired_and_unrelated_decisions() -> None:
+    """Expired decisions (even unpruned) and other keys never refuse."""
+    index = _index((AS, "block", 1000), (("account", "t", "b" * 32, None, None), "block", 9000))
+    assert index.check((SRC, AS, AC), 1000) == Verdict(True, 0)
+    assert index.check((SRC, AS, AC), 999).retry_after_ms == 1
+
+
+def test_check_observe_is_allowed_but_reported() -> None:
+    """An observe decision allows, with observed_key set and applied == 'observe'."""
+    index = _index((AC, "observe", 5000))
+    verdict = index.check((SRC, AS, AC), 10)
+    assert (verdict.allowed, verdict.retry_after_ms, verdict.observed_key) == (True, 0, AC)
+    assert verdict.applied == "observe"
+    both = _index((AC, "observe", 5000), (AS, "block", 100)).check((SRC, AS, AC), 10)
+    assert (both.allowed, both.matched_key, both.observed_key, both.applied) == (False, AS, AC, "block")
+
+
+def test_prune_lift_and_replace() -> None:
+    """prune removes expired decisions once; lift removes early; a re-issue replaces."""
+    index = _index((AS, "block", 1000), (AC, "block", 2000))
+    assert index.lift(AC) is not None and index.lift(AC) is None
+    index.put(AS, Active("new", "block", 3000, "account_source"))
+    assert index.prune(2500) == []  # the old AS entry was replaced; AC was lifted
+    assert index.prune(3000) == [AS]
+    assert len(index) == 0 and index.items() == []
