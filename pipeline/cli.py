@@ -39,6 +39,18 @@ def _worker(args: argparse.Namespace, settings: Settings) -> int:
     return run_worker(settings)
 
 
+def _edge(args: argparse.Namespace, settings: Settings) -> int:
+    from pipeline.edge.service import run_edge
+
+    return run_edge(settings, host=args.host, port=args.port)
+
+
+def _port(text: str) -> int:
+    if not text.isdigit() or int(text) > 65535:
+        raise argparse.ArgumentTypeError(f"{text} is not a port number (0-65535)")
+    return int(text)
+
+
 def _existing_file(text: str) -> Path:
     path = Path(text)
     if not path.is_file():
@@ -70,8 +82,14 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--policy", type=_existing_file, help="policy TOML (default: built-in)")
     worker.set_defaults(handler=_worker)
 
+    edge = sub.add_parser("edge", help="the gateway edge: decision view, check, block-list")
+    edge_sub = edge.add_subparsers(dest="edge_action", required=True)
+    serve = edge_sub.add_parser("serve", help="serve /v1/check and /v1/blocklist over HTTP")
+    serve.add_argument("--host", help="bind address (default: edge.host, 127.0.0.1)")
+    serve.add_argument("--port", type=_port, help="HTTP port (default: edge.port, 8080)")
+    serve.set_defaults(handler=_edge)
+
     for name, help_text in [
-        ("edge", "the gateway decision feed"),
         ("simulate", "produce simulated login traffic"),
     ]:
         sub.add_parser(name, help=help_text).set_defaults(handler=_not_yet(name))

@@ -1,0 +1,673 @@
+"""The gateway's decision view: the compacted decisions topic in memory, and the check.
+
+``DecisionView`` holds the active decisions in the core's ``DecisionIndex`` and answers
+``check`` with the core's own ``applicable_keys`` and ``DecisionIndex.check``, after the
+same normalisation as the worker (``Normaliser``: trusted proxies, prefixes, keyed
+digest, case rules). It does no I/O: a check is a few dict lookups (about 1-2 us).
+Normalised accounts, sources, devices and sessions are kept in bounded caches (oldest
+entry dropped first), so a repeated identifier costs one lookup instead of NFKC, a
+BLAKE2b digest and an address parse; a cache maps an input to its deterministic result,
+so it never changes an answer.
+
+``DecisionFeed`` follows the topic into a view without a consumer group: it assigns
+every partition, seeks to the beginning and then follows. Messages are applied as they
+come: a decision replaces its key, a tombstone lifts it, and a decision whose
+``expires_at`` has passed is dropped at once (and an active one stops counting at its
+``expires_at`` even if no tombstone ever arrives: a gateway offline for longer than
+the topic's ``delete.retention.ms`` misses tombstones, never expiries). A message that
+is not a valid decision is logged and counted, and lifts its key if the key parses (the
+latest value of a key is what the compacted topic keeps, so a restarted edge converges
+on the same view). The feed is ready once it has read up to the end offsets it saw at
+start; it exposes lag (messages not yet read) and staleness (time since the broker last
+answered a fetch of every partition).
+
+The clock is injected (``now_ms``), so tests control expiry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, get_args
+
+import orjson
+from aiokafka import AIOKafkaConsumer
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import KafkaError
+from aiokafka.structs import TopicPartition
+
+from pipeline.contracts.models import Flow, Scope, datetime_to_ms
+from pipeline.core.decisions import Active, DecisionIndex, Verdict, applicable_keys
+from pipeline.core.errors import InvalidAttempt
+from pipeline.core.keys import NONE, Key, parse_key
+from pipeline.edge.blocklist import BlockEntry, valid_source
+from pipeline.errors import AuthpipeError
+from pipeline.logs import get_logger
+
+if TYPE_CHECKING:
+    from pipeline.core.attempt import Normaliser
+    from pipeline.settings import Settings
+
+log = get_logger("edge")
+
+FLOWS = frozenset(get_args(Flow))
+SCOPES = frozenset(get_args(Scope))
+ACTIONS = frozenset({"block", "observe"})
+TENANT_MAX_CHARS = 64
+ACCOUNT_MAX_CHARS = 320
+HANDLE_MAX_CHARS = 256
+FORWARDED_MAX_HOPS = 64
+IP_MAX_CHARS = 64
+CACHE_ENTRIES = 65_536
+OUTCOMES = ("put", "lift", "expired", "bad")
+
+
+def wall_ms() -> int:
+    """Wall-clock epoch milliseconds (UTC); the default clock of a view."""
+    return time.time_ns() // 1_000_000
+
+
+class EdgeError(AuthpipeError):
+    """Base of the edge's errors."""
+
+
+class CheckInputError(EdgeError):
+    """A check argument is malformed; ``parameter`` is its HTTP name (``ip``, ``device``,
+    ``session``, ``forwarded_for``, ``account``, ``tenant``, ``trusted``, ``flow``)."""
+
+    def __init__(self, parameter: str, message: str) -> None:
+        super().__init__(message)
+        self.parameter = parameter
+        self.message = message
+
+
+class BadDecision(EdgeError):
+    """A message on the decisions topic that is not a valid decision or tombstone."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+class FeedNotReady(EdgeError):
+    """The feed did not catch up in time."""
+
+
+# -- decoding messages ----------------------------------------------------------------
+
+
+def decode_key(raw: bytes | None) -> tuple[Key, str]:
+    """A Kafka key as a decision key and its text; raises BadDecision("bad_key"/"bad_source")."""
+    if not raw:
+        raise BadDecision("bad_key", "the message has no key")
+    try:
+        text = raw.decode("utf-8")
+        scope, tenant, account, source, device = parse_key(text)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise BadDecision("bad_key", str(exc)[:200]) from None
+    if scope not in SCOPES:
+        raise BadDecision("bad_key", f"unknown scope {scope[:40]!r}")
+    if scope == "source" and not (source and valid_source(source)):
+        raise BadDecision("bad_source", f"source {str(source)[:64]!r} is not an address or CIDR")
+    key: Key = (sys.intern(scope), sys.intern(tenant), _intern(account), _intern(source),
+                _intern(device))  # fmt: skip
+    return key, text
+
+
+def _intern(part: str | None) -> str | None:
+    """Interned key parts: the check's keys and the index's keys then share their strings, so
+    comparing them on lookup is an identity test instead of reading two cold strings."""
+    return sys.intern(part) if part else None
+
+
+def _text_field(value: dict[str, Any], name: str) -> str:
+    text = value.get(name)
+    if not isinstance(text, str) or not text:
+        raise BadDecision("bad_value", f"field {name!r} is missing or not a non-empty string")
+    return text
+
+
+def _expires_ms(text: str) -> int:
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise BadDecision("bad_value", f"expires_at {text[:40]!r} is not RFC 3339") from None
+    if moment.tzinfo is None:
+        raise BadDecision("bad_value", f"expires_at {text[:40]!r} has no UTC offset")
+    return datetime_to_ms(moment)
+
+
+def decode_decision(wire_key: str, raw: bytes) -> Active:
+    """A decision value as the index keeps it; raises BadDecision("bad_value"/"not_json").
+
+    Only the fields enforcement needs are checked (extra fields are ignored, so a newer
+    worker's decisions still apply); ``key`` must equal the Kafka key.
+    """
+    try:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise BadDecision("not_json", "the value is neither JSON nor null") from None
+    if not isinstance(value, dict):
+        raise BadDecision("not_json", "the value is not a JSON object")
+    if value.get("key") != wire_key:
+        raise BadDecision("key_mismatch", "the value's key differs from the message key")
+    action = _text_field(value, "action")
+    if action not in ACTIONS:
+        raise BadDecision("bad_value", f"action {action[:20]!r} is neither block nor observe")
+    return Active(
+        decision_id=_text_field(value, "decision_id"),
+        action=action,
+        expires_ms=_expires_ms(_text_field(value, "expires_at")),
+        rule=_text_field(value, "rule"),
+    )
+
+
+# -- change signals -------------------------------------------------------------------
+
+
+class ChangeSignal:
+    """A version number whose waiters wake at the next bump (no event until one waits)."""
+
+    __slots__ = ("_event", "version")
+
+    def __init__(self) -> None:
+        self.version = 0
+        self._event: asyncio.Event | None = None
+
+    def bump(self) -> None:
+        self.version += 1
+        if self._event is not None:
+            self._event.set()
+            self._event = None
+
+    async def wait(self, version: int, timeout_s: float) -> bool:
+        """True once the version differs from ``version``; False after ``timeout_s``."""
+        if self.version != version:
+            return True
+        if self._event is None:
+            self._event = asyncio.Event()
+        event = self._event
+        try:
+            async with asyncio.timeout(timeout_s):
+                await event.wait()
+        except TimeoutError:
+            pass
+        return self.version != version
+
+
+@dataclass(slots=True)
+class ViewStats:
+    """Counts of applied messages by outcome, and of bad ones by reason."""
+
+    outcomes: dict[str, int] = field(default_factory=lambda: dict.fromkeys(OUTCOMES, 0))
+    bad_reasons: dict[str, int] = field(default_factory=dict)
+    pruned: int = 0
+
+
+# -- the view ---------------------------------------------------------------------------
+
+
+def _remember(cache: dict[Any, str], key: Any, value: str, capacity: int) -> str:
+    if len(cache) >= capacity:
+        del cache[next(iter(cache))]
+    cache[key] = value
+    return value
+
+
+def _check_tenant(tenant: object) -> None:
+    if (
+        not isinstance(tenant, str)
+        or not 1 <= len(tenant) <= TENANT_MAX_CHARS
+        or tenant == NONE
+        or "|" in tenant
+    ):
+        raise CheckInputError("tenant", "tenant must be 1 to 64 characters, not '-', without '|'")
+
+
+def _handle(parameter: str, value: object) -> str:
+    if not isinstance(value, str) or not 1 <= len(value) <= HANDLE_MAX_CHARS:
+        raise CheckInputError(parameter, f"{parameter} must be a string of 1 to 256 characters")
+    return value
+
+
+def split_forwarded(forwarded_for: str | Sequence[str]) -> tuple[str, ...]:
+    """``forwarded_for`` as hops: a comma-separated header value or a sequence of strings."""
+    if isinstance(forwarded_for, str):
+        hops = tuple(hop.strip() for hop in forwarded_for.split(",") if hop.strip())
+    else:
+        hops = tuple(forwarded_for)
+        if not all(isinstance(hop, str) for hop in hops):
+            raise CheckInputError("forwarded_for", "forwarded_for entries must be strings")
+    if len(hops) > FORWARDED_MAX_HOPS:
+        raise CheckInputError("forwarded_for", "forwarded_for has more than 64 addresses")
+    return hops
+
+
+class DecisionView:
+    """Active decisions by key, fed message by message; ``check`` without I/O."""
+
+    def __init__(
+        self,
+        normaliser: Normaliser,
+        *,
+        now_ms: Callable[[], int] = wall_ms,
+        cache_entries: int = CACHE_ENTRIES,
+    ) -> None:
+        self.normaliser = normaliser
+        self.now_ms = now_ms
+        self.index = DecisionIndex()
+        self.stats = ViewStats()
+        self.changes = ChangeSignal()
+        self.blocklist_changes = ChangeSignal()
+        self._sources: dict[Key, Active] = {}
+        self._capacity = cache_entries
+        self._accounts: dict[tuple[str, str], str] = {}
+        self._addresses: dict[tuple[str, str | tuple[str, ...]], str] = {}
+        self._devices: dict[tuple[str, str], str] = {}
+        self._sessions: dict[tuple[str, str], str] = {}
+        self._keys: dict[tuple[Any, ...], tuple[Key, ...]] = {}
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    # -- applying messages ---------------------------------------------------------------
+
+    def apply(self, key: bytes | None, value: bytes | None) -> str:
+        """Apply one message of the topic; returns the outcome (one of ``OUTCOMES``).
+
+        Raises nothing: a bad message is counted by reason, and lifts its key if the key
+        itself is valid.
+        """
+        try:
+            decision_key, wire_key = decode_key(key)
+        except BadDecision as exc:
+            return self._bad(exc, None)
+        if value is None:
+            self._lift(decision_key)
+            return self._count("lift")
+        try:
+            active = decode_decision(wire_key, value)
+        except BadDecision as exc:
+            return self._bad(exc, decision_key)
+        if active.expires_ms <= self.now_ms():
+            self._lift(decision_key)
+            return self._count("expired")
+        self.index.put(decision_key, active)
+        if decision_key[0] == "source":
+            self._sources[decision_key] = active
+            self.blocklist_changes.bump()
+        self.changes.bump()
+        return self._count("put")
+
+    def _count(self, outcome: str) -> str:
+        self.stats.outcomes[outcome] += 1
+        return outcome
+
+    def _bad(self, exc: BadDecision, key: Key | None) -> str:
+        reasons = self.stats.bad_reasons
+        reasons[exc.reason] = reasons.get(exc.reason, 0) + 1
+        log.warning("edge_bad_decision", reason=exc.reason, detail=exc.detail)
+        if key is not None:
+            self._lift(key)
+        return self._count("bad")
+
+    def _lift(self, key: Key) -> None:
+        if self.index.lift(key) is None:
+            return
+        if self._sources.pop(key, None) is not None:
+            self.blocklist_changes.bump()
+        self.changes.bump()
+
+    def prune(self) -> int:
+        """Drop decisions expired now (check already ignores them); returns how many."""
+        removed = self.index.prune(self.now_ms())
+        if not removed:
+            return 0
+        sources = [key for key in removed if self._sources.pop(key, None) is not None]
+        if sources:
+            self.blocklist_changes.bump()
+        self.changes.bump()
+        self.stats.pruned += len(removed)
+        return len(removed)
+
+    # -- the check -----------------------------------------------------------------------
+
+    def check(
+        self,
+        tenant: str,
+        account: str,
+        source_ip: str,
+        forwarded_for: str | Sequence[str] = (),
+        device_id: str | None = None,
+        trusted: bool = False,
+        flow: str = "login",
+        session_id: str | None = None,
+    ) -> Verdict:
+        """The core's refusal check for one attempt, on this view, now.
+
+        ``forwarded_for`` is the X-Forwarded-For chain (a header value or a sequence);
+        ``trusted`` counts only with a ``device_id``. Raises CheckInputError.
+
+        The applicable keys of a given set of arguments never change, so they are cached
+        (bounded); what runs every time is the core's ``DecisionIndex.check`` at ``now``.
+        """
+        memo = (tenant, account, source_ip, forwarded_for, device_id, trusted, flow, session_id)
+        try:
+            keys = self._keys.get(memo)
+        except TypeError:  # an unhashable argument, e.g. forwarded_for given as a list
+            keys = None
+        if keys is None:
+            keys = self._keys_of(memo)
+        return self.index.check(keys, self.now_ms())
+
+    def _keys_of(self, memo: tuple[Any, ...]) -> tuple[Key, ...]:
+        """Validate and normalise the arguments of a check (cache miss)."""
+        tenant, account, source_ip, forwarded_for, device_id, trusted, flow, session_id = memo
+        if flow not in FLOWS:
+            raise CheckInputError("flow", "flow must be one of login, token, recovery, uia, mfa")
+        if trusted.__class__ is not bool:
+            raise CheckInputError("trusted", "trusted must be true or false")
+        account_digest = self._accounts.get((tenant, account)) or self._account(tenant, account)
+        hops = forwarded_for if isinstance(forwarded_for, str | tuple) else tuple(forwarded_for)
+        source = self._addresses.get((source_ip, hops)) or self._source(source_ip, hops)
+        device = None
+        if device_id:
+            device = self._devices.get((tenant, device_id)) or self._device(tenant, device_id)
+        session = None
+        if session_id:
+            session = self._sessions.get((tenant, session_id)) or self._session(tenant, session_id)
+        keys = applicable_keys(
+            sys.intern(tenant),
+            account_digest,
+            source,
+            device,
+            session,
+            trusted and device is not None,
+            flow,
+        )
+        if hops is forwarded_for:
+            memo_cache = self._keys
+            if len(memo_cache) >= self._capacity:
+                del memo_cache[next(iter(memo_cache))]
+            memo_cache[memo] = keys
+        return keys
+
+    def _account(self, tenant: str, account: str) -> str:
+        if not isinstance(account, str) or not 1 <= len(account) <= ACCOUNT_MAX_CHARS:
+            raise CheckInputError("account", "account must be a string of 1 to 320 characters")
+        _check_tenant(tenant)
+        try:
+            digest = self.normaliser.account_digest(tenant, account)
+        except InvalidAttempt:
+            raise CheckInputError("account", "account is blank after normalisation") from None
+        return _remember(self._accounts, (tenant, account), sys.intern(digest), self._capacity)
+
+    def _source(self, source_ip: str, forwarded_for: str | tuple[str, ...]) -> str:
+        if not isinstance(source_ip, str) or not source_ip or len(source_ip) > IP_MAX_CHARS:
+            raise CheckInputError("ip", "ip must be an IPv4 or IPv6 address")
+        hops = split_forwarded(forwarded_for)
+        try:
+            source = self.normaliser.sources.source_of(source_ip, hops)
+        except InvalidAttempt:
+            raise CheckInputError(
+                "ip", f"ip {source_ip!r} is not an IPv4 or IPv6 address"
+            ) from None
+        return _remember(
+            self._addresses, (source_ip, forwarded_for), sys.intern(source), self._capacity
+        )
+
+    def _device(self, tenant: str, device_id: str) -> str:
+        digest = self.normaliser.digester.device(tenant, _handle("device", device_id))
+        return _remember(self._devices, (tenant, device_id), sys.intern(digest), self._capacity)
+
+    def _session(self, tenant: str, session_id: str) -> str:
+        digest = self.normaliser.digester.session(tenant, _handle("session", session_id))
+        return _remember(self._sessions, (tenant, session_id), sys.intern(digest), self._capacity)
+
+    # -- the block-list ------------------------------------------------------------------
+
+    def blocklist(
+        self, *, include_observe: bool = False, tenant: str | None = None
+    ) -> tuple[list[BlockEntry], int]:
+        """Active source decisions (blocks; observe-only ones too if asked), and the time
+        at which the first of them expires (the list is valid until then)."""
+        now = self.now_ms()
+        entries: list[BlockEntry] = []
+        valid_until = 2**63 - 1
+        for key, active in self._sources.items():
+            if active.expires_ms <= now or (tenant is not None and key[1] != tenant):
+                continue
+            if active.action != "block" and not include_observe:
+                continue
+            source = key[3] or ""
+            entries.append(
+                BlockEntry(key[1], source, active.action, active.rule, active.decision_id,
+                           active.expires_ms)
+            )  # fmt: skip
+            valid_until = min(valid_until, active.expires_ms)
+        return entries, valid_until
+
+    def counts(self) -> dict[tuple[str, str], int]:
+        """Active decisions by (scope, action), for metrics."""
+        now = self.now_ms()
+        tally: dict[tuple[str, str], int] = {}
+        for key, active in self.index.items():
+            if active.expires_ms > now:
+                slot = (key[0], active.action)
+                tally[slot] = tally.get(slot, 0) + 1
+        return tally
+
+
+# -- the feed ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class FeedConfig:
+    """How a feed reads the topic."""
+
+    bootstrap_servers: str
+    topic: str
+    client_id: str = "authpipe-edge"
+    poll_interval_ms: int = 200
+    max_records_per_poll: int = 5000
+    retry_backoff_s: float = 1.0
+    request_timeout_ms: int = 30_000
+
+
+class DecisionFeed:
+    """Follows the decisions topic into ``view``: ``await start()``, ``await stop()``."""
+
+    def __init__(self, view: DecisionView, config: FeedConfig) -> None:
+        self.view = view
+        self.config = config
+        self._task: asyncio.Task[None] | None = None
+        self._consumer: AIOKafkaConsumer | None = None
+        self._targets: dict[TopicPartition, int] = {}
+        self._positions: dict[TopicPartition, int] = {}
+        self._ready = asyncio.Event()
+        self._started_wall_ms = 0
+        self.load_ms: int | None = None
+        self.errors = 0
+
+    @classmethod
+    def from_settings(
+        cls, settings: Settings, *, now_ms: Callable[[], int] = wall_ms
+    ) -> DecisionFeed:
+        """A feed of ``settings.kafka.decisions_topic`` into a view normalising exactly as
+        the worker does (``build_normaliser``)."""
+        from pipeline.stream.app import build_normaliser
+
+        view = DecisionView(build_normaliser(settings), now_ms=now_ms)
+        config = FeedConfig(settings.kafka.bootstrap_servers, settings.kafka.decisions_topic)
+        return cls(view, config)
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start following in the background (returns at once; see ``wait_ready``)."""
+        if self._task is None:
+            self._started_wall_ms = wall_ms()
+            self._task = asyncio.create_task(self._supervise(), name="authpipe-edge-feed")
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def __aenter__(self) -> DecisionFeed:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def wait_ready(self, timeout_s: float) -> None:
+        """Return once caught up with the end offsets seen at start; FeedNotReady after
+        ``timeout_s``."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self._ready.wait()
+        except TimeoutError:
+            raise FeedNotReady(
+                f"the decision feed of {self.config.topic!r} did not catch up within "
+                f"{timeout_s:g}s (lag {self.lag_messages()} messages); check the broker at "
+                f"{self.config.bootstrap_servers}"
+            ) from None
+
+    # -- health --------------------------------------------------------------------------
+
+    def ready(self) -> bool:
+        return self._ready.is_set()
+
+    def lag_messages(self) -> int:
+        """Messages on the broker not applied yet (end offsets as last seen)."""
+        consumer = self._consumer
+        lag = 0
+        for tp, target in self._targets.items():
+            high = consumer.highwater(tp) if consumer is not None else None
+            lag += max(0, (high if high is not None else target) - self._positions.get(tp, 0))
+        return lag
+
+    def staleness_ms(self) -> int | None:
+        """Milliseconds since the broker last answered a fetch for every partition (None
+        before the first answers)."""
+        consumer = self._consumer
+        if consumer is None or not self._targets:
+            return None
+        stamps: list[int | None] = [consumer.last_poll_timestamp(tp) for tp in self._targets]
+        known = [stamp for stamp in stamps if stamp is not None]
+        if len(known) < len(stamps):
+            return None
+        return max(0, wall_ms() - min(known))
+
+    # -- the loop ------------------------------------------------------------------------
+
+    async def _supervise(self) -> None:
+        """Run the follow loop; on a broker error, log, back off and start over."""
+        while True:
+            try:
+                await self._follow()
+            except asyncio.CancelledError:
+                raise
+            except (KafkaError, OSError, EdgeError) as exc:
+                self.errors += 1
+                log.warning("edge_feed_error", topic=self.config.topic, error=repr(exc)[:300])
+            except Exception:
+                # A bug must not end enforcement: log it, then read the topic again.
+                self.errors += 1
+                log.exception("edge_feed_crashed", topic=self.config.topic)
+            await asyncio.sleep(self.config.retry_backoff_s)
+
+    async def _follow(self) -> None:
+        cfg = self.config
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=cfg.bootstrap_servers,
+            client_id=cfg.client_id,
+            group_id=None,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            request_timeout_ms=cfg.request_timeout_ms,
+        )
+        await consumer.start()
+        self._consumer = consumer
+        try:
+            partitions = await self._assign(consumer)
+            await self._read(consumer, partitions)
+        finally:
+            self._consumer = None
+            await consumer.stop()
+
+    async def _assign(self, consumer: AIOKafkaConsumer) -> list[TopicPartition]:
+        topic = self.config.topic
+        warned = False
+        while not (ids := await self._partition_ids()):
+            if not warned:
+                log.warning("edge_topic_missing", topic=topic)
+                warned = True
+            await asyncio.sleep(self.config.retry_backoff_s)
+        partitions = [TopicPartition(topic, pid) for pid in ids]
+        consumer.assign(partitions)
+        await consumer.seek_to_beginning(*partitions)
+        self._targets = dict(await consumer.end_offsets(partitions))
+        log.info(
+            "edge_feed_assigned",
+            topic=topic,
+            partitions=len(partitions),
+            messages_at_start=sum(self._targets.values()),
+        )
+        return partitions
+
+    async def _partition_ids(self) -> list[int]:
+        """The topic's partitions from a metadata request for all topics (asking by name
+        could auto-create the topic); empty while it does not exist."""
+        admin = AIOKafkaAdminClient(
+            bootstrap_servers=self.config.bootstrap_servers,
+            client_id=self.config.client_id,
+            request_timeout_ms=self.config.request_timeout_ms,
+        )
+        await admin.start()
+        try:
+            described: list[dict[str, Any]] = await admin.describe_topics()
+        finally:
+            await admin.close()
+        for entry in described:
+            if entry.get("topic") == self.config.topic and entry.get("error_code", 0) == 0:
+                return sorted(int(p["partition"]) for p in entry.get("partitions") or [])
+        return []
+
+    async def _read(self, consumer: AIOKafkaConsumer, partitions: list[TopicPartition]) -> None:
+        view = self.view
+        cfg = self.config
+        while True:
+            batches = await consumer.getmany(
+                *partitions, timeout_ms=cfg.poll_interval_ms, max_records=cfg.max_records_per_poll
+            )
+            for records in batches.values():
+                for record in records:
+                    view.apply(record.key, record.value)
+            view.prune()
+            for tp in partitions:
+                self._positions[tp] = await consumer.position(tp)
+            self._note_ready()
+
+    def _note_ready(self) -> None:
+        if self._ready.is_set():
+            return
+        if all(self._positions.get(tp, 0) >= end for tp, end in self._targets.items()):
+            self.load_ms = wall_ms() - self._started_wall_ms
+            self._ready.set()
+            log.info(
+                "edge_view_ready",
+                topic=self.config.topic,
+                decisions=len(self.view),
+                load_ms=self.load_ms,
+                bad_messages=self.view.stats.outcomes["bad"],
+            )

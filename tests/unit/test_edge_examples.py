@@ -1,0 +1,138 @@
+"""The gateway examples (issue 6): the Python login service asks a real edge service and
+always verifies exactly one hash; its events are valid login_attempt v1."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp.test_utils import TestServer
+
+from pipeline.contracts.codec import decode_attempt, dumps
+from pipeline.edge.service import AlwaysReady, create_app
+from pipeline.edge.view import wall_ms
+from tests.plugins.kafka import free_ports
+from tests.unit.test_edge_support import MIN, account_key, message, new_view
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "gateway"
+ACCOUNT = "Alice@Example.com"  # the support module's blocked account
+PASSWORD = "correct horse battery staple"
+
+
+def _load_login_service() -> ModuleType:
+    spec = importlib.util.spec_from_file_location(
+        "example_login_service", EXAMPLES / "login_service.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+login_service = _load_login_service()
+
+
+@pytest.fixture
+async def edge_url() -> AsyncIterator[str]:
+    """A real edge service whose view blocks ACCOUNT for ten minutes."""
+    view = new_view(clock=wall_ms)
+    view.apply(*message(account_key(), wall_ms() + 10 * MIN))
+    server = TestServer(create_app(view, AlwaysReady()))
+    await server.start_server()
+    try:
+        yield str(server.make_url(""))
+    finally:
+        await server.close()
+
+
+@pytest.fixture
+def verified(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The hashes verify_password was asked to check, in order."""
+    calls: list[str] = []
+    real = login_service.verify_password
+
+    def counting(password: str, stored: str) -> bool:
+        calls.append(stored)
+        return bool(real(password, stored))
+
+    monkeypatch.setattr(login_service, "verify_password", counting)
+    return calls
+
+
+async def _login(
+    url: str, account: str, password: str, users: dict[str, str]
+) -> tuple[Any, list[dict[str, Any]]]:
+    events: list[dict[str, Any]] = []
+
+    async def report(event: dict[str, Any]) -> None:
+        events.append(event)
+
+    async with aiohttp.ClientSession() as session:
+        edge = login_service.EdgeClient(session, url)
+        attempt = login_service.Attempt(account, password, peer_ip="198.51.100.7")
+        result = await login_service.login(attempt, edge, users, report)
+    return result, events
+
+
+async def test_every_path_verifies_exactly_one_hash(edge_url: str, verified: list[str]) -> None:
+    """Refused, unknown, wrong and right attempts each verify one hash: the dummy one when
+    refused or unknown, so they all cost the same time; each reports its reason."""
+    bob_hash = login_service.hash_password(PASSWORD)
+    users = {ACCOUNT: login_service.hash_password(PASSWORD), "bob": bob_hash}
+    cases = [
+        (ACCOUNT, PASSWORD, False, "refused", login_service.DUMMY_HASH),
+        ("carol", PASSWORD, False, "unknown_account", login_service.DUMMY_HASH),
+        ("bob", "wrong", False, "bad_password", bob_hash),
+        ("bob", PASSWORD, True, None, bob_hash),
+    ]
+    for account, password, ok, reason, expected_hash in cases:
+        verified.clear()
+        result, events = await _login(edge_url, account, password, users)
+        assert verified == [expected_hash], account
+        assert result.ok is ok
+        assert [event["failure_reason"] for event in events] == [reason]
+        assert (result.retry_after_ms > 9 * MIN) is (reason == "refused")
+
+
+async def test_unreachable_edge_fails_open_and_still_verifies_once(verified: list[str]) -> None:
+    """With no edge listening, the example fails open: the real hash is checked, once."""
+    users = {"bob": login_service.hash_password(PASSWORD)}
+    (closed_port,) = free_ports(1)
+    result, events = await _login(f"http://127.0.0.1:{closed_port}", "bob", PASSWORD, users)
+    assert (result.ok, len(verified), events[0]["outcome"]) == (True, 1, "success")
+
+
+def test_reported_events_are_valid_login_attempts() -> None:
+    """The example's events decode as login_attempt v1 and never carry the password."""
+    attempt = login_service.Attempt("bob", "hunter2", "10.0.0.5", ("203.0.113.9",), "dev-1", True)
+    event = login_service.attempt_event(attempt, False, "bad_password")
+    decoded = decode_attempt(dumps(event))
+    assert (decoded.account, decoded.peer_ip, decoded.forwarded_for) == (
+        "bob",
+        "10.0.0.5",
+        ("203.0.113.9",),
+    )
+    assert (decoded.device_trusted, decoded.outcome, decoded.failure_reason) == (
+        True,
+        "failure",
+        "bad_password",
+    )
+    assert "hunter2" not in dumps(event).decode()
+
+
+def test_nginx_example_uses_formats_the_edge_serves() -> None:
+    """The nginx snippet and the sync script ask for block-list formats the edge has."""
+    from pipeline.edge.blocklist import FORMATS
+
+    conf = (EXAMPLES / "nginx.conf").read_text()
+    script = (EXAMPLES / "sync-blocklist.sh").read_text()
+    assert "?format=nginx-geo" in conf and "?format=nginx:" in conf
+    assert 'format="${2:-nginx-geo}"' in script
+    assert {"nginx", "nginx-geo"} <= set(FORMATS)
