@@ -1,3 +1,3 @@
 """Root test configuration: fixtures live in tests/plugins, one module per real service."""
 
-pytest_plugins = ["tests.plugins.kafka", "tests.plugins.clickhouse"]
+pytest_plugins = ["tests.plugins.kafka", "tests.plugins.clickhouse", "tests.plugins.worker"]

@@ -113,6 +113,10 @@ class Worker:
             table_standby_replicas=0,
             consumer_auto_offset_reset="earliest",
             broker_commit_interval=1.0,
+            # A crashed worker's partitions move after the session timeout: keep it short
+            # so a restart or a peer takes over in seconds, not faust's default minute.
+            broker_session_timeout=10.0,
+            broker_heartbeat_interval=1.0,
             web_enabled=True,
             web_port=s.worker.web_port,
             web_bind="127.0.0.1",
