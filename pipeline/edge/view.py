@@ -3,11 +3,15 @@
 ``DecisionView`` holds the active decisions in the core's ``DecisionIndex`` and answers
 ``check`` with the core's own ``applicable_keys`` and ``DecisionIndex.check``, after the
 same normalisation as the worker (``Normaliser``: trusted proxies, prefixes, keyed
-digest, case rules). It does no I/O: a check is a few dict lookups (about 1-2 us).
-Normalised accounts, sources, devices and sessions are kept in bounded caches (oldest
-entry dropped first), so a repeated identifier costs one lookup instead of NFKC, a
-BLAKE2b digest and an address parse; a cache maps an input to its deterministic result,
-so it never changes an answer.
+digest, case rules). It does no I/O: a check is a few dict lookups.
+
+* Normalised accounts, sources, devices and sessions, and the applicable keys of a
+  check's arguments, are kept in bounded caches (oldest entry dropped first): a cache
+  maps an input to its deterministic result, so it never changes an answer.
+* The view counts its active decisions per subject (account digest, or source for
+  source-scope keys). Every applicable key of an attempt holds its account digest or its
+  source, so an attempt whose two are no subject cannot be refused: that common case is
+  answered "allowed" with two lookups; every other attempt goes to the core's check.
 
 ``DecisionFeed`` follows the topic into a view without a consumer group: it assigns
 every partition, seeks to the beginning and then follows. Messages are applied as they
@@ -42,7 +46,7 @@ from aiokafka.errors import KafkaError
 from aiokafka.structs import TopicPartition
 
 from pipeline.contracts.models import Flow, Scope, datetime_to_ms
-from pipeline.core.decisions import Active, DecisionIndex, Verdict, applicable_keys
+from pipeline.core.decisions import ALLOWED, Active, DecisionIndex, Verdict, applicable_keys
 from pipeline.core.errors import InvalidAttempt
 from pipeline.core.keys import NONE, Key, parse_key
 from pipeline.edge.blocklist import BlockEntry, valid_source
@@ -213,6 +217,16 @@ class ViewStats:
 # -- the view ---------------------------------------------------------------------------
 
 
+_Memo = tuple[tuple[Key, ...], str, str]
+"""What a check's arguments come to: the applicable keys, the account digest, the source."""
+
+
+def _subject(key: Key) -> str:
+    """What a decision is about: its account digest, else its source (every applicable key
+    of an attempt holds the attempt's account digest or its source)."""
+    return key[2] or key[3] or ""
+
+
 def _remember(cache: dict[Any, str], key: Any, value: str, capacity: int) -> str:
     if len(cache) >= capacity:
         del cache[next(iter(cache))]
@@ -271,7 +285,8 @@ class DecisionView:
         self._addresses: dict[tuple[str, str | tuple[str, ...]], str] = {}
         self._devices: dict[tuple[str, str], str] = {}
         self._sessions: dict[tuple[str, str], str] = {}
-        self._keys: dict[tuple[Any, ...], tuple[Key, ...]] = {}
+        self._keys: dict[tuple[Any, ...], _Memo] = {}
+        self._subjects: dict[str, int] = {}
 
     def __len__(self) -> int:
         return len(self.index)
@@ -298,6 +313,9 @@ class DecisionView:
         if active.expires_ms <= self.now_ms():
             self._lift(decision_key)
             return self._count("expired")
+        if self.index.get(decision_key) is None:
+            subject = _subject(decision_key)
+            self._subjects[subject] = self._subjects.get(subject, 0) + 1
         self.index.put(decision_key, active)
         if decision_key[0] == "source":
             self._sources[decision_key] = active
@@ -317,9 +335,18 @@ class DecisionView:
             self._lift(key)
         return self._count("bad")
 
+    def _forget(self, key: Key) -> None:
+        subject = _subject(key)
+        left = self._subjects[subject] - 1
+        if left:
+            self._subjects[subject] = left
+        else:
+            del self._subjects[subject]
+
     def _lift(self, key: Key) -> None:
         if self.index.lift(key) is None:
             return
+        self._forget(key)
         if self._sources.pop(key, None) is not None:
             self.blocklist_changes.bump()
         self.changes.bump()
@@ -329,6 +356,8 @@ class DecisionView:
         removed = self.index.prune(self.now_ms())
         if not removed:
             return 0
+        for key in removed:
+            self._forget(key)
         sources = [key for key in removed if self._sources.pop(key, None) is not None]
         if sources:
             self.blocklist_changes.bump()
@@ -355,18 +384,24 @@ class DecisionView:
         ``trusted`` counts only with a ``device_id``. Raises CheckInputError.
 
         The applicable keys of a given set of arguments never change, so they are cached
-        (bounded); what runs every time is the core's ``DecisionIndex.check`` at ``now``.
+        (bounded) with the attempt's account digest and source. Every applicable key holds
+        one of the two, so while neither is the subject of an active decision nothing can
+        apply and the answer is "allowed" without a lookup (the common case); otherwise the
+        core's ``DecisionIndex.check`` decides at ``now``.
         """
         memo = (tenant, account, source_ip, forwarded_for, device_id, trusted, flow, session_id)
         try:
-            keys = self._keys.get(memo)
+            entry = self._keys.get(memo)
         except TypeError:  # an unhashable argument, e.g. forwarded_for given as a list
-            keys = None
-        if keys is None:
-            keys = self._keys_of(memo)
-        return self.index.check(keys, self.now_ms())
+            entry = None
+        if entry is None:
+            entry = self._keys_of(memo)
+        subjects = self._subjects
+        if entry[1] not in subjects and entry[2] not in subjects:
+            return ALLOWED
+        return self.index.check(entry[0], self.now_ms())
 
-    def _keys_of(self, memo: tuple[Any, ...]) -> tuple[Key, ...]:
+    def _keys_of(self, memo: tuple[Any, ...]) -> _Memo:
         """Validate and normalise the arguments of a check (cache miss)."""
         tenant, account, source_ip, forwarded_for, device_id, trusted, flow, session_id = memo
         if flow not in FLOWS:
@@ -391,12 +426,13 @@ class DecisionView:
             trusted and device is not None,
             flow,
         )
+        entry = (keys, account_digest, source)
         if hops is forwarded_for:
             memo_cache = self._keys
             if len(memo_cache) >= self._capacity:
                 del memo_cache[next(iter(memo_cache))]
-            memo_cache[memo] = keys
-        return keys
+            memo_cache[memo] = entry
+        return entry
 
     def _account(self, tenant: str, account: str) -> str:
         if not isinstance(account, str) or not 1 <= len(account) <= ACCOUNT_MAX_CHARS:

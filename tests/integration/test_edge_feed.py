@@ -6,14 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
 
 import pytest
+from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from aiokafka import AIOKafkaProducer
 
 from pipeline.core.keys import Key, format_key
+from pipeline.edge.service import create_app
 from pipeline.edge.view import DecisionFeed, DecisionView, FeedConfig, wall_ms
 from pipeline.kafka_admin import TopicSpec, ensure_topics
 from pipeline.stream.topics import DECISIONS_CONFIG
@@ -117,14 +119,12 @@ async def test_produced_decision_reaches_check_and_feed_and_tombstone_lifts(
             await client.close()
 
 
-def _app(feed: DecisionFeed) -> object:
-    from pipeline.edge.service import create_app
-
+def _app(feed: DecisionFeed) -> web.Application:
     return create_app(feed.view, feed)
 
 
-async def _equals(body: object, expected: bytes) -> bool:
-    return await body == expected  # type: ignore[misc]
+async def _equals(body: Awaitable[bytes], expected: bytes) -> bool:
+    return await body == expected
 
 
 async def test_expired_decision_without_tombstone_is_not_enforced(upstream: Upstream) -> None:

@@ -7,10 +7,12 @@ import asyncio
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pipeline.contracts.codec import encode
 from pipeline.core.decisions import DecisionIndex, applicable_keys
-from pipeline.core.keys import format_key
+from pipeline.core.keys import Key, format_key
 from pipeline.edge.blocklist import BlockEntry
 from pipeline.edge.view import ChangeSignal, CheckInputError, DecisionView
 from pipeline.settings import Settings
@@ -346,3 +348,69 @@ def test_wire_key_of_value_must_match() -> None:
     assert view.apply(format_key(account_key("bob")).encode(), value) == "bad"
     assert view.stats.bad_reasons == {"key_mismatch": 1}
     assert view.check(TENANT, ACCOUNT, PEER).allowed is True
+
+
+ACCOUNTS = ("alice", "bob", "carol")
+PEERS = ("198.51.100.7", "203.0.113.5")
+
+
+def _keys_pool() -> list[Key]:
+    keys: list[Key] = []
+    for account in ACCOUNTS:
+        keys += [account_key(account), account_source_key(PEERS[0], account),
+                 device_key("d1", account)]  # fmt: skip
+    return keys + [source_key(peer) for peer in PEERS]
+
+
+KEYS = _keys_pool()
+OPS = st.lists(
+    st.tuples(
+        st.sampled_from(("put", "observe", "tombstone", "tick", "prune")),
+        st.integers(0, len(KEYS) - 1),
+        st.integers(-2, 6),
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(ops=OPS)
+def test_view_check_always_equals_the_core_check_on_its_decisions(
+    ops: list[tuple[str, int, int]],
+) -> None:
+    """After any sequence of decisions, tombstones, clock ticks and prunes, every check
+    equals the core's check over a reference index fed the same live decisions (so the
+    subject shortcut and the caches never change an answer)."""
+    clock = Clock()
+    view = new_view(clock)
+    reference = DecisionIndex()
+    for op, index, minutes in ops:
+        key = KEYS[index]
+        if op in ("put", "observe"):
+            expires = clock.now + minutes * MIN
+            action = "block" if op == "put" else "observe"
+            view.apply(*message(key, expires, action=action))
+            active = view.index.get(key)
+            if active is None:
+                reference.lift(key)
+            else:
+                reference.put(key, active)
+        elif op == "tombstone":
+            view.apply(*tombstone(key))
+            reference.lift(key)
+        elif op == "tick":
+            clock.now += max(minutes, 0) * MIN
+        else:
+            view.prune()
+        norm = normaliser()
+        for account in ACCOUNTS:
+            for peer in PEERS:
+                for device, trusted in ((None, False), ("d1", True)):
+                    keys = applicable_keys(
+                        TENANT, norm.account_digest(TENANT, account), peer,
+                        norm.digester.device(TENANT, device) if device else None, None,
+                        trusted, "login",
+                    )  # fmt: skip
+                    expected = reference.check(keys, clock.now)
+                    got = view.check(TENANT, account, peer, (), device, trusted, "login")
+                    assert got == expected, (op, account, peer, device)
