@@ -51,6 +51,44 @@ def _port(text: str) -> int:
     return int(text)
 
 
+def _sink(args: argparse.Namespace, settings: Settings) -> int:
+    from pipeline.sinks.audit import run_sink
+
+    return run_sink(settings)
+
+
+def _alerts(args: argparse.Namespace, settings: Settings) -> int:
+    from pipeline.sinks.alerts import run_alerts_command
+
+    return run_alerts_command(
+        settings,
+        once=args.once,
+        interval_s=args.interval_s,
+        webhook=args.webhook,
+        to_stdout=args.stdout,
+    )
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text} is not a number of seconds") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} must be a finite number of seconds above 0")
+    return value
+
+
+def _demo(args: argparse.Namespace, settings: Settings) -> int:
+    from pipeline.demo import DemoOptions, run_demo
+
+    options = DemoOptions(
+        rate=args.rate, duration_s=args.duration_s, seed=args.seed, out=args.out,
+        keep_services=args.keep_services,
+    )  # fmt: skip
+    return run_demo(settings, options)
+
+
 def _existing_file(text: str) -> Path:
     path = Path(text)
     if not path.is_file():
@@ -66,6 +104,199 @@ def _not_yet(name: str) -> Handler:
     return handler
 
 
+# -- simulator, scorecard, backtest, report (pipeline.sim) ------------------------------------
+
+
+def _number(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text} is not a number") from None
+    if value != value or value in (float("inf"), float("-inf")):
+        raise argparse.ArgumentTypeError(f"{text} is not a finite number")
+    return value
+
+
+def _positive(text: str) -> float:
+    value = _number(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text} must be above 0")
+    return value
+
+
+def _non_negative(text: str) -> float:
+    value = _number(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text} must be 0 or more")
+    return value
+
+
+def _offset(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text} is not an offset (an integer >= 0)")
+    return int(text)
+
+
+def _utc_ms(text: str) -> int:
+    """An RFC 3339 timestamp with an offset (``Z`` allowed), as epoch milliseconds."""
+    from datetime import datetime
+
+    from pipeline.contracts.models import datetime_to_ms
+
+    try:
+        value = datetime.fromisoformat(text.replace("z", "Z").replace("Z", "+00:00"))
+    except ValueError:
+        value = None
+    if value is None or value.tzinfo is None:
+        raise argparse.ArgumentTypeError(
+            f"{text} is not an RFC 3339 timestamp with an offset, like 2026-11-29T22:00:00Z"
+        )
+    return datetime_to_ms(value)
+
+
+def _scenario_list(text: str) -> tuple[str, ...]:
+    from pipeline.sim.scenarios import ScenarioError, parse_scenarios
+
+    try:
+        return parse_scenarios(text)
+    except ScenarioError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _simulate(args: argparse.Namespace, settings: Settings) -> int:
+    from pipeline.sim.simulate import run_simulate_command
+
+    if args.dry_run and args.out is None:
+        args.parser.error("--dry-run needs --out PATH (the events file to write)")
+    if args.out is not None and not args.dry_run:
+        args.parser.error("--out goes with --dry-run; without --dry-run events go to Kafka")
+    return run_simulate_command(
+        settings, scenarios=args.scenario, rate_per_s=args.rate, duration_s=args.duration_s,
+        seed=args.seed, speedup=args.speedup, start_ms=args.start, truth=args.truth, out=args.out,
+    )  # fmt: skip
+
+
+def _scorecard(args: argparse.Namespace, settings: Settings) -> int:
+    from pipeline.sim.scorecard import run_scorecard_command
+
+    if args.alerts is not None and args.decisions is None:
+        args.parser.error("--alerts goes with --decisions PATH")
+    if args.policy is not None and not args.engine:
+        args.parser.error("--policy goes with --engine")
+    return run_scorecard_command(
+        settings, truth=args.truth, from_topics=args.decisions_from_topic,
+        decisions=args.decisions, alerts=args.alerts, engine=args.engine, policy=args.policy,
+        out=args.out, save_outputs=args.save_outputs, timeout_s=args.timeout_s, strict=args.strict,
+    )  # fmt: skip
+
+
+def _backtest(args: argparse.Namespace, settings: Settings) -> int:
+    from pipeline.sim.backtest import TopicRange, run_backtest_command
+
+    if args.to_ts is not None and args.from_ts is None:
+        args.parser.error("--to-ts goes with --from-ts")
+    if args.to_offset is not None and args.from_offset is None:
+        args.parser.error("--to-offset goes with --from-offset")
+    if args.from_ts is not None and args.to_ts is not None and args.to_ts <= args.from_ts:
+        args.parser.error("--to-ts must be after --from-ts")
+    if args.from_offset is not None and args.to_offset is not None and args.to_offset <= args.from_offset:
+        args.parser.error("--to-offset must be above --from-offset")
+    topic_range = None
+    if args.events is None:
+        topic_range = TopicRange(args.from_ts, args.to_ts, args.from_offset, args.to_offset)
+    return run_backtest_command(
+        settings, candidate=args.policy, baseline=args.baseline_policy, events=args.events,
+        topic_range=topic_range, truth=args.truth, out=args.out,
+    )  # fmt: skip
+
+
+def _report(args: argparse.Namespace, settings: Settings) -> int:
+    from pipeline.sim.report import run_report_command
+
+    if args.truth is None and args.events is None:
+        args.parser.error("give --truth PATH (labelled) or --events PATH")
+    if args.alerts is not None and args.decisions is None:
+        args.parser.error("--alerts goes with --decisions PATH")
+    if args.policy is not None and not args.engine:
+        args.parser.error("--policy goes with --engine")
+    return run_report_command(
+        settings, out=args.out, events=args.truth or args.events, decisions=args.decisions,
+        alerts=args.alerts, engine=args.engine, policy=args.policy, scorecard=args.scorecard,
+        title=args.title, plain_accounts=args.plain_accounts,
+    )  # fmt: skip
+
+
+def _add_sim_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    simulate = sub.add_parser("simulate", help="produce simulated login traffic with ground truth")
+    simulate.add_argument("--scenario", type=_scenario_list, default="mixed",
+                          help="mixed (default: baseline and every attack) or a comma list of "
+                               "baseline, brute_force, distributed_brute_force, spray, "
+                               "low_and_slow_spray, credential_stuffing, lockout_dos, uia_bruteforce")
+    simulate.add_argument("--rate", type=_positive, default=20.0,
+                          help="ordinary events per simulated second in the main tenant (default 20); "
+                               "office, small tenant and attacks come on top")
+    simulate.add_argument("--duration-s", type=_positive, default=600.0,
+                          help="simulated seconds (default 600)")
+    simulate.add_argument("--seed", type=int, default=1, help="the same seed gives the same events")
+    simulate.add_argument("--speedup", type=_non_negative, default=1.0,
+                          help="produce N times faster than event time; 0 = as fast as possible")
+    simulate.add_argument("--start", type=_utc_ms,
+                          help="event time of the run's start, RFC 3339 (default: so that the run "
+                               "ends about when producing ends)")
+    simulate.add_argument("--truth", type=Path,
+                          help="ground-truth JSONL (default: beside --out, else <state_dir>/sim/truth.jsonl)")
+    simulate.add_argument("--dry-run", action="store_true", help="write events to --out, not to Kafka")
+    simulate.add_argument("--out", type=Path, help="events JSONL to write (with --dry-run)")
+    simulate.set_defaults(handler=_simulate, parser=simulate)
+
+    card = sub.add_parser("scorecard", help="score decisions and alerts against the ground truth")
+    card.add_argument("--truth", type=_existing_file, required=True, help="truth JSONL from simulate")
+    source = card.add_mutually_exclusive_group(required=True)
+    source.add_argument("--decisions-from-topic", action="store_true",
+                        help="read the decision topic (from the beginning) and the alerts topic")
+    source.add_argument("--decisions", type=_existing_file, help="decision records JSONL")
+    source.add_argument("--engine", action="store_true", help="run the core Engine over the truth events")
+    card.add_argument("--alerts", type=_existing_file, help="alerts JSONL (with --decisions)")
+    card.add_argument("--policy", type=_existing_file, help="policy TOML for --engine (default: settings)")
+    card.add_argument("--out", type=Path, help="write the scorecard as JSON here")
+    card.add_argument("--save-outputs", type=Path, metavar="DIR",
+                      help="also write the decisions and alerts read or computed (for authpipe report)")
+    card.add_argument("--timeout-s", type=_positive, default=60.0, help="topic read timeout (default 60)")
+    card.add_argument("--strict", action="store_true",
+                      help="exit 3 if an attack was missed or a legitimate attempt refused")
+    card.set_defaults(handler=_scorecard, parser=card)
+
+    backtest = sub.add_parser("backtest", help="replay recorded input through a candidate policy")
+    backtest.add_argument("--policy", type=_existing_file, required=True, help="candidate policy TOML")
+    backtest.add_argument("--baseline-policy", type=_existing_file,
+                          help="current policy TOML (default: settings policy_path, else built-in)")
+    where = backtest.add_mutually_exclusive_group(required=True)
+    where.add_argument("--from-ts", type=_utc_ms, help="input topic from this record time (RFC 3339)")
+    where.add_argument("--from-offset", type=_offset, help="input topic from this offset (every partition)")
+    where.add_argument("--events", type=_existing_file, help="events or truth JSONL instead of the topic")
+    backtest.add_argument("--to-ts", type=_utc_ms, help="up to this time, exclusive (default: the end)")
+    backtest.add_argument("--to-offset", type=_offset, help="up to this offset, exclusive (default: the end)")
+    backtest.add_argument("--truth", type=_existing_file, help="truth JSONL: adds both scorecards")
+    backtest.add_argument("--out", type=Path, help="write the diff as JSON here")
+    backtest.set_defaults(handler=_backtest, parser=backtest)
+
+    report = sub.add_parser("report", help="write a self-contained HTML report with charts")
+    report.add_argument("--out", type=Path, required=True, help="HTML file to write")
+    inputs = report.add_mutually_exclusive_group()
+    inputs.add_argument("--truth", type=_existing_file, help="truth JSONL (labelled events)")
+    inputs.add_argument("--events", type=_existing_file, help="events JSONL (unlabelled)")
+    outputs = report.add_mutually_exclusive_group()
+    outputs.add_argument("--decisions", type=_existing_file, help="decision records JSONL")
+    outputs.add_argument("--engine", action="store_true", help="compute decisions with the core Engine")
+    report.add_argument("--alerts", type=_existing_file, help="alerts JSONL (with --decisions)")
+    report.add_argument("--policy", type=_existing_file, help="policy TOML for --engine")
+    report.add_argument("--scorecard", type=_existing_file, help="scorecard JSON (default: computed)")
+    report.add_argument("--title", default="authpipe report", help="page title")
+    report.add_argument("--plain-accounts", action="store_true",
+                        help="show typed account identifiers instead of digest prefixes")
+    report.set_defaults(handler=_report, parser=report)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="authpipe", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -78,6 +309,16 @@ def build_parser() -> argparse.ArgumentParser:
     ch.add_argument("action", choices=["migrate"])
     ch.set_defaults(handler=_clickhouse)
 
+    demo = sub.add_parser("demo", help="the main job: a mixed attack end to end on the local stack")
+    demo.add_argument("--rate", type=_positive, default=25.0, help="simulated logins/s (default 25)")
+    demo.add_argument("--duration-s", type=_positive, default=3600.0,
+                      help="simulated traffic span in seconds (default 3600)")  # fmt: skip
+    demo.add_argument("--seed", type=int, default=1, help="scenario seed (default 1)")
+    demo.add_argument("--out", type=Path, default=Path("report.html"), help="report path")
+    demo.add_argument("--keep-services", action="store_true",
+                      help="keep worker, sink and edge running after the run (Ctrl-C stops)")  # fmt: skip
+    demo.set_defaults(handler=_demo)
+
     worker = sub.add_parser("worker", help="the stream processors (faust-streaming)")
     worker.add_argument("--policy", type=_existing_file, help="policy TOML (default: built-in)")
     worker.set_defaults(handler=_worker)
@@ -89,10 +330,20 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=_port, help="HTTP port (default: edge.port, 8080)")
     serve.set_defaults(handler=_edge)
 
-    for name, help_text in [
-        ("simulate", "produce simulated login traffic"),
-    ]:
-        sub.add_parser(name, help=help_text).set_defaults(handler=_not_yet(name))
+    sink = sub.add_parser("sink", help="the ClickHouse sink: audit, decisions, alerts, DLQ")
+    sink.set_defaults(handler=_sink)
+
+    alerts = sub.add_parser("alerts", help="alert rules over ClickHouse (dashboards/alerts)")
+    alerts.add_argument("action", choices=["run"])
+    alerts.add_argument("--once", action="store_true", help="evaluate once and exit")
+    alerts.add_argument(
+        "--interval-s", type=_seconds, default=60.0, help="seconds between evaluations (60)"
+    )
+    alerts.add_argument("--webhook", metavar="URL", help="also POST each new alert as JSON")
+    alerts.add_argument("--stdout", action="store_true", help="also print each new alert")
+    alerts.set_defaults(handler=_alerts)
+
+    _add_sim_commands(sub)
     return parser
 
 

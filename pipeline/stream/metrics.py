@@ -41,6 +41,9 @@ class WorkerMetrics:
             "authpipe_decisions_total", "decisions emitted", ["kind"], registry=r
         )
         self.alerts_total = Counter("authpipe_alerts_total", "alerts emitted", registry=r)
+        self.forwarded_total = Counter(
+            "authpipe_forwarded_total", "failures forwarded to the source stage", registry=r
+        )
         self.table_entries = Gauge(
             "authpipe_table_entries", "entries held by a stage's tables", ["stage"], registry=r
         )
@@ -69,6 +72,7 @@ class WorkerMetrics:
         for _, value in result.decisions:
             self.decisions_total.labels(kind="decision" if value else "tombstone").inc()
         self.alerts_total.inc(len(result.alerts))
+        self.forwarded_total.inc(sum(len(rows) for rows in result.forwards.values()))
 
     def observe_state(self, worker: Worker) -> None:
         for name, stage in (("account", worker.accounts), ("source", worker.sources)):

@@ -1,0 +1,313 @@
+"""``authpipe demo``: the main job, end to end on the local stack.
+
+Starts the broker (``stack up``), migrates embedded ClickHouse, starts the worker, the
+audit sink and the edge as subprocesses (each the same command a user would run), plays
+a mixed attack scenario through them with ``authpipe simulate``, waits until every event
+is counted or dead-lettered, then prints the scorecard, writes ``report.html`` and says
+where to look next. Each run uses its own topics and consumer groups (named in the
+output), so runs never mix; the broker keeps running afterwards for exploration
+(``authpipe stack down`` stops it).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.errors import AuthpipeError
+from pipeline.logs import get_logger
+from pipeline.settings import Settings
+from pipeline.stack import LocalKafka
+
+log = get_logger("demo")
+
+READY_TIMEOUT_S = 120.0
+
+
+class DemoError(AuthpipeError):
+    """A step of the demo failed; the message names the step and its log file."""
+
+
+@dataclass(frozen=True)
+class DemoOptions:
+    rate: float = 25.0
+    duration_s: float = 3600.0
+    seed: int = 1
+    out: Path = Path("report.html")
+    keep_services: bool = False
+
+
+class Service:
+    """A subprocess of ``authpipe <args>`` with its own log file."""
+
+    def __init__(self, name: str, args: list[str], env: dict[str, str], log_dir: Path) -> None:
+        self.name = name
+        self.log_path = log_dir / f"{name}.log"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "pipeline.cli", *args],
+            env=env,
+            stdout=self.log_path.open("wb"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        if not self.alive():
+            return
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+    def failed(self, what: str) -> DemoError:
+        tail = self.log_path.read_text(errors="replace").splitlines()[-15:]
+        return DemoError(f"{self.name} {what}; its log is {self.log_path}:\n" + "\n".join(tail))
+
+
+def _wait(predicate: Callable[[], bool], timeout_s: float, service: Service, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not service.alive():
+            raise service.failed(f"exited while waiting for {what}")
+        if predicate():
+            return
+        time.sleep(0.25)
+    raise service.failed(f"did not get {what} within {timeout_s:g} s")
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
+
+
+def _metric(port: int, name: str) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(name)
+        and (line.split(" ")[0] == name or (not name.endswith("}") and line.startswith(name + "{")))
+    )
+
+
+def _run(args: list[str], env: dict[str, str], log_dir: Path, name: str) -> str:
+    """Run an ``authpipe`` command to completion; its output is returned and logged."""
+    done = subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", *args], env=env, capture_output=True, text=True
+    )
+    (log_dir / f"{name}.log").write_text(done.stdout + done.stderr)
+    if done.returncode != 0:
+        raise DemoError(f"authpipe {' '.join(args[:2])} failed (exit {done.returncode}):\n"
+                        f"{(done.stderr or done.stdout)[-2000:]}")  # fmt: skip
+    return done.stdout
+
+
+def _env(settings: Settings, run_id: str, bootstrap: str) -> dict[str, str]:
+    state = settings.state_dir.resolve()
+    return {
+        **os.environ,
+        "AUTHPIPE_KAFKA_BOOTSTRAP_SERVERS": bootstrap,
+        "AUTHPIPE_KAFKA_APP_ID": run_id,
+        "AUTHPIPE_KAFKA_INPUT_TOPIC": f"{run_id}.login-attempts",
+        "AUTHPIPE_KAFKA_DECISIONS_TOPIC": f"{run_id}.throttle-decisions",
+        "AUTHPIPE_KAFKA_ALERTS_TOPIC": f"{run_id}.alerts",
+        "AUTHPIPE_KAFKA_DLQ_TOPIC": f"{run_id}.login-attempts.dlq",
+        "AUTHPIPE_KAFKA_AUDIT_TOPIC": f"{run_id}.audit",
+        "AUTHPIPE_STATE_DIR": str(state),
+        "AUTHPIPE_CLICKHOUSE_PATH": str(state / "chdb"),
+        "AUTHPIPE_LOG_FORMAT": "json",
+    }
+
+
+def run_demo(settings: Settings, options: DemoOptions) -> int:
+    started = time.monotonic()
+    run_id = "demo-" + time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    demo_dir = (settings.state_dir / "demo" / run_id).resolve()
+    demo_dir.mkdir(parents=True, exist_ok=True)
+    say = _printer(started)
+
+    broker = LocalKafka.from_settings(settings)
+    say(f"starting the Kafka broker ({broker.bootstrap}, data in {broker.data_dir})")
+    broker.up()
+    env = _env(settings, run_id, broker.bootstrap)
+    say("migrating embedded ClickHouse (chdb)")
+    _run(["clickhouse", "migrate"], env, demo_dir, "migrate")
+
+    services: list[Service] = []
+    try:
+        worker, edge = _start_services(settings, env, demo_dir, services, say)
+        truth = demo_dir / "truth.jsonl"
+        say(f"simulating a mixed attack scenario ({options.duration_s:g} s of traffic at "
+            f"{options.rate:g} logins/s, replayed as fast as the broker takes it)")  # fmt: skip
+        print(_run([
+            "simulate", "--scenario", "mixed", "--rate", str(options.rate),
+            "--duration-s", str(options.duration_s), "--seed", str(options.seed),
+            "--speedup", "0", "--truth", str(truth),
+        ], env, demo_dir, "simulate"))  # fmt: skip
+        produced = sum(1 for _ in truth.open("rb"))
+        say(f"waiting for the worker to count all {produced} events")
+        port = int(env["AUTHPIPE_WORKER_WEB_PORT"])
+        _wait(lambda: _drained(port, produced), 900, worker, "every event through every stage")
+        _wait(_quiet_checker(port), 60, worker, "the stages to settle")
+        say("scoring the decisions on the topic against the ground truth")
+        print(_run([
+            "scorecard", "--truth", str(truth), "--decisions-from-topic",
+            "--out", str(demo_dir / "scorecard.json"), "--save-outputs", str(demo_dir),
+        ], env, demo_dir, "scorecard"))  # fmt: skip
+        _show_blocklist(edge, env)
+        _run([
+            "report", "--out", str(options.out.resolve()), "--truth", str(truth),
+            "--decisions", str(demo_dir / "decisions.jsonl"), "--alerts", str(demo_dir / "alerts.jsonl"),
+            "--scorecard", str(demo_dir / "scorecard.json"), "--title", f"authpipe demo {run_id}",
+        ], env, demo_dir, "report")  # fmt: skip
+        say(f"wrote {options.out.resolve()}")
+        if options.keep_services:
+            say("services keep running (Ctrl-C stops them)")
+            _hold(services)
+    finally:
+        for service in reversed(services):
+            service.stop()
+    _audit_summary(settings, env, run_id)
+    _where_next(options, demo_dir, run_id, started)
+    return 0
+
+
+def _start_services(
+    settings: Settings, env: dict[str, str], demo_dir: Path, services: list[Service],
+    say: Callable[[str], None],
+) -> tuple[Service, Service]:  # fmt: skip
+    import asyncio
+
+    from pipeline.stream.worker import prepare_topics
+
+    ports = _free_ports(2)
+    env["AUTHPIPE_WORKER_WEB_PORT"] = str(ports[0])
+    env["AUTHPIPE_EDGE_PORT"] = str(ports[1])
+    topic_settings = settings.model_copy(update={"kafka": settings.kafka.model_copy(update={
+        "bootstrap_servers": env["AUTHPIPE_KAFKA_BOOTSTRAP_SERVERS"], "app_id": env["AUTHPIPE_KAFKA_APP_ID"],
+        "input_topic": env["AUTHPIPE_KAFKA_INPUT_TOPIC"], "decisions_topic": env["AUTHPIPE_KAFKA_DECISIONS_TOPIC"],
+        "alerts_topic": env["AUTHPIPE_KAFKA_ALERTS_TOPIC"], "dlq_topic": env["AUTHPIPE_KAFKA_DLQ_TOPIC"],
+        "audit_topic": env["AUTHPIPE_KAFKA_AUDIT_TOPIC"],
+    })})  # fmt: skip
+    asyncio.run(prepare_topics(topic_settings))
+    say(f"starting the worker, the audit sink and the edge (logs in {demo_dir})")
+    worker = Service("worker", ["worker"], env, demo_dir)
+    services.append(worker)
+    services.append(Service("sink", ["sink"], env, demo_dir))
+    edge = Service("edge", ["edge", "serve", "--port", str(ports[1])], env, demo_dir)
+    services.append(edge)
+    _wait(lambda: _http_ok(f"http://127.0.0.1:{ports[0]}/readyz"), READY_TIMEOUT_S, worker, "ready")
+    _wait(lambda: _http_ok(f"http://127.0.0.1:{ports[1]}/readyz"), READY_TIMEOUT_S, edge, "ready")
+    say(f"worker ready (metrics http://127.0.0.1:{ports[0]}/metrics), "
+        f"edge ready (http://127.0.0.1:{ports[1]}/v1/check)")  # fmt: skip
+    return worker, edge
+
+
+def _drained(port: int, produced: int) -> bool:
+    """Every produced event ingested (counted or dead-lettered), every valid one through the
+    account stage, and every forwarded failure through the source stage."""
+    valid = _metric(port, "authpipe_events_total")
+    if valid + _metric(port, "authpipe_dead_letters_total") < produced:
+        return False
+    rows = _metric(port, 'authpipe_stage_rows_total{stage="account"}')
+    forwarded = _metric(port, "authpipe_forwarded_total")
+    return rows >= valid and _metric(port, 'authpipe_stage_rows_total{stage="source"}') >= forwarded
+
+
+def _quiet_checker(port: int, polls: int = 8) -> Callable[[], bool]:
+    """A predicate: true once the stages' row counter stood still for ``polls`` polls (2 s)."""
+    seen: list[float] = []
+
+    def quiet() -> bool:
+        seen.append(_metric(port, "authpipe_stage_rows_total"))
+        return len(seen) >= polls and len(set(seen[-polls:])) == 1
+
+    return quiet
+
+
+def _show_blocklist(edge: Service, env: dict[str, str]) -> None:
+    url = f"http://127.0.0.1:{env['AUTHPIPE_EDGE_PORT']}/v1/blocklist?format=text&include=observe"
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            lines = response.read().decode().splitlines()
+    except OSError as exc:
+        raise edge.failed(f"did not serve the block-list ({exc})") from exc
+    shown = [line for line in lines if line and not line.startswith("#")][:10]
+    print(f"\nblock-list feed ({url}): {len(shown)} source(s) shown")
+    for line in shown:
+        print(f"  {line}")
+
+
+def _audit_summary(settings: Settings, env: dict[str, str], run_id: str) -> None:
+    from pipeline.sinks.clickhouse import open_clickhouse
+
+    chs = settings.clickhouse.model_copy(update={"path": Path(env["AUTHPIPE_CLICKHOUSE_PATH"])})
+    with open_clickhouse(chs) as ch:
+        rows = ch.query(
+            "SELECT count(), sum(weight), countIf(summary), countIf(decision = 'block') "
+            "FROM attempts WHERE kafka_topic = {topic:String}",
+            {"topic": env["AUTHPIPE_KAFKA_INPUT_TOPIC"]},
+        )
+        decisions = ch.query("SELECT count() FROM decisions WHERE NOT tombstone")
+    count, weight, summaries, blocked = rows[0]
+    print(f"\nClickHouse (embedded, {chs.path}): {count} audit rows standing for {weight} attempts "
+          f"({summaries} rate-cap summary rows, {blocked} attempts under a block); "
+          f"{decisions[0][0]} decision rows in total")  # fmt: skip
+
+
+def _where_next(options: DemoOptions, demo_dir: Path, run_id: str, started: float) -> None:
+    print(f"""
+done in {time.monotonic() - started:.0f} s. Where to look next:
+  report            {options.out.resolve()}  (open it in a browser)
+  scorecard         {demo_dir / 'scorecard.json'}
+  decisions/alerts  {demo_dir / 'decisions.jsonl'}, {demo_dir / 'alerts.jsonl'}
+  service logs      {demo_dir}/{{worker,sink,edge}}.log
+  topics            {run_id}.login-attempts, {run_id}.throttle-decisions, {run_id}.alerts, ...
+  try a stricter policy on the same history:
+    .venv/bin/authpipe backtest --policy schemas/policy.example.toml --events {demo_dir / 'truth.jsonl'} --truth {demo_dir / 'truth.jsonl'}
+  the broker keeps running: .venv/bin/authpipe stack status | stack down
+""")
+
+
+def _hold(services: list[Service]) -> None:
+    try:
+        while all(s.alive() for s in services):
+            time.sleep(1)
+    except KeyboardInterrupt:
+        return
+
+
+def _printer(started: float) -> Callable[[str], None]:
+    def say(message: str) -> None:
+        print(f"[{time.monotonic() - started:5.0f}s] {message}", flush=True)
+
+    return say
+
+
+def _free_ports(count: int) -> list[int]:
+    import socket
+
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [int(sock.getsockname()[1]) for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
