@@ -1,0 +1,408 @@
+"""``authpipe backtest``: replay recorded input through the current and a candidate policy.
+
+The input is a time range of the input topic (by record timestamps, which are event
+times for simulated runs and for producers that set them, then filtered by
+``occurred_at``), an offset range (the same bounds for every partition), or a JSONL
+file of events or truth rows. The topic is read with a throwaway consumer (no group, no
+commits); nothing is written anywhere but the report: the live decision topic is never
+touched and no worker is needed. Invalid events are skipped and counted, as the worker
+would dead-letter them.
+
+Both policies run in the core ``Engine`` over the same normalised events. The diff:
+
+* decisions added and removed, identified by ``(key, issued_at, action)``;
+* attempts newly refused (refused under the candidate, allowed under the current
+  policy) and newly allowed, where "refused" is the decision-stream replay of the
+  scorecard (what a gateway would have answered);
+* a newly refused attempt is owner collateral when whoever was refused demonstrably
+  knew the password: the attempt itself succeeded, or the same account later succeeds
+  from the same source or the same device (within the replayed range). Otherwise it is
+  attacker traffic. (An attacked account whose owner signs in later from elsewhere does
+  not make the attacker's refusals collateral.) The looser count of newly refused
+  attempts on accounts that later succeed from any client is reported beside it, as an
+  upper bound. An added decision is collateral when it refused at least one
+  owner-collateral attempt;
+* with a truth file, newly refused attempts by true role and both full scorecards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from pipeline.contracts.codec import DecodeError, decode_attempt
+from pipeline.contracts.models import datetime_to_ms
+from pipeline.core.attempt import Normaliser
+from pipeline.core.decisions import Verdict
+from pipeline.core.errors import InvalidAttempt
+from pipeline.core.keys import Key, decision_key, parse_key
+from pipeline.core.policy import Policy
+from pipeline.errors import AuthpipeError
+from pipeline.logs import get_logger
+from pipeline.settings import Settings
+from pipeline.sim import scorecard as sc
+
+log = get_logger("backtest")
+
+EXAMPLES = 20
+
+
+class BacktestError(AuthpipeError):
+    """A backtest input (range, file, topic) is missing or inconsistent."""
+
+
+@dataclass(frozen=True, slots=True)
+class TopicRange:
+    """Which records of the input topic to replay. Times are epoch ms, ``to`` exclusive;
+    offsets apply to every partition, ``to_offset`` exclusive."""
+
+    from_ms: int | None = None
+    to_ms: int | None = None
+    from_offset: int | None = None
+    to_offset: int | None = None
+
+
+# -- loading ------------------------------------------------------------------------------
+
+
+async def read_input_range(bootstrap: str, topic: str, rng: TopicRange, timeout_s: float = 120.0,
+                           ) -> list[tuple[int, int, bytes | None]]:  # fmt: skip
+    """(partition, offset, value) of the records in range, read without a consumer group."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None
+    )
+    await consumer.start()
+    try:
+        partitions = sorted(consumer.partitions_for_topic(topic) or set())
+        if not partitions:
+            await consumer._client.force_metadata_update()
+            partitions = sorted(consumer.partitions_for_topic(topic) or set())
+        if not partitions:
+            raise BacktestError(f"input topic {topic} does not exist at {bootstrap}")
+        tps = [TopicPartition(topic, p) for p in partitions]
+        consumer.assign(tps)
+        starts, stops = await _bounds(consumer, tps, rng)
+        out: list[tuple[int, int, bytes | None]] = []
+        async with asyncio.timeout(timeout_s):
+            for tp in tps:
+                if starts[tp] >= stops[tp]:
+                    continue
+                consumer.seek(tp, starts[tp])
+                while await consumer.position(tp) < stops[tp]:
+                    batch = await consumer.getmany(tp, timeout_ms=500)
+                    out.extend((tp.partition, m.offset, m.value)
+                               for m in batch.get(tp, []) if m.offset < stops[tp])  # fmt: skip
+        return out
+    except TimeoutError:
+        raise BacktestError(f"could not read {topic} within {timeout_s:.0f} s") from None
+    finally:
+        await consumer.stop()
+
+
+async def _bounds(
+    consumer: Any, tps: list[Any], rng: TopicRange
+) -> tuple[dict[Any, int], dict[Any, int]]:
+    firsts = await consumer.beginning_offsets(tps)
+    ends = await consumer.end_offsets(tps)
+    starts, stops = dict(firsts), dict(ends)
+    if rng.from_ms is not None:
+        found = await consumer.offsets_for_times({tp: rng.from_ms for tp in tps})
+        starts = {tp: ends[tp] if found[tp] is None else found[tp].offset for tp in tps}
+    if rng.to_ms is not None:
+        found = await consumer.offsets_for_times({tp: rng.to_ms for tp in tps})
+        stops = {tp: ends[tp] if found[tp] is None else found[tp].offset for tp in tps}
+    if rng.from_offset is not None:
+        starts = {tp: max(firsts[tp], rng.from_offset) for tp in tps}
+    if rng.to_offset is not None:
+        stops = {tp: min(ends[tp], rng.to_offset) for tp in tps}
+    return starts, stops
+
+
+def events_from_records(
+    records: Sequence[tuple[int, int, bytes | None]], normaliser: Normaliser, rng: TopicRange,
+) -> tuple[list[sc.TruthEvent], int]:  # fmt: skip
+    """Decoded, normalised, unlabelled events in event-time order; and the invalid count."""
+    rows: list[tuple[int, int, int, sc.TruthEvent]] = []
+    invalid = 0
+    for partition, offset, value in records:
+        try:
+            wire = decode_attempt(value, max_bytes=1 << 20)
+            attempt = normaliser.normalise(wire)
+        except (DecodeError, InvalidAttempt):
+            invalid += 1
+            continue
+        t = attempt.occurred_ms
+        if (rng.from_ms is not None and t < rng.from_ms) or (
+            rng.to_ms is not None and t >= rng.to_ms
+        ):
+            continue
+        event = sc.TruthEvent(0, wire.event_id, sc.UNKNOWN, sc.UNKNOWN, sc.UNKNOWN, sc.UNKNOWN,
+                              wire.account, attempt)  # fmt: skip
+        rows.append((t, partition, offset, event))
+    rows.sort(key=lambda r: r[:3])
+    return [sc.reindex(e, i) for i, (*_, e) in enumerate(rows)], invalid
+
+
+def label(events: Sequence[sc.TruthEvent], truth: Sequence[sc.TruthEvent]) -> list[sc.TruthEvent]:
+    """The events with their ground-truth labels (joined by event id) where known."""
+    by_id = {t.event_id: t for t in truth}
+    out = []
+    for e in events:
+        t = by_id.get(e.event_id)
+        if t is None:
+            out.append(e)
+        else:
+            out.append(sc.TruthEvent(e.index, e.event_id, t.scenario, t.role, t.actor, t.cohort,
+                                     e.account_plain, e.attempt))  # fmt: skip
+    return out
+
+
+# -- the diff -----------------------------------------------------------------------------
+
+
+@dataclass
+class PolicyRun:
+    policy: Policy
+    outputs: sc.Outputs
+    verdicts: list[Verdict]
+
+    @classmethod
+    def run(cls, events: Sequence[sc.TruthEvent], policy: Policy) -> PolicyRun:
+        outputs = sc.run_engine(events, policy)
+        return cls(policy, outputs, sc.replay(events, outputs.decisions))
+
+    def decision_ids(self) -> dict[tuple[str, int, str], str]:
+        """(key, issued_ms, action) -> rule of every decision (not tombstones)."""
+        out: dict[tuple[str, int, str], str] = {}
+        for rec in self.outputs.decisions:
+            if rec.decision is not None:
+                d = rec.decision
+                out[(rec.key, datetime_to_ms(d.issued_at), d.action)] = d.rule
+        return out
+
+
+@dataclass
+class Diff:
+    events: int
+    invalid: int
+    baseline_version: str
+    candidate_version: str
+    baseline_decisions: int
+    candidate_decisions: int
+    added: Counter[str] = field(default_factory=Counter)
+    removed: Counter[str] = field(default_factory=Counter)
+    added_collateral: int = 0
+    added_attacker: int = 0
+    newly_refused: int = 0
+    attacker_traffic: int = 0
+    owner_collateral: int = 0
+    collateral_accounts: int = 0
+    account_later_succeeds: int = 0
+    newly_allowed: int = 0
+    by_role: Counter[str] = field(default_factory=Counter)
+    examples: list[dict[str, Any]] = field(default_factory=list)
+    scorecards: dict[str, sc.Scorecard] = field(default_factory=dict)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "events": self.events,
+            "invalid_events": self.invalid,
+            "baseline_policy": self.baseline_version,
+            "candidate_policy": self.candidate_version,
+            "decisions": {
+                "baseline": self.baseline_decisions,
+                "candidate": self.candidate_decisions,
+                "added": sum(self.added.values()),
+                "removed": sum(self.removed.values()),
+                "added_by_rule": dict(sorted(self.added.items())),
+                "removed_by_rule": dict(sorted(self.removed.items())),
+                "added_attacker": self.added_attacker,
+                "added_collateral": self.added_collateral,
+            },
+            "attempts": {
+                "newly_refused": self.newly_refused,
+                "attacker_traffic": self.attacker_traffic,
+                "owner_collateral": self.owner_collateral,
+                "collateral_accounts": self.collateral_accounts,
+                "account_later_succeeds": self.account_later_succeeds,
+                "newly_allowed": self.newly_allowed,
+                "newly_refused_by_true_role": dict(sorted(self.by_role.items())),
+            },
+            "collateral_examples": self.examples,
+            "scorecards": {name: card.as_json() for name, card in self.scorecards.items()},
+        }
+
+
+def _later_success_index(
+    events: Sequence[sc.TruthEvent],
+) -> tuple[dict[Key, int], dict[Key, int], dict[Key, int]]:
+    """Index of the LAST success per (account, source), (account, device) and account."""
+    by_source: dict[Key, int] = {}
+    by_device: dict[Key, int] = {}
+    by_account: dict[Key, int] = {}
+    for e in events:
+        a = e.attempt
+        if not a.success:
+            continue
+        by_source[decision_key("pair", a.tenant, a.account, a.source, None)] = e.index
+        by_account[decision_key("pair", a.tenant, a.account, None, None)] = e.index
+        if a.device:
+            by_device[decision_key("pair", a.tenant, a.account, None, a.device)] = e.index
+    return by_source, by_device, by_account
+
+
+def is_collateral(e: sc.TruthEvent, by_source: dict[Key, int], by_device: dict[Key, int]) -> bool:
+    """The refused party knew the password: it succeeded, or succeeds later as the same client."""
+    a = e.attempt
+    if a.success:
+        return True
+    if by_source.get(decision_key("pair", a.tenant, a.account, a.source, None), -1) > e.index:
+        return True
+    return (
+        bool(a.device)
+        and by_device.get(decision_key("pair", a.tenant, a.account, None, a.device), -1) > e.index
+    )
+
+
+def diff(
+    events: Sequence[sc.TruthEvent], baseline: PolicyRun, candidate: PolicyRun, invalid: int = 0
+) -> Diff:
+    base_ids, cand_ids = baseline.decision_ids(), candidate.decision_ids()
+    result = Diff(
+        events=len(events), invalid=invalid,
+        baseline_version=baseline.policy.policy_version,
+        candidate_version=candidate.policy.policy_version,
+        baseline_decisions=len(base_ids), candidate_decisions=len(cand_ids),
+        added=Counter(rule for ident, rule in cand_ids.items() if ident not in base_ids),
+        removed=Counter(rule for ident, rule in base_ids.items() if ident not in cand_ids),
+    )  # fmt: skip
+    by_source, by_device, by_account = _later_success_index(events)
+    collateral_keys: set[Key] = set()
+    collateral_accounts: set[tuple[str, str]] = set()
+    for e, old, new in zip(events, baseline.verdicts, candidate.verdicts, strict=True):
+        if old.allowed and not new.allowed:
+            result.newly_refused += 1
+            result.by_role[e.role] += 1
+            account_key = decision_key("pair", e.attempt.tenant, e.attempt.account, None, None)
+            if e.attempt.success or by_account.get(account_key, -1) > e.index:
+                result.account_later_succeeds += 1
+            if is_collateral(e, by_source, by_device):
+                result.owner_collateral += 1
+                collateral_accounts.add((e.attempt.tenant, e.attempt.account))
+                if new.matched_key is not None:
+                    collateral_keys.add(new.matched_key)
+                if len(result.examples) < EXAMPLES:
+                    result.examples.append(_example(e, new))
+            else:
+                result.attacker_traffic += 1
+        elif new.allowed and not old.allowed:
+            result.newly_allowed += 1
+    result.collateral_accounts = len(collateral_accounts)
+    for key, _issued, _action in (i for i in cand_ids if i not in base_ids):
+        if parse_key(key) in collateral_keys:
+            result.added_collateral += 1
+        else:
+            result.added_attacker += 1
+    return result
+
+
+def _example(e: sc.TruthEvent, verdict: Verdict) -> dict[str, Any]:
+    return {
+        "event_id": e.event_id, "at": sc.ts(e.occurred_ms), "account": e.account_plain,
+        "role": e.role, "flow": e.attempt.flow, "success": e.attempt.success,
+        "refused_by": "|".join(p or "-" for p in verdict.matched_key) if verdict.matched_key else None,
+    }  # fmt: skip
+
+
+def backtest(events: Sequence[sc.TruthEvent], baseline: Policy, candidate: Policy, *,
+             invalid: int = 0, labelled: bool = False) -> Diff:  # fmt: skip
+    """Run both policies and diff them; scorecards too when the events are labelled."""
+    if baseline.policy_version == candidate.policy_version:
+        log.warning("backtest_same_policy_version", policy_version=baseline.policy_version)
+    base_run, cand_run = PolicyRun.run(events, baseline), PolicyRun.run(events, candidate)
+    result = diff(events, base_run, cand_run, invalid)
+    if labelled:
+        result.scorecards["baseline"] = sc.score(events, base_run.outputs)
+        result.scorecards["candidate"] = sc.score(events, cand_run.outputs)
+    return result
+
+
+def render(d: Diff) -> str:
+    added = ", ".join(f"{rule} +{n}" for rule, n in sorted(d.added.items())) or "none"
+    removed = ", ".join(f"{rule} -{n}" for rule, n in sorted(d.removed.items())) or "none"
+    lines = [
+        f"backtest: {d.events:,} events ({d.invalid} invalid skipped); "
+        f"current {d.baseline_version} vs candidate {d.candidate_version}",
+        f"{'':<28}{'current':>10}{'candidate':>11}{'added':>8}{'removed':>9}",
+        f"{'decisions':<28}{d.baseline_decisions:>10}{d.candidate_decisions:>11}"
+        f"{sum(d.added.values()):>8}{sum(d.removed.values()):>9}",
+        f"  added by rule: {added}; removed by rule: {removed}",
+        f"  added decisions on attacker traffic: {d.added_attacker}, causing owner collateral: {d.added_collateral}",
+        f"attempts newly refused: {d.newly_refused} (attacker traffic {d.attacker_traffic}, "
+        f"owner collateral {d.owner_collateral} on {d.collateral_accounts} accounts); "
+        f"newly allowed: {d.newly_allowed}",
+        f"  owner collateral: the refused client itself succeeds later in the range; "
+        f"{d.account_later_succeeds} newly refused attempts are on accounts that succeed later "
+        f"from any client (an upper bound)",
+    ]
+    if d.by_role:
+        lines.append("  newly refused by true role: "
+                     + ", ".join(f"{r} {n}" for r, n in sorted(d.by_role.items())))  # fmt: skip
+    for ex in d.examples[:5]:
+        lines.append(f"  collateral: {ex['at']} {ex['account']} {ex['flow']} "
+                     f"{'success' if ex['success'] else 'failure'} refused by {ex['refused_by']}")  # fmt: skip
+    for name, card in d.scorecards.items():
+        lines.append("")
+        lines.append(f"[{name}] " + sc.render(card))
+    return "\n".join(lines)
+
+
+def write_json(d: Diff, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(orjson.dumps(d.as_json(), option=orjson.OPT_INDENT_2))
+
+
+def run_backtest_command(
+    settings: Settings, *, candidate: Path, baseline: Path | None, events: Path | None,
+    topic_range: TopicRange | None, truth: Path | None, out: Path | None,
+) -> int:  # fmt: skip
+    """``authpipe backtest``: load the input, run both policies, print and write the diff."""
+    from pipeline.stream.app import build_normaliser
+    from pipeline.stream.worker import load_policy
+
+    normaliser = build_normaliser(settings)
+    invalid = 0
+    if events is not None:
+        loaded = sc.load_truth(events, normaliser)
+    else:
+        assert topic_range is not None
+        kafka = settings.kafka
+        records = asyncio.run(
+            read_input_range(kafka.bootstrap_servers, kafka.input_topic, topic_range)
+        )
+        loaded, invalid = events_from_records(records, normaliser, topic_range)
+    labelled = any(e.role != sc.UNKNOWN for e in loaded)
+    if truth is not None:
+        loaded = label(loaded, sc.load_truth(truth, normaliser))
+        labelled = True
+    if not loaded:
+        raise BacktestError("no valid events in the chosen range; check the range or the topic")
+    result = backtest(
+        loaded, load_policy(baseline or settings.policy_path), load_policy(candidate),
+        invalid=invalid, labelled=labelled,
+    )  # fmt: skip
+    print(render(result))
+    if out is not None:
+        write_json(result, out)
+        print(f"backtest JSON: {out}")
+    log.info("backtest_finished", events=result.events, added=sum(result.added.values()),
+             removed=sum(result.removed.values()), owner_collateral=result.owner_collateral)  # fmt: skip
+    return 0

@@ -1,0 +1,296 @@
+"""``authpipe report``: one self-contained static HTML file with inline SVG charts.
+
+The page holds its data as JSON in a ``<script type="application/json">`` element and a
+small script of our own (``report_assets/report.js``, inlined) draws the charts: attempts
+and failures over time (and would-be refusals, attacker attempts when labelled), the
+decisions timeline (each block from issue to expiry, alerts as marks), top sources and
+accounts by failures, alerts, and the scorecard. A Content-Security-Policy meta tag
+forbids every fetch, so the file needs no network at view time.
+
+Inputs are the files the other commands write (truth or events JSONL, decision and alert
+JSONL, scorecard JSON), or the core ``Engine`` run here over the events. Accounts are
+shown as digest prefixes unless ``plain_accounts`` is set (the events hold the typed
+identifiers, but a report is easily shared).
+"""
+
+from __future__ import annotations
+
+import html
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from pipeline.contracts.models import datetime_to_ms, format_utc_ms, ms_to_datetime
+from pipeline.errors import AuthpipeError
+from pipeline.settings import Settings
+from pipeline.sim import scorecard as sc
+
+BUCKETS_MS = (1_000, 5_000, 10_000, 30_000, 60_000, 300_000, 900_000, 3_600_000, 86_400_000)
+MAX_BUCKETS = 240
+MAX_DECISIONS = 1500
+MAX_ALERTS = 1000
+TOP = 15
+CSP = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:"
+
+
+class ReportError(AuthpipeError):
+    """The report has nothing to show or cannot be written."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReportInputs:
+    events: Sequence[sc.TruthEvent]
+    outputs: sc.Outputs | None
+    scorecard: dict[str, Any] | None
+    title: str = "authpipe report"
+    plain_accounts: bool = False
+
+
+def bucket_ms(span_ms: int) -> int:
+    """The smallest standard bucket giving at most ``MAX_BUCKETS`` buckets."""
+    for size in BUCKETS_MS:
+        if span_ms / size <= MAX_BUCKETS:
+            return size
+    return BUCKETS_MS[-1]
+
+
+def _bucket_label(size_ms: int) -> str:
+    if size_ms < 60_000:
+        return f"{size_ms // 1000} s"
+    if size_ms < 3_600_000:
+        return f"{size_ms // 60_000} min"
+    return f"{size_ms // 3_600_000} h"
+
+
+def _series(events: Sequence[sc.TruthEvent], refused: Sequence[bool] | None) -> dict[str, Any]:
+    start = events[0].occurred_ms
+    size = bucket_ms(events[-1].occurred_ms - start + 1)
+    start -= start % size
+    n = (events[-1].occurred_ms - start) // size + 1
+    attempts, failures, attacker, refusals = [0] * n, [0] * n, [0] * n, [0] * n
+    labelled = False
+    for i, e in enumerate(events):
+        b = (e.occurred_ms - start) // size
+        attempts[b] += 1
+        if not e.attempt.success:
+            failures[b] += 1
+        if e.role == sc.ATTACKER:
+            attacker[b] += 1
+        labelled = labelled or e.role != sc.UNKNOWN
+        if refused is not None and refused[i]:
+            refusals[b] += 1
+    return {
+        "start_ms": start, "bucket_ms": size, "bucket_label": _bucket_label(size),
+        "attempts": attempts, "failures": failures,
+        "attacker": attacker if labelled else None,
+        "refused": refusals if refused is not None else None,
+    }  # fmt: skip
+
+
+def _majority_role(roles: Counter[str]) -> str:
+    return roles.most_common(1)[0][0] if roles else sc.UNKNOWN
+
+
+def _top(
+    events: Sequence[sc.TruthEvent], plain: bool
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    failures: dict[str, Counter[tuple[str, str]]] = {"source": Counter(), "account": Counter()}
+    roles: dict[tuple[str, str, str], Counter[str]] = defaultdict(Counter)
+    scenarios: dict[tuple[str, str, str], Counter[str]] = defaultdict(Counter)
+    names: dict[tuple[str, str], str] = {}
+    for e in events:
+        a = e.attempt
+        if a.success:
+            continue
+        for kind, subject in (("source", a.source), ("account", a.account)):
+            slot = (a.tenant, subject)
+            failures[kind][slot] += 1
+            roles[(kind, *slot)][e.role] += 1
+            if e.role == sc.ATTACKER:
+                scenarios[(kind, *slot)][e.scenario] += 1
+        names[(a.tenant, a.account)] = e.account_plain
+
+    def rows(kind: str) -> list[dict[str, Any]]:
+        out = []
+        for (tenant, subject), count in failures[kind].most_common(TOP):
+            shown = names[(tenant, subject)] if kind == "account" and plain else subject
+            if kind == "account" and not plain:
+                shown = subject[:12] + "\u2026"
+            attack = scenarios[(kind, tenant, subject)].most_common(1)
+            out.append({
+                "label": f"{shown} ({tenant})" if tenant != "default" else shown, "value": count,
+                "role": _majority_role(roles[(kind, tenant, subject)]),
+                "note": attack[0][0] if attack else None,
+            })  # fmt: skip
+        return out
+
+    return rows("source"), rows("account")
+
+
+def _decisions(
+    outputs: sc.Outputs | None, end_ms: int, attacks: dict[str, str]
+) -> tuple[list[dict[str, Any]], int]:
+    if outputs is None:
+        return [], 0
+    out: list[dict[str, Any]] = []
+    for rec in outputs.decisions:
+        d = rec.decision
+        if d is None:
+            continue
+        issued = datetime_to_ms(d.issued_at)
+        until = min(datetime_to_ms(d.expires_at), end_ms)
+        out.append({"t": issued, "until": until, "rule": d.rule, "action": d.action,
+                    "attack": attacks.get(rec.key)})  # fmt: skip
+    out.sort(key=lambda d: d["t"])
+    return out[:MAX_DECISIONS], max(0, len(out) - MAX_DECISIONS)
+
+
+def _alerts(outputs: sc.Outputs | None, events: Sequence[sc.TruthEvent]) -> list[dict[str, Any]]:
+    if outputs is None:
+        return []
+    labelled = any(e.role != sc.UNKNOWN for e in events)
+    out: list[dict[str, Any]] = []
+    for rec, (t, names, _) in zip(
+        outputs.alerts, sc.match_alerts(outputs.alerts, events), strict=True
+    ):
+        a = rec.alert
+        subject = a.source or (a.account_digest[:12] + "\u2026" if a.account_digest else a.tenant)
+        matched = (", ".join(names) or "no attack") if labelled else None
+        out.append(
+            {"t": t, "type": a.type, "subject": subject, "count": a.count, "matched": matched}
+        )
+    out.sort(key=lambda a: a["t"])
+    return out[:MAX_ALERTS]
+
+
+def _attack_keys(events: Sequence[sc.TruthEvent]) -> dict[str, str]:
+    from pipeline.core.decisions import keys_for
+    from pipeline.core.keys import format_key
+
+    out: dict[str, str] = {}
+    for e in events:
+        if e.role == sc.ATTACKER:
+            for key in keys_for(e.attempt):
+                out.setdefault(format_key(key), e.scenario)
+    return out
+
+
+def build_data(inputs: ReportInputs) -> dict[str, Any]:
+    """Everything the page draws, aggregated here so the page stays small."""
+    events = inputs.events
+    if not events:
+        raise ReportError(
+            "no events to report on; give --truth or --events with at least one event"
+        )
+    refused = None
+    if inputs.outputs is not None:
+        refused = [not v.allowed for v in sc.replay(events, inputs.outputs.decisions)]
+    start_ms, end_ms = events[0].occurred_ms, events[-1].occurred_ms + 1
+    decisions, truncated = _decisions(inputs.outputs, end_ms, _attack_keys(events))
+    alerts = _alerts(inputs.outputs, events)
+    sources, accounts = _top(events, inputs.plain_accounts)
+    rules = sorted({d["rule"] for d in decisions})
+    alert_types = sorted({a["type"] for a in alerts})
+    return {
+        "title": inputs.title,
+        "subtitle": f"{len(events):,} events, {format_utc_ms(ms_to_datetime(start_ms))} to "
+                    f"{format_utc_ms(ms_to_datetime(end_ms))}",
+        "range": {"start_ms": start_ms, "end_ms": end_ms},
+        "series": _series(events, refused),
+        "lanes": rules + [f"alert: {t}" for t in alert_types],
+        "decisions": decisions,
+        "decisions_truncated": truncated,
+        "alerts": alerts,
+        "alerts_by_type": dict(Counter(r.alert.type for r in inputs.outputs.alerts)) if inputs.outputs else {},
+        "top_sources": sources,
+        "top_accounts": accounts,
+        "scorecard": inputs.scorecard,
+    }  # fmt: skip
+
+
+def _asset(name: str) -> str:
+    return (
+        resources.files("pipeline.sim").joinpath("report_assets", name).read_text(encoding="utf-8")
+    )
+
+
+def render_html(data: dict[str, Any]) -> str:
+    """The page: data as JSON (``</`` escaped so it cannot close the script), CSS, script."""
+    payload = orjson.dumps(data).decode().replace("</", "<\\/")
+    title = html.escape(data["title"])
+    return f"""<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta http-equiv="Content-Security-Policy" content="{CSP}">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{title}</title>
+<style>
+{_asset("report.css")}
+</style>
+</head>
+<body>
+<header><h1>{title}</h1><p>{html.escape(data["subtitle"])}</p></header>
+<main>
+<div id="errors"></div>
+<section class="wide"><h2>Attempts and failures over time</h2><div id="traffic"></div></section>
+<section class="wide"><h2>Decisions and alerts</h2><div id="timeline"></div></section>
+<section><h2>Top sources by failures</h2><div id="sources"></div></section>
+<section><h2>Top accounts by failures</h2><div id="accounts"></div></section>
+<section class="wide"><h2>Alerts</h2><div id="alerts"></div></section>
+<section class="wide"><h2>Scorecard</h2><div id="scorecard"></div></section>
+</main>
+<script type="application/json" id="report-data">{payload}</script>
+<script>
+{_asset("report.js")}
+</script>
+</body>
+</html>
+"""
+
+
+def write_report(inputs: ReportInputs, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(render_html(build_data(inputs)), encoding="utf-8")
+    return path
+
+
+def load_scorecard_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise ReportError(
+            f"scorecard file {path} does not exist; write one with authpipe scorecard --out"
+        )
+    try:
+        data = orjson.loads(path.read_bytes())
+    except orjson.JSONDecodeError as exc:
+        raise ReportError(f"{path} is not JSON ({exc})") from None
+    if not isinstance(data, dict) or "attacks" not in data:
+        raise ReportError(f"{path} is not a scorecard (no 'attacks')")
+    return data
+
+
+def run_report_command(
+    settings: Settings, *, out: Path, events: Path, decisions: Path | None, alerts: Path | None,
+    engine: bool, policy: Path | None, scorecard: Path | None, title: str, plain_accounts: bool,
+) -> int:  # fmt: skip
+    """``authpipe report``: gather the inputs (computing what is missing) and write the page."""
+    from pipeline.stream.app import build_normaliser
+    from pipeline.stream.worker import load_policy
+
+    loaded = sc.load_truth(events, build_normaliser(settings))
+    outputs = None
+    if engine:
+        outputs = sc.run_engine(loaded, load_policy(policy or settings.policy_path))
+    elif decisions is not None:
+        outputs = sc.load_outputs(decisions, alerts)
+    card = load_scorecard_json(scorecard) if scorecard is not None else None
+    if card is None and outputs is not None and any(e.role != sc.UNKNOWN for e in loaded):
+        card = sc.score(loaded, outputs).as_json()
+    path = write_report(ReportInputs(loaded, outputs, card, title, plain_accounts), out)
+    print(f"report: {path} ({path.stat().st_size:,} bytes)")
+    return 0
