@@ -104,25 +104,50 @@ class DecisionIndex:
 
     ``check`` ignores expired entries even before ``prune`` removes them, so a decision
     whose tombstone never arrives stops being enforced at its ``expires_at``.
+
+    ``subjects`` counts the active decisions per subject (the account digest of a key, or
+    its source when it has no account): an attempt whose account and source are both
+    absent there cannot be refused, which ``may_apply`` answers with two string lookups
+    instead of building the attempt's keys. That is the common case on the hot path.
     """
 
-    __slots__ = ("_active", "_heap")
+    __slots__ = ("_active", "_heap", "subjects")
 
     def __init__(self) -> None:
         self._active: dict[Key, Active] = {}
         self._heap: list[tuple[int, str, Key]] = []
+        self.subjects: dict[str, int] = {}
 
     def __len__(self) -> int:
         return len(self._active)
 
     def put(self, key: Key, active: Active) -> None:
+        if key not in self._active:
+            subject = _subject(key)
+            self.subjects[subject] = self.subjects.get(subject, 0) + 1
         self._active[key] = active
         # Ordered by (expiry, decision id): ids are unique, so keys (which may hold None)
         # are never compared.
         heapq.heappush(self._heap, (active.expires_ms, active.decision_id, key))
 
     def lift(self, key: Key) -> Active | None:
-        return self._active.pop(key, None)
+        active = self._active.pop(key, None)
+        if active is not None:
+            self._forget(key)
+        return active
+
+    def _forget(self, key: Key) -> None:
+        subject = _subject(key)
+        left = self.subjects[subject] - 1
+        if left:
+            self.subjects[subject] = left
+        else:
+            del self.subjects[subject]
+
+    def may_apply(self, account: str, source: str) -> bool:
+        """False when no active decision can concern this account or source."""
+        subjects = self.subjects
+        return bool(subjects) and (account in subjects or source in subjects)
 
     def get(self, key: Key) -> Active | None:
         return self._active.get(key)
@@ -139,6 +164,7 @@ class DecisionIndex:
             current = self._active.get(key)
             if current is not None and current.decision_id == decision_id:
                 del self._active[key]
+                self._forget(key)
                 removed.append(key)
         return removed
 
@@ -161,3 +187,8 @@ class DecisionIndex:
         if matched is None:
             return Verdict(True, 0, None, observed) if observed else ALLOWED
         return Verdict(False, retry_ms, matched, observed)
+
+
+def _subject(key: Key) -> str:
+    """The account digest of a decision key, else its source (source scope)."""
+    return key[2] or key[3] or key[1]

@@ -2,49 +2,41 @@
 
 from __future__ import annotations
 
-from collections import OrderedDict
-
 
 class Deduper:
-    """Event ids seen within ``horizon_ms`` of the watermark, at most ``capacity`` of them.
+    """Event ids seen recently, in two generations of plain sets.
 
-    Ids are kept in arrival order; ``seen`` drops ids older than the horizon from the
-    front (O(1) amortised, no scans) and the oldest id when the capacity is reached.
+    New ids go to the current generation. When it is ``horizon_ms`` old (by the
+    watermark) or holds half the capacity, it becomes the previous generation and the
+    one before is dropped whole. So an id is remembered for at least ``horizon_ms``
+    (unless ``capacity / 2`` newer ids arrive first) and at most about twice that, at
+    most ``capacity`` ids are held, and every call is a set lookup or two: no per-id
+    timestamps, no ordered dict, no sweeps.
     """
 
-    __slots__ = ("_ids", "_next_sweep_ms", "capacity", "duplicates", "horizon_ms")
+    __slots__ = ("_current", "_half", "_previous", "_rotate_at_ms", "capacity", "duplicates", "horizon_ms")
 
     def __init__(self, horizon_ms: int, capacity: int) -> None:
-        self._ids: OrderedDict[str, int] = OrderedDict()
+        self._current: set[str] = set()
+        self._previous: set[str] = set()
         self.horizon_ms = horizon_ms
         self.capacity = capacity
+        self._half = max(1, capacity // 2)
+        self._rotate_at_ms = -1  # the first id starts a generation
         self.duplicates = 0
-        self._next_sweep_ms = 0
 
     def __len__(self) -> int:
-        return len(self._ids)
+        return len(self._current) + len(self._previous)
 
     def seen(self, event_id: str, now_ms: int) -> bool:
-        """True if ``event_id`` was seen within the horizon; otherwise remember it."""
-        ids = self._ids
-        if event_id in ids:
+        """True if ``event_id`` is remembered; otherwise remember it."""
+        current = self._current
+        if event_id in current or event_id in self._previous:
             self.duplicates += 1
             return True
-        if len(ids) >= self.capacity:
-            ids.popitem(last=False)
-        if now_ms >= self._next_sweep_ms:
-            self._sweep(now_ms)
-        ids[event_id] = now_ms
+        if now_ms >= self._rotate_at_ms or len(current) >= self._half:
+            self._previous = current
+            current = self._current = set()
+            self._rotate_at_ms = now_ms + self.horizon_ms
+        current.add(event_id)
         return False
-
-    def _sweep(self, now_ms: int) -> None:
-        """Drop ids past the horizon; runs when the oldest id can have expired, not per call."""
-        ids = self._ids
-        cutoff = now_ms - self.horizon_ms
-        while ids:
-            oldest = next(iter(ids.values()))
-            if oldest >= cutoff:
-                self._next_sweep_ms = oldest + self.horizon_ms + 1
-                return
-            ids.popitem(last=False)
-        self._next_sweep_ms = now_ms + self.horizon_ms

@@ -22,13 +22,23 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from pipeline.contracts.models import Alert, Decision, ms_to_datetime
-from pipeline.core.attempt import Attempt
-from pipeline.core.decisions import ALLOWED, Active, DecisionIndex, Verdict, keys_for
+from pipeline.core.attempt import PASSWORD_FLOWS, Attempt
+from pipeline.core.decisions import (
+    ALLOWED,
+    Active,
+    DecisionIndex,
+    Verdict,
+    keys_for,
+    mfa_key,
+    uia_key,
+)
 from pipeline.core.dedupe import Deduper
-from pipeline.core.keys import Key, decision_key, format_key, pair_key, stable_id
+from pipeline.core.keys import Key, format_key, stable_id
+from pipeline.core.normalise import parse_address
 from pipeline.core.policy import DEFAULT_POLICY, Policy, RuleConfig, TenantPolicy
 from pipeline.core.state import KeyState, PairState, SourceState
 from pipeline.core.table import BoundedTable
@@ -93,18 +103,34 @@ def _alert(
 
 
 def _factory(ring_size: int) -> Callable[[], KeyState]:
-    return lambda: KeyState(ring_size)
+    return partial(KeyState, ring_size)  # a C-level call: no extra frame per new key
+
+
+class _Rule:
+    """One counter rule of one tenant, compiled once: its table and the numbers the hot
+    path reads (plain slots: cheaper than going through the policy models each event)."""
+
+    __slots__ = ("cfg", "entries", "factory", "name", "ring_size", "sub_ms", "table", "threshold")
+
+    def __init__(self, name: str, cfg: RuleConfig, spec: WindowSpec, table: BoundedTable[KeyState]) -> None:
+        self.name = name
+        self.cfg = cfg
+        self.threshold = cfg.threshold
+        self.sub_ms = spec.sub_ms
+        self.ring_size = spec.ring_size
+        self.table = table
+        self.entries = table.mapping
+        self.factory = _factory(spec.ring_size)
 
 
 class _TenantTables:
     """One tenant's compiled rules and bounded tables (built once per tenant).
 
-    ``dirty`` is the shard's record of changed keys: entries a table drops (expired or
-    evicted by the cap) are marked there, so the changelog deletes them too and a restore
-    never brings an evicted entry back.
+    Entries a table drops (expired or evicted by the cap) are marked dirty in the shard,
+    so the changelog deletes them too and a restore never brings an evicted entry back.
     """
 
-    def __init__(self, policy: TenantPolicy, dirty: dict[tuple[str, Key], None]) -> None:
+    def __init__(self, policy: TenantPolicy, shard: _Shard) -> None:
         self.policy = policy
         self.specs = {
             rule: WindowSpec(getattr(policy, rule).window_ms, policy.sub_buckets)
@@ -114,23 +140,60 @@ class _TenantTables:
         self.cfg: dict[str, RuleConfig] = {
             rule: getattr(policy, rule) for rule in (*COUNTER_RULES, "source")
         }
-        self.factories = {rule: _factory(self.specs[rule].ring_size) for rule in COUNTER_RULES}
         self.counters: dict[str, BoundedTable[KeyState]] = {
-            rule: BoundedTable(policy.entry_cap, _marker(dirty, rule)) for rule in COUNTER_RULES
+            rule: BoundedTable(policy.entry_cap, _marker(shard, rule)) for rule in COUNTER_RULES
         }
+        self.rules = {
+            rule: _Rule(rule, self.cfg[rule], self.specs[rule], self.counters[rule])
+            for rule in COUNTER_RULES
+        }
+        self.acct = self.rules["account"]
+        self.pair_rule = self.rules["account_source"]
+        self.device = self.rules["device"]
+        self.uia = self.rules["uia"]
+        self.mfa = self.rules["mfa"]
         self.sources: BoundedTable[SourceState] = BoundedTable(
-            policy.entry_cap, _marker(dirty, "sources")
+            policy.entry_cap, _marker(shard, "sources")
         )
-        self.pairs: BoundedTable[PairState] = BoundedTable(policy.entry_cap, _marker(dirty, "pairs"))
+        self.pairs: BoundedTable[PairState] = BoundedTable(policy.entry_cap, _marker(shard, "pairs"))
         self.max_span_ms = max(spec.span_ms for spec in self.specs.values())
+        # Numbers of the rarer paths, read once here rather than through the models.
+        self.streak_memory_ms = policy.streak_memory_ms
+        self.lifetime_threshold = policy.lifetime.threshold
+        self.tenant_window_ms = policy.tenant_spray.window_ms
+        self.partials_bound = 4 * policy.tenant_spray.baseline_windows + 64
+        spray, stuffing = self.specs["source"], self.stuffing_spec
+        self.spray_sub_ms = spray.sub_ms
+        self.spray_ring_size = spray.ring_size
+        self.stuffing_sub_ms = stuffing.sub_ms
+        self.source_factory = lambda: SourceState(spray.ring_size, stuffing.ring_size)
+        self.spray_threshold = policy.source.threshold
+        self.stuffing_min = policy.stuffing.min_attempts
+        self.allowlist = policy.allowlist_set if policy.allowlist else None
+        self._allowed: dict[str, bool] = {}
 
     def tables(self) -> list[BoundedTable[KeyState] | BoundedTable[SourceState] | BoundedTable[PairState]]:
         return [*self.counters.values(), self.sources, self.pairs]
 
+    def allowlisted(self, source: str) -> bool:
+        """Whether the source is in the allowlist; cached, because parsing the address
+        costs more than the rest of the source stage. The cache is cleared when it grows
+        past 65,536 sources, so an attacker's distinct addresses cannot grow it."""
+        cached = self._allowed.get(source)
+        if cached is None:
+            address = parse_address(source.partition("/")[0])
+            allowlist = self.allowlist
+            cached = address is not None and allowlist is not None and address in allowlist
+            if len(self._allowed) >= 65_536:
+                self._allowed.clear()
+            self._allowed[source] = cached
+        return cached
 
-def _marker(dirty: dict[tuple[str, Key], None], name: str) -> Callable[[Key, Any], None]:
+
+def _marker(shard: _Shard, name: str) -> Callable[[Key, Any], None]:
     def mark(key: Key, _entry: Any) -> None:
-        dirty[(name, key)] = None
+        if shard.track_changes:
+            shard.dirty[(name, key)] = None
 
     return mark
 
@@ -151,13 +214,16 @@ class _Shard:
         self.tenant_partials: dict[tuple[str, int], int] = {}
         # Keys whose state changed since the last ``take_dirty``: the stream flushes them.
         # A dict, not a set: its order is the order of first change, so the changelog
-        # (and a restore from it) does not depend on string hash randomisation.
+        # (and a restore from it) does not depend on string hash randomisation. A shard
+        # that is never flushed (inside Engine) turns ``track_changes`` off, or the record
+        # would grow with every key ever seen.
         self.dirty: dict[tuple[str, Key], None] = {}
+        self.track_changes = True
 
     def tenant(self, tenant: str) -> _TenantTables:
         tables = self.tenants.get(tenant)
         if tables is None:
-            tables = _TenantTables(self.policy.for_tenant(tenant), self.dirty)
+            tables = _TenantTables(self.policy.for_tenant(tenant), self)
             self.tenants[tenant] = tables
         return tables
 
@@ -278,7 +344,12 @@ class _Shard:
 
 class AccountShard(_Shard):
     """Rules keyed by account: per (account, source), the ceiling, device, uia, mfa,
-    escalation and the lifetime bound. See the module docstring for the split."""
+    escalation and the lifetime bound. See the module docstring for the split.
+
+    The hot path reads the tables' dicts directly and builds only the keys it needs:
+    most attempts are successes of accounts with no state and no decision, which cost a
+    dedupe lookup, two subject lookups in the index and two or three dict misses.
+    """
 
     def __init__(
         self, policy: Policy = DEFAULT_POLICY, *, part: int = 0,
@@ -292,107 +363,116 @@ class AccountShard(_Shard):
         or None for a duplicate ``event_id`` (not counted, not audited)."""
         if now_ms > self.watermark_ms:
             self.watermark_ms = now_ms
-        if self.dedupe is not None and self.dedupe.seen(a.event_id, self.watermark_ms):
+        dedupe = self.dedupe
+        if dedupe is not None and dedupe.seen(a.event_id, self.watermark_ms):
             self.metrics.duplicates += 1
             return None
-        keys = keys_for(a)
-        verdict = self.index.check(keys, a.occurred_ms) if len(self.index) else ALLOWED
-        tables = self.tenants.get(a.tenant) or self.tenant(a.tenant)
-        if a.occurred_ms <= self.watermark_ms - tables.max_span_ms:
+        index = self.index
+        subjects = index.subjects
+        # Only an account or source with an active decision can be refused: two string
+        # lookups spare building the attempt's keys in the common case.
+        if subjects and (a.account in subjects or a.source in subjects):
+            verdict = index.check(keys_for(a), a.occurred_ms)
+        else:
+            verdict = ALLOWED
+        t = self.tenants.get(a.tenant) or self.tenant(a.tenant)
+        if a.occurred_ms <= self.watermark_ms - t.max_span_ms:
             self.metrics.late += 1
             return verdict
         if a.success:
-            self._success(a, tables, keys, out, seq)
+            self._success(a, t, out, seq)
         elif a.failure_reason != "refused":
-            self._failure(a, tables, keys, out, seq)
+            self._failure(a, t, out, seq)
             self.metrics.counted += 1
         return verdict
 
     # -- successes ----------------------------------------------------------------------
 
-    def _success(
-        self, a: Attempt, t: _TenantTables, keys: tuple[Key, ...], out: Outbox, seq: int
-    ) -> None:
+    def _success(self, a: Attempt, t: _TenantTables, out: Outbox, seq: int) -> None:
         tenant, account = a.tenant, a.account
-        acct_key = decision_key("account", tenant, account, None, None)
-        acct = t.counters["account"].get(acct_key)
-        live = acct is not None and acct.keep_until_ms > self.watermark_ms
-        if live and acct is not None and (seq < 0 or acct.seq < seq):
+        wm = self.watermark_ms
+        acct_key: Key = ("account", tenant, account, None, None)
+        acct = t.acct.entries.get(acct_key)
+        if acct is not None and acct.keep_until_ms > wm and (seq < 0 or acct.seq < seq):
             # Rule 7's streak ends; the ceiling's count and escalation are never cleared.
             acct.streak = 0
             acct.lifetime_alerted = False
-            self._mark(tenant, "account", acct_key, acct, seq)
-        if a.password_flow:
-            key = decision_key("account_source", tenant, account, a.source, None)
-            self._reset(t, tenant, "account_source", key, out, seq)
+            self._mark(t.acct, acct_key, acct, seq)
+        flow = a.flow
+        if flow in PASSWORD_FLOWS:
+            self._reset(t.pair_rule, ("account_source", tenant, account, a.source, None), out, seq)
             if a.trusted and a.device:
-                self._reset(t, tenant, "device", keys[1], out, seq)
+                self._reset(t.device, ("device", tenant, account, None, a.device), out, seq)
+        elif flow == "uia":
+            self._reset(t.uia, uia_key(tenant, account, a.source, a.session, a.device), out, seq)
         else:
-            self._reset(t, tenant, a.flow, keys[1], out, seq)
+            self._reset(t.mfa, mfa_key(tenant, account, a.source, a.device, a.session), out, seq)
 
-    def _reset(
-        self, t: _TenantTables, tenant: str, rule: str, key: Key, out: Outbox, seq: int
-    ) -> None:
+    def _reset(self, rule: _Rule, key: Key, out: Outbox, seq: int) -> None:
         """A success clears its own counter and escalation, and lifts its own decision."""
-        entry = t.counters[rule].get(key)
+        entry = rule.entries.get(key)
         if entry is None or entry.keep_until_ms <= self.watermark_ms:
             return  # absent, or past its time (gone even before ``expire`` pops it)
         if seq >= 0 and entry.seq >= seq:
             return
-        entry.ring.clear()
+        entry.clear()
         entry.level = 0
         if entry.blocked_until_ms:
             entry.blocked_until_ms = 0
             self._lift(out, key)
-        self._mark(tenant, rule, key, entry, seq)
+        self._mark(rule, key, entry, seq)
 
     # -- failures -----------------------------------------------------------------------
 
-    def _failure(
-        self, a: Attempt, t: _TenantTables, keys: tuple[Key, ...], out: Outbox, seq: int
-    ) -> None:
-        pol = t.policy
-        tenant = a.tenant
-        password_untrusted = a.password_flow and not (a.trusted and a.device)
-        acct_key = keys[2] if password_untrusted else decision_key("account", tenant, a.account, None, None)
-        acct = t.counters["account"].touch(acct_key, t.factories["account"], self.watermark_ms)
+    def _failure(self, a: Attempt, t: _TenantTables, out: Outbox, seq: int) -> None:
+        tenant, account, flow = a.tenant, a.account, a.flow
+        acct_rule = t.acct
+        acct_key: Key = ("account", tenant, account, None, None)
+        acct = self._touch(acct_rule, acct_key)
         fresh = seq < 0 or acct.seq < seq
         if fresh:
             self._streak(a, t, acct, out)
-        if a.password_flow:
-            if not password_untrusted:
-                self._count(a, t, "device", "device", keys[1], None, a.device, out, seq)
+        if flow in PASSWORD_FLOWS:
+            device = a.device
+            if a.trusted and device:
+                # Trusted-device failures feed only their device's counter (rule 3).
+                key: Key = ("device", tenant, account, None, device)
+                self._count(a, t.device, key, None, device, out, seq)
+            else:
+                key = ("account_source", tenant, account, a.source, None)
+                self._count(a, t.pair_rule, key, a.source, None, out, seq)
                 if fresh:
-                    self._mark(tenant, "account", acct_key, acct, seq)
-                return
-            self._count(a, t, "account_source", "account_source", keys[1], a.source, None, out, seq)
-            if fresh and self._count_entry(a, t, "account", "account", acct_key, acct, None, None, out):
-                spec = t.specs["account"]
-                out.alerts.append(_alert(
-                    "account_under_attack", tenant, None, a.account, acct.ring.total,
-                    0, a.occurred_ms - spec.window_ms, a.occurred_ms, self.version,
-                ))  # fmt: skip
-                self.metrics.alerts += 1
-            if fresh:
-                self._tenant_share(a, pol, acct, out)
-                out.forwards.append(a)
-        elif a.flow == "uia":
+                    if self._count_entry(a, acct_rule, acct_key, acct, None, None, out):
+                        self._under_attack(a, t, acct, out)
+                    self._tenant_share(a, t, acct, out)
+                    out.forwards.append(a)
+        elif flow == "uia":
             handle = a.session or a.device
-            self._count(a, t, "uia", "uia", keys[1], None if handle else a.source, handle, out, seq)
+            key = uia_key(tenant, account, a.source, a.session, a.device)
+            self._count(a, t.uia, key, None if handle else a.source, handle, out, seq)
         else:
             handle = a.device or a.session
-            self._count(a, t, "mfa", "mfa", keys[1], None if handle else a.source, handle, out, seq)
+            key = mfa_key(tenant, account, a.source, a.device, a.session)
+            self._count(a, t.mfa, key, None if handle else a.source, handle, out, seq)
         if fresh:
-            self._mark(tenant, "account", acct_key, acct, seq)
+            self._mark(acct_rule, acct_key, acct, seq)
+
+    def _touch(self, rule: _Rule, key: Key) -> KeyState:
+        """The live entry for ``key``, moved to the newest end; the table creates (and
+        evicts for) a missing or dead one."""
+        entry = rule.entries.get(key)
+        if entry is not None and entry.keep_until_ms > self.watermark_ms:
+            rule.entries.move_to_end(key)
+            return entry
+        return rule.table.touch(key, rule.factory, self.watermark_ms)
 
     def _streak(self, a: Attempt, t: _TenantTables, acct: KeyState, out: Outbox) -> None:
         """Rule 7: consecutive failures of an account with no success, alerted once."""
         acct.streak += 1
-        memory = a.occurred_ms + t.policy.streak_memory_ms
+        memory = a.occurred_ms + t.streak_memory_ms
         if memory > acct.keep_until_ms:
             acct.keep_until_ms = memory
-        bound = t.policy.lifetime.threshold
-        if acct.streak >= bound and not acct.lifetime_alerted:
+        if acct.streak >= t.lifetime_threshold and not acct.lifetime_alerted:
             acct.lifetime_alerted = True
             out.alerts.append(_alert(
                 "lifetime_bound", a.tenant, None, a.account, acct.streak, 0,
@@ -400,66 +480,104 @@ class AccountShard(_Shard):
             ))  # fmt: skip
             self.metrics.alerts += 1
 
-    def _tenant_share(self, a: Attempt, pol: TenantPolicy, acct: KeyState, out: Outbox) -> None:
+    def _under_attack(self, a: Attempt, t: _TenantTables, acct: KeyState, out: Outbox) -> None:
+        """The ceiling tripped: raise ``account_under_attack``."""
+        out.alerts.append(_alert(
+            "account_under_attack", a.tenant, None, a.account, acct.total,
+            0, a.occurred_ms - t.acct.cfg.window_ms, a.occurred_ms, self.version,
+        ))  # fmt: skip
+        self.metrics.alerts += 1
+
+    def _tenant_share(self, a: Attempt, t: _TenantTables, acct: KeyState, out: Outbox) -> None:
         """Count the account once per tumbling window in this shard's share of rule 8."""
-        window = a.occurred_ms // pol.tenant_spray.window_ms
+        window = a.occurred_ms // t.tenant_window_ms
         if acct.spray_window == window:
             return
         acct.spray_window = window
         # Keep the entry to the window's end, or a re-created entry would count twice.
-        end = (window + 1) * pol.tenant_spray.window_ms
+        end = (window + 1) * t.tenant_window_ms
         if acct.keep_until_ms < end:
             acct.keep_until_ms = end
-        slot = (a.tenant, window)
-        value = self.tenant_partials.get(slot, 0) + 1
-        self.tenant_partials[slot] = value
-        out.partials[slot] = value
-        if len(self.tenant_partials) > 4 * pol.tenant_spray.baseline_windows + 64:
-            # Old windows are closed: keep the dict bounded (insertion order = age).
-            del self.tenant_partials[next(iter(self.tenant_partials))]
+        _add_share(self.tenant_partials, a.tenant, window, t.partials_bound, out)
 
     def _count(
-        self, a: Attempt, t: _TenantTables, rule: str, scope: str, key: Key,
-        source: str | None, device: str | None, out: Outbox, seq: int,
-    ) -> bool:  # fmt: skip
-        entry = t.counters[rule].touch(key, t.factories[rule], self.watermark_ms)
+        self, a: Attempt, rule: _Rule, key: Key, source: str | None, device: str | None,
+        out: Outbox, seq: int,
+    ) -> None:  # fmt: skip
+        """Touch, count and mark one failure of ``rule`` (``_touch``, ``_count_entry`` and
+        ``_mark`` inlined: this runs once or twice per failure)."""
+        entries = rule.entries
+        entry = entries.get(key)
+        if entry is not None and entry.keep_until_ms > self.watermark_ms:
+            entries.move_to_end(key)
+        else:
+            entry = rule.table.touch(key, rule.factory, self.watermark_ms)
         if seq >= 0 and entry.seq >= seq:
-            return False
-        tripped = self._count_entry(a, t, rule, scope, key, entry, source, device, out)
-        self._mark(a.tenant, rule, key, entry, seq)
-        return tripped
+            return
+        now = a.occurred_ms
+        sub_ms = rule.sub_ms
+        if entry.add(now // sub_ms):
+            keep = (entry.head + rule.ring_size) * sub_ms
+            if keep > entry.keep_until_ms:
+                entry.keep_until_ms = keep
+            if entry.total >= rule.threshold and now >= entry.blocked_until_ms:
+                self._trip(a, rule, key, entry, source, device, out)
+        if seq > entry.seq:
+            entry.seq = seq
+        if self.track_changes:
+            self.dirty[(rule.name, key)] = None
 
     def _count_entry(
-        self, a: Attempt, t: _TenantTables, rule: str, scope: str, key: Key,
-        entry: KeyState, source: str | None, device: str | None, out: Outbox,
+        self, a: Attempt, rule: _Rule, key: Key, entry: KeyState,
+        source: str | None, device: str | None, out: Outbox,
     ) -> bool:  # fmt: skip
         """Count one failure; trip (issue a decision) when the threshold is reached with
         no decision active. Returns True on a trip."""
-        spec = t.specs[rule]
         now = a.occurred_ms
-        if not entry.ring.add(now // spec.sub_ms):
+        if not entry.add(now // rule.sub_ms):
             return False
-        keep = (entry.ring.head + spec.ring_size) * spec.sub_ms
+        keep = (entry.head + rule.ring_size) * rule.sub_ms
         if keep > entry.keep_until_ms:
             entry.keep_until_ms = keep
-        cfg = t.cfg[rule]
-        if entry.ring.total < cfg.threshold or now < entry.blocked_until_ms:
+        if entry.total < rule.threshold or now < entry.blocked_until_ms:
             return False
+        self._trip(a, rule, key, entry, source, device, out)
+        return True
+
+    def _trip(
+        self, a: Attempt, rule: _Rule, key: Key, entry: KeyState,
+        source: str | None, device: str | None, out: Outbox,
+    ) -> None:  # fmt: skip
+        """Escalate (rule 6) and issue the decision."""
+        t = self.tenants[a.tenant]
+        now = a.occurred_ms
         entry.level += 1
         expires = now + t.policy.backoff.block_ms(entry.level)
         entry.blocked_until_ms = expires
-        account = None if scope == "source" else a.account
         entry.decision_id = self._issue(
-            out, rule, scope, key, a.tenant, account, source, device, cfg,
-            entry.ring.total, now, expires,
+            out, rule.name, rule.name, key, a.tenant, a.account, source, device, rule.cfg,
+            entry.total, now, expires,
         )  # fmt: skip
-        entry.keep_until_ms = max(entry.keep_until_ms, expires, now + t.policy.streak_memory_ms)
-        return True
+        entry.keep_until_ms = max(entry.keep_until_ms, expires, now + t.streak_memory_ms)
 
-    def _mark(self, tenant: str, table: str, key: Key, entry: KeyState, seq: int) -> None:
+    def _mark(self, rule: _Rule, key: Key, entry: KeyState, seq: int) -> None:
         if seq > entry.seq:
             entry.seq = seq
-        self.dirty[(table, key)] = None
+        if self.track_changes:
+            self.dirty[(rule.name, key)] = None
+
+
+def _add_share(
+    partials: dict[tuple[str, int], int], tenant: str, window: int, bound: int, out: Outbox
+) -> None:
+    """One more distinct subject in the (tenant, window) share; the dict stays bounded."""
+    slot = (tenant, window)
+    value = partials.get(slot, 0) + 1
+    partials[slot] = value
+    out.partials[slot] = value
+    if len(partials) > bound:
+        # Old windows are closed: keep the dict bounded (insertion order = age).
+        del partials[next(iter(partials))]
 
 
 class SourceShard(_Shard):
@@ -467,7 +585,8 @@ class SourceShard(_Shard):
 
     Fed only untrusted password failures (the account shard forwards them). Allowlisted
     ranges are exempt. In ``observe`` mode (the default) spray raises ``spray_source``
-    once per window and never blocks: a NAT full of colleagues is never collateral.
+    once per window and publishes an ``observe`` decision that never refuses: a NAT full
+    of colleagues is never collateral. In ``enforce`` mode that decision is a block.
     """
 
     def __init__(
@@ -484,44 +603,69 @@ class SourceShard(_Shard):
             self.metrics.duplicates += 1
             return
         t = self.tenants.get(a.tenant) or self.tenant(a.tenant)
-        pol = t.policy
         if a.occurred_ms <= self.watermark_ms - t.max_span_ms:
             self.metrics.late += 1
             return
-        if pol.allowlist and _allowlisted(pol, a.source):
+        if t.allowlist is not None and t.allowlisted(a.source):
             return
-        skey = decision_key("source", a.tenant, None, a.source, None)
-        spray, stuffing = t.specs["source"], t.stuffing_spec
-        src = t.sources.touch(skey, lambda: SourceState(spray.ring_size, stuffing.ring_size))
+        skey: Key = ("source", a.tenant, None, a.source, None)
+        entries = t.sources.mapping
+        src = entries.get(skey)
+        if src is None:
+            src = t.sources.touch(skey, t.source_factory)
+        else:
+            entries.move_to_end(skey)
         if seq >= 0 and src.seq >= seq:
             return
         self.metrics.counted += 1
         self._distinct(a, t, src)
-        self._spray(a, t, src, skey, out)
-        self._stuffing(a, t, src, out)
-        self._tenant_share(a, pol, src, out)
+        now = a.occurred_ms
+        if src.distinct.total >= t.spray_threshold and now >= src.spray_alerted_until_ms:
+            self._spray(a, t, src, skey, out)
+        # Credential stuffing: all failures and unknown_account ones, on aligned rings.
+        bucket = now // t.stuffing_sub_ms
+        failures, unknown = src.failures, src.unknown
+        failures.add(bucket)
+        if a.failure_reason == "unknown_account":
+            unknown.add(bucket)
+        if unknown.head < failures.head:
+            unknown.advance(failures.head)
+        if failures.total >= t.stuffing_min and now >= src.stuffing_alerted_until_ms:
+            self._stuffing(a, t, src, out)
+        if src.tenant_window != now // t.tenant_window_ms:
+            self._tenant_share(a, t, src, out)
         if seq > src.seq:
             src.seq = seq
-        self.dirty[("sources", skey)] = None
+        if self.track_changes:
+            self.dirty[("sources", skey)] = None
 
     def _distinct(self, a: Attempt, t: _TenantTables, src: SourceState) -> None:
         """Move the pair's one count to the bucket of its latest failure."""
-        spec = t.specs["source"]
-        bucket = a.occurred_ms // spec.sub_ms
-        pkey = pair_key(a.tenant, a.source, a.account)
-        pair = t.pairs.touch(pkey, PairState)
+        sub_ms = t.spray_sub_ms
+        bucket = a.occurred_ms // sub_ms
+        pkey: Key = ("pair", a.tenant, a.account, a.source, None)
+        entries = t.pairs.mapping
+        pair = entries.get(pkey)
+        if pair is None:
+            pair = t.pairs.touch(pkey, PairState)
+        else:
+            entries.move_to_end(pkey)
+        distinct = src.distinct
         if pair.bucket < bucket:
             if pair.bucket >= 0:
-                src.distinct.remove(pair.bucket)
-            if src.distinct.add(bucket):
+                distinct.remove(pair.bucket)
+            if distinct.add(bucket):
                 pair.bucket = bucket
-        pair.keep_until_ms = (max(pair.bucket, src.distinct.head) + spec.ring_size) * spec.sub_ms
-        src.keep_until_ms = max(src.keep_until_ms, pair.keep_until_ms)
-        self.dirty[("pairs", pkey)] = None
+        keep = (max(pair.bucket, distinct.head) + t.spray_ring_size) * sub_ms
+        pair.keep_until_ms = keep
+        if keep > src.keep_until_ms:
+            src.keep_until_ms = keep
+        if self.track_changes:
+            self.dirty[("pairs", pkey)] = None
 
     def _spray(self, a: Attempt, t: _TenantTables, src: SourceState, skey: Key, out: Outbox) -> None:
-        cfg = t.policy.source
         distinct = src.distinct.total
+        cfg = t.policy.source
         now = a.occurred_ms
         if distinct < cfg.threshold or now < src.spray_alerted_until_ms:
             return
@@ -543,18 +687,12 @@ class SourceShard(_Shard):
         src.keep_until_ms = max(src.keep_until_ms, src.spray_alerted_until_ms, src.blocked_until_ms)
 
     def _stuffing(self, a: Attempt, t: _TenantTables, src: SourceState, out: Outbox) -> None:
-        cfg = t.policy.stuffing
-        bucket = a.occurred_ms // t.stuffing_spec.sub_ms
-        src.failures.add(bucket)
-        if a.failure_reason == "unknown_account":
-            src.unknown.add(bucket)
-        src.unknown.count_at(src.failures.head)
+        """Enough failures and no alert this window: alert if mostly unknown accounts."""
         failures, unknown = src.failures.total, src.unknown.total
+        cfg = t.policy.stuffing
+        if unknown < cfg.unknown_ratio * failures:
+            return
         now = a.occurred_ms
-        if failures < cfg.min_attempts or unknown < cfg.unknown_ratio * failures:
-            return
-        if now < src.stuffing_alerted_until_ms:
-            return
         src.stuffing_alerted_until_ms = now + cfg.window_ms
         src.keep_until_ms = max(src.keep_until_ms, src.stuffing_alerted_until_ms)
         out.alerts.append(_alert(
@@ -563,27 +701,15 @@ class SourceShard(_Shard):
         ))  # fmt: skip
         self.metrics.alerts += 1
 
-    def _tenant_share(self, a: Attempt, pol: TenantPolicy, src: SourceState, out: Outbox) -> None:
-        window = a.occurred_ms // pol.tenant_spray.window_ms
+    def _tenant_share(self, a: Attempt, t: _TenantTables, src: SourceState, out: Outbox) -> None:
+        window = a.occurred_ms // t.tenant_window_ms
         if src.tenant_window == window:
             return
         src.tenant_window = window
-        end = (window + 1) * pol.tenant_spray.window_ms
+        end = (window + 1) * t.tenant_window_ms
         if src.keep_until_ms < end:
             src.keep_until_ms = end
-        slot = (a.tenant, window)
-        value = self.tenant_partials.get(slot, 0) + 1
-        self.tenant_partials[slot] = value
-        out.partials[slot] = value
-        if len(self.tenant_partials) > 4 * pol.tenant_spray.baseline_windows + 64:
-            del self.tenant_partials[next(iter(self.tenant_partials))]
-
-
-def _allowlisted(pol: TenantPolicy, source: str) -> bool:
-    from pipeline.core.normalise import parse_address
-
-    address = parse_address(source.partition("/")[0])
-    return address is not None and address in pol.allowlist_set
+        _add_share(self.tenant_partials, a.tenant, window, t.partials_bound, out)
 
 
 class TenantRollup:
@@ -647,16 +773,18 @@ class TenantRollup:
 class Engine:
     """All rules in one process: the reference the stream must agree with.
 
-    ``step`` applies one attempt with ``now_ms`` as the watermark; ``run`` replays a
-    sequence, advancing the watermark to each attempt's time.
+    ``step`` applies one attempt with ``now_ms`` as the watermark; ``step_batch`` and
+    ``run`` replay a sequence, advancing the watermark to each attempt's time. Both
+    stages share one decision index, so source decisions apply to verdicts too. The
+    shards' change tracking is off: nothing here flushes a changelog.
     """
 
     def __init__(self, policy: Policy = DEFAULT_POLICY) -> None:
         self.policy = policy
         self.accounts = AccountShard(policy)
         self.sources = SourceShard(policy, dedupe_horizon_ms=0)
-        # One index for both stages, so source decisions refuse in the verdict too.
         self.sources.index = self.accounts.index
+        self.accounts.track_changes = self.sources.track_changes = False
         self.rollup = TenantRollup(policy)
         self.out = Outbox()
         self._next_advance_ms = 0
@@ -664,42 +792,60 @@ class Engine:
     def step(self, a: Attempt, now_ms: int) -> Verdict | None:
         out = self.out
         if now_ms >= self._next_advance_ms:
-            # Expiry runs once per watermark second: enforcement itself is exact (the
-            # check compares expires_ms), only tombstones may trail by up to a second.
             self.advance(now_ms)
         verdict = self.accounts.step(a, now_ms, out)
         if out.partials:
-            for (tenant, window), share in out.partials.items():
-                self._rollup(tenant, window, "a", share)
-            out.partials.clear()
+            self._drain_partials("a")
         if out.forwards:
-            for forwarded in out.forwards:
-                self.sources.step(forwarded, now_ms, out)
-            out.forwards.clear()
-            for (tenant, window), share in out.partials.items():
-                self._rollup(tenant, window, "s", share)
-            out.partials.clear()
+            self._forward(now_ms)
         return verdict
 
     def advance(self, now_ms: int) -> None:
-        """Move the watermark of every part: expiry and tombstones."""
+        """Move the watermark of every part: expiry and tombstones. Expiry runs once per
+        watermark second: enforcement itself is exact (the check compares expires_ms),
+        only tombstones may trail by up to a second."""
         self.accounts.advance(now_ms, self.out)
         self.sources.advance(now_ms, self.out)
         self._next_advance_ms = now_ms - now_ms % 1000 + 1000
 
-    def _rollup(self, tenant: str, window: int, kind: str, share: int) -> None:
-        alert = self.rollup.update(tenant, window, kind, 0, share)
-        if alert is not None:
-            self.out.alerts.append(alert)
+    def _drain_partials(self, kind: str) -> None:
+        partials = self.out.partials
+        for (tenant, window), share in partials.items():
+            alert = self.rollup.update(tenant, window, kind, 0, share)
+            if alert is not None:
+                self.out.alerts.append(alert)
+        partials.clear()
+
+    def _forward(self, now_ms: int) -> None:
+        out = self.out
+        step = self.sources.step
+        for forwarded in out.forwards:
+            step(forwarded, now_ms, out)
+        out.forwards.clear()
+        if out.partials:
+            self._drain_partials("s")
 
     def step_batch(self, attempts: Iterable[Attempt]) -> list[Verdict | None]:
-        """The batch form: each attempt's own time is the watermark (monotone max)."""
+        """The batch form: each attempt's own time is the watermark (monotone max).
+
+        ``step`` inlined, with everything it reads bound to locals once per batch.
+        """
         verdicts: list[Verdict | None] = []
+        append = verdicts.append
+        step = self.accounts.step
+        out = self.out
+        partials, forwards = out.partials, out.forwards
         now = self.accounts.watermark_ms
         for a in attempts:
             if a.occurred_ms > now:
                 now = a.occurred_ms
-            verdicts.append(self.step(a, now))
+            if now >= self._next_advance_ms:
+                self.advance(now)
+            append(step(a, now, out))
+            if partials:
+                self._drain_partials("a")
+            if forwards:
+                self._forward(now)
         return verdicts
 
     def run(self, attempts: Iterable[Attempt]) -> Outbox:

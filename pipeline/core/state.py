@@ -12,8 +12,9 @@ from __future__ import annotations
 from pipeline.core.window import Ring
 
 
-class KeyState:
-    """A rule's counter for one key: the sliding-window ring plus escalation state.
+class KeyState(Ring):
+    """A rule's counter for one key: a sliding-window ring (the entry *is* its ring, so a
+    key costs one object and one list, not three objects) plus escalation state.
 
     ``level`` is the number of consecutive trips without a success (rule 6);
     ``blocked_until_ms`` and ``decision_id`` describe the active decision, if any.
@@ -27,14 +28,16 @@ class KeyState:
         "keep_until_ms",
         "level",
         "lifetime_alerted",
-        "ring",
         "seq",
         "spray_window",
         "streak",
     )
 
     def __init__(self, ring_size: int) -> None:
-        self.ring = Ring(ring_size)
+        # Ring.__init__ inlined: a new key on a flood path should cost one frame.
+        self.head = -1
+        self.total = 0
+        self.slots = [0] * ring_size
         self.level = 0
         self.blocked_until_ms = 0
         self.decision_id = ""
@@ -44,17 +47,25 @@ class KeyState:
         self.lifetime_alerted = False
         self.spray_window = -1
 
-    def dump(self) -> list[object]:
+    @property
+    def ring(self) -> Ring:
+        """The window counts (this record itself)."""
+        return self
+
+    def dump(self) -> list[object]:  # type: ignore[override]
         return [
-            self.ring.dump(), self.level, self.blocked_until_ms, self.decision_id,
+            Ring.dump(self), self.level, self.blocked_until_ms, self.decision_id,
             self.keep_until_ms, self.seq, self.streak, self.lifetime_alerted, self.spray_window,
         ]  # fmt: skip
 
     @classmethod
-    def load(cls, data: list[object]) -> KeyState:
+    def load(cls, data: list[object]) -> KeyState:  # type: ignore[override]
         ring_data, level, blocked, decision_id, keep, seq, streak, alerted, window = data
         state = cls.__new__(cls)
-        state.ring = Ring.load(ring_data)  # type: ignore[arg-type]
+        ring: list[int] = ring_data  # type: ignore[assignment]
+        state.head = ring[0]
+        state.slots = list(ring[1:])
+        state.total = sum(state.slots)
         state.level = level  # type: ignore[assignment]
         state.blocked_until_ms = blocked  # type: ignore[assignment]
         state.decision_id = decision_id  # type: ignore[assignment]

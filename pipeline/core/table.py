@@ -30,10 +30,14 @@ E = TypeVar("E", bound=Expiring)
 class BoundedTable(Generic[E]):
     """Key -> entry, at most ``cap`` entries, oldest-touched evicted first."""
 
-    __slots__ = ("_entries", "cap", "evictions", "expired", "on_drop")
+    __slots__ = ("_entries", "cap", "evictions", "expired", "mapping", "on_drop")
 
     def __init__(self, cap: int, on_drop: Callable[[Key, E], None] | None = None) -> None:
         self._entries: OrderedDict[Key, E] = OrderedDict()
+        # The same dict, public for hot paths that read entries and move them to the
+        # newest end themselves (a method call costs more than the lookup). Everything
+        # that inserts or removes goes through the table's methods.
+        self.mapping = self._entries
         self.cap = cap
         self.evictions = 0
         self.expired = 0
@@ -83,7 +87,9 @@ class BoundedTable(Generic[E]):
     def sort_by_deadline(self) -> None:
         """Order entries by ``keep_until_ms`` (stable), so ``expire`` pops every dead entry
         from the front. Used once after a restore, whose load order is the changelog's."""
-        self._entries = OrderedDict(sorted(self._entries.items(), key=_deadline))
+        ordered = sorted(self._entries.items(), key=_deadline)
+        self._entries.clear()  # in place: ``mapping`` is the same object
+        self._entries.update(ordered)
 
     def pop(self, key: Key) -> E | None:
         return self._entries.pop(key, None)

@@ -46,9 +46,10 @@ class Ring:
         if bucket <= head:
             return
         size = len(self.slots)
-        if bucket - head >= size:
-            for i in range(size):
-                self.slots[i] = 0
+        if not self.total:
+            pass  # every bucket is already zero
+        elif bucket - head >= size:
+            self.slots[:] = [0] * size
             self.total = 0
         else:
             slots = self.slots
@@ -60,11 +61,16 @@ class Ring:
 
     def add(self, bucket: int, n: int = 1) -> bool:
         """Count ``n`` at ``bucket``; False (nothing counted) if the bucket left the ring."""
-        if bucket > self.head:
-            self.advance(bucket)
-        elif bucket <= self.head - len(self.slots):
+        head = self.head
+        slots = self.slots
+        if bucket > head:
+            if self.total:
+                self.advance(bucket)
+            else:
+                self.head = bucket  # an empty ring has nothing to clear
+        elif bucket <= head - len(slots):
             return False
-        self.slots[bucket % len(self.slots)] += n
+        slots[bucket % len(slots)] += n
         self.total += n
         return True
 

@@ -76,13 +76,13 @@ def test_flood_of_distinct_accounts_stays_bounded() -> None:
     assert len(shard.dedupe or ()) <= 5000
     tracemalloc.start()
     try:
-        _flood(shard, 200_000, 230_000)
+        _flood(shard, 200_000, 210_000)
         shard.take_dirty()
         held = tracemalloc.get_traced_memory()[0]
     finally:
         tracemalloc.stop()
-    # What the last 30,000 accounts left behind is what the bounds allow: 2,000 entries
-    # and 5,000 remembered event ids (about 2 MB), not 30,000 accounts (over 15 MB).
+    # What the last 10,000 accounts left behind is what the bounds allow: 2,000 entries
+    # and 5,000 remembered event ids (about 2 MB), not 10,000 accounts (over 5 MB).
     assert held < 3_000_000
 
 
@@ -106,14 +106,22 @@ def test_entries_expire_after_their_window() -> None:
     assert engine.accounts.tenants["default"].counters["account"].expired == 1
 
 
-def test_dedupe_horizon_and_capacity() -> None:
-    """Ids are remembered for the horizon, and at most capacity of them."""
-    d = Deduper(horizon_ms=1000, capacity=3)
+def test_dedupe_remembers_for_the_horizon() -> None:
+    """An id is a duplicate for at least horizon_ms, and forgotten after two horizons."""
+    d = Deduper(horizon_ms=1000, capacity=1000)
     assert d.seen("a", 0) is False
-    assert d.seen("a", 1000) is True
-    assert d.seen("b", 2001) is False  # sweeps "a" (older than the horizon)
-    assert d.seen("a", 2002) is False
-    for e in ("c", "d", "e"):
-        d.seen(e, 2003)
-    assert len(d) == 3
-    assert d.duplicates == 1
+    assert d.seen("a", 999) is True
+    assert d.seen("b", 1000) is False  # a new generation starts; "a" is in the previous one
+    assert d.seen("a", 1999) is True
+    assert d.seen("c", 2000) is False  # a's generation is dropped whole
+    assert d.seen("a", 2001) is False
+    assert d.duplicates == 2
+
+
+def test_dedupe_capacity_bounds_the_ids_held() -> None:
+    """At most capacity ids are held, whatever the flood; the newest half survives."""
+    d = Deduper(horizon_ms=10**9, capacity=100)
+    for i in range(10_000):
+        d.seen(f"id-{i}", i)
+        assert len(d) <= 100
+    assert all(d.seen(f"id-{i}", 10_000) for i in range(9_950, 10_000))
