@@ -119,6 +119,7 @@ class Outputs:
     decisions: list[DecisionRecord] = field(default_factory=list)
     alerts: list[AlertRecord] = field(default_factory=list)
     verdicts: list[Verdict | None] | None = None  # the engine's own, for cross-checks
+    missing_decision_records: int = 0  # offsets of the decision topic compacted away
 
 
 def load_truth(path: Path, normaliser: Normaliser) -> list[TruthEvent]:
@@ -232,11 +233,18 @@ def write_outputs(outputs: Outputs, decisions_path: Path, alerts_path: Path) -> 
             handle.write(orjson.dumps(row) + b"\n")
 
 
-async def read_topic(
-    bootstrap: str, topic: str, timeout_s: float
-) -> list[tuple[bytes | None, bytes | None]]:
-    """(key, value) of every record of ``topic`` up to its end offsets at the call, in
-    partition order and offset order within a partition; no consumer group, no commits."""
+@dataclass
+class TopicRead:
+    """Records of a topic in partition order, offset order within a partition, and how many
+    offsets between the log start and the end had no record (removed by compaction)."""
+
+    records: list[tuple[bytes | None, bytes | None]]
+    gaps: int
+
+
+async def read_topic(bootstrap: str, topic: str, timeout_s: float) -> TopicRead:
+    """Every record of ``topic`` up to its end offsets at the call; no consumer group, no
+    commits."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
     consumer = AIOKafkaConsumer(
@@ -253,6 +261,7 @@ async def read_topic(
         tps = [TopicPartition(topic, p) for p in partitions]
         consumer.assign(tps)
         await consumer.seek_to_beginning(*tps)
+        firsts = await consumer.beginning_offsets(tps)
         ends = await consumer.end_offsets(tps)
         records: dict[int, list[tuple[bytes | None, bytes | None]]] = {p: [] for p in partitions}
         async with asyncio.timeout(timeout_s):
@@ -265,7 +274,8 @@ async def read_topic(
                     records[tp.partition].extend(
                         (m.key, m.value) for m in messages if m.offset < ends[tp]
                     )
-        return [record for p in partitions for record in records[p]]
+        gaps = sum(ends[tp] - firsts[tp] - len(records[tp.partition]) for tp in tps)
+        return TopicRead([record for p in partitions for record in records[p]], gaps)
     except TimeoutError:
         raise ScorecardError(
             f"could not read {topic} to its end within {timeout_s:.0f} s"
@@ -279,13 +289,17 @@ async def read_outputs_from_topics(
 ) -> Outputs:
     """The decision topic from the beginning (tombstones included) and the alerts topic."""
     outputs = Outputs(origin=f"topics:{decisions_topic},{alerts_topic}")
-    for key, value in await read_topic(bootstrap, decisions_topic, timeout_s):
+    decisions = await read_topic(bootstrap, decisions_topic, timeout_s)
+    for key, value in decisions.records:
         if key is None:
             continue
         outputs.decisions.append(DecisionRecord(key.decode(), parse_decision(value)))
-    for _, value in await read_topic(bootstrap, alerts_topic, timeout_s):
+    outputs.missing_decision_records = decisions.gaps
+    for _, value in (await read_topic(bootstrap, alerts_topic, timeout_s)).records:
         if value is not None:
             outputs.alerts.append(AlertRecord(parse_alert(value)))
+    if decisions.gaps:
+        log.warning("decision_records_compacted", topic=decisions_topic, missing=decisions.gaps)
     return outputs
 
 
@@ -458,6 +472,7 @@ class Scorecard:
     observes: int
     tombstones: int
     unmatched_blocks: list[dict[str, Any]]
+    missing_decision_records: int = 0
 
     @property
     def all_caught(self) -> bool:
@@ -487,6 +502,7 @@ class Scorecard:
                 "blocks": self.blocks,
                 "observes": self.observes,
                 "tombstones": self.tombstones,
+                "records_compacted_away": self.missing_decision_records,
             },
             "blocks_matching_no_attack": self.unmatched_blocks,
             "alerts": {
@@ -552,6 +568,7 @@ def score(events: Sequence[TruthEvent], outputs: Outputs) -> Scorecard:
         legit_examples=examples,
         alerts_by_type=alerts_by_type,
         unmatched_alerts=unmatched_alerts,
+        missing_decision_records=outputs.missing_decision_records,
         **decision_stats,
     )
 
@@ -784,6 +801,12 @@ def render(card: Scorecard) -> str:
         "responded: time from the attack's first attempt to its first block or alert; "
         "through: its attempts allowed until then; ATO: its successes allowed"
     )
+    if card.missing_decision_records:
+        lines.append(
+            f"WARNING: {card.missing_decision_records} records of the decision topic were compacted "
+            "away before this read: decisions superseded or lifted by then are missing, so "
+            "refusals and first blocks are under-counted (score a fresher read, or files)"
+        )
     lines.append("all attacks caught" if card.all_caught else "SOME ATTACKS MISSED")
     return "\n".join(lines)
 

@@ -73,6 +73,18 @@ def internal_lag(bootstrap: str, names: StreamNames) -> int:
     return asyncio.run(run())
 
 
+def consumer_groups(bootstrap: str) -> set[str]:
+    async def run() -> set[str]:
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+        await admin.start()
+        try:
+            return {group[0] for group in await admin.list_consumer_groups()}
+        finally:
+            await admin.close()
+
+    return asyncio.run(run())
+
+
 def settled(probe: Callable[[], Any], quiet_s: float) -> Callable[[], bool]:
     """True once ``probe()`` has kept one value (other than None) for ``quiet_s`` seconds."""
     state: dict[str, Any] = {"value": object(), "since": time.monotonic()}
@@ -130,3 +142,23 @@ def test_mixed_run_through_the_worker_catches_every_attack_and_refuses_nobody(
     assert card["legitimate"]["refused"] == 0, card["legitimate"]["examples"]
     assert card["legitimate"]["by_cohort"]["owner_trusted_device"] == {"attempts": 26, "refused": 0}
     assert card["blocks_matching_no_attack"] == []
+
+    # The backtest reads the same run back from the input topic by event time, with no
+    # consumer group and no write to the decision topic (the worker is stopped first, so
+    # nothing else writes there either).
+    worker.stop()
+    first = orjson.loads(truth.read_bytes().split(b"\n", 1)[0])["event"]["occurred_at"]
+    policy = tmp_path / "ceiling-10.toml"
+    policy.write_text('policy_version = "ceiling-10"\n[defaults.account]\nthreshold = 10\n')
+    groups, decided = consumer_groups(kafka_bootstrap), end_offsets(kafka_bootstrap, outputs)
+    diff_path = tmp_path / "diff.json"
+    done = cli(env, "backtest", "--policy", str(policy), "--from-ts", first, "--truth", str(truth),
+               "--out", str(diff_path))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    diff = orjson.loads(diff_path.read_bytes())
+    assert (diff["events"], diff["invalid_events"]) == (produced, 0)
+    base = diff["scorecards"]["baseline"]
+    assert base["all_attacks_caught"] is True and base["legitimate"]["refused"] == 0
+    assert diff["decisions"]["added_by_rule"].get("account", 0) >= 1
+    assert consumer_groups(kafka_bootstrap) == groups
+    assert end_offsets(kafka_bootstrap, outputs) == decided

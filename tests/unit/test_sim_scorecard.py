@@ -125,7 +125,12 @@ def check_hand_card(card: dict[str, Any]) -> None:
                       "owner_trusted_device": {"attempts": 1, "refused": 0}},
         "examples": [],
     }  # fmt: skip
-    assert card["decisions"] == {"blocks": 1, "observes": 0, "tombstones": 0}
+    assert card["decisions"] == {
+        "blocks": 1,
+        "observes": 0,
+        "tombstones": 0,
+        "records_compacted_away": 0,
+    }
     assert card["blocks_matching_no_attack"] == []
     assert card["alerts"] == {"total": 2, "by_type": {"spray_source": 1, "spray_tenant": 1}}
     assert card["alerts_matching_no_attack"] == [{
