@@ -46,7 +46,7 @@ def _edge(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _port(text: str) -> int:
-    if not text.isdigit() or int(text) > 65535:
+    if not (text.isascii() and text.isdigit() and len(text) <= 5) or int(text) > 65535:
         raise argparse.ArgumentTypeError(f"{text} is not a port number (0-65535)")
     return int(text)
 

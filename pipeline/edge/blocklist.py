@@ -100,7 +100,9 @@ def _unique_sources(entries: Iterable[BlockEntry]) -> list[str]:
 
 def _header(query: FeedQuery, count: int) -> str:
     kinds = "block+observe" if query.include_observe else "block"
-    return f"# authpipe source block-list: {count} sources, tenant={query.tenant or '*'}, {kinds}\n"
+    # The tenant is quoted and escaped: no request can put a line break into the file.
+    tenant = orjson.dumps(query.tenant).decode() if query.tenant else "*"
+    return f"# authpipe source block-list: {count} sources, tenant={tenant}, {kinds}\n"
 
 
 def render_body(entries: Sequence[BlockEntry], query: FeedQuery) -> bytes:

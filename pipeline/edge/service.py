@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import ipaddress
+import re
 import signal
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -83,6 +84,8 @@ FEED_CACHE_ENTRIES = 64
 SHUTDOWN_TIMEOUT_S = 5.0
 ALLOWED_BODY = b'{"allowed":true,"retry_after_ms":0}'
 _NO_TOKEN_PATHS = frozenset({"/healthz"})
+_DIGITS = re.compile(r"[0-9]{1,5}")
+_TENANT_SYNTAX = re.compile(r"[^|\x00-\x1f\x7f]{1,64}")
 
 
 class BadRequest(EdgeError):
@@ -245,8 +248,10 @@ def parse_feed_query(query: MultiMapping[str], allowed: frozenset[str]) -> tuple
     if include not in (None, "", "observe"):
         raise BadRequest("include", "include must be 'observe' (or absent)")
     tenant = _single(query, "tenant") or None
+    if tenant is not None and not _TENANT_SYNTAX.fullmatch(tenant):
+        raise BadRequest("tenant", "tenant must be 1 to 64 characters without '|' or controls")
     wait_text = _single(query, "wait_ms") or "0"
-    if not wait_text.isdigit() or int(wait_text) > WAIT_MAX_MS:
+    if not _DIGITS.fullmatch(wait_text) or int(wait_text) > WAIT_MAX_MS:
         raise BadRequest("wait_ms", f"wait_ms must be an integer from 0 to {WAIT_MAX_MS}")
     return FeedQuery(fmt, include == "observe", tenant), int(wait_text)
 

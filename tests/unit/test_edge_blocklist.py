@@ -43,7 +43,7 @@ def test_text_nginx_and_geo_bodies() -> None:
     """Text has one unique source per line; nginx has deny lines; geo has `<source> 1;`."""
     assert render_body(ENTRIES, FeedQuery("text")) == b"2001:db8:1:2::/64\n203.0.113.7\n"
     assert render_body(ENTRIES, FeedQuery("nginx", tenant="default")) == (
-        b"# authpipe source block-list: 2 sources, tenant=default, block\n"
+        b'# authpipe source block-list: 2 sources, tenant="default", block\n'
         b"deny 2001:db8:1:2::/64;\n"
         b"deny 203.0.113.7;\n"
     )
@@ -111,3 +111,10 @@ def test_sse_event_frames_each_line() -> None:
             f"event: blocklist\nid: {feed.etag}\ndata: 2001:db8:1:2::/64\ndata: 203.0.113.7\n\n"
         ).encode()
     )
+
+
+def test_tenant_in_the_nginx_header_cannot_break_the_line() -> None:
+    """A tenant with a line break is escaped in the header comment: nothing gets injected."""
+    body = render_body([], FeedQuery("nginx", tenant="x\ndeny all;"))
+    assert body == b'# authpipe source block-list: 0 sources, tenant="x\\ndeny all;", block\n'
+    assert body.count(b"\n") == 1

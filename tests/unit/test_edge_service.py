@@ -314,17 +314,21 @@ async def test_blocklist_formats(edge: Edge) -> None:
     assert response.headers["Content-Type"] == "text/plain; charset=utf-8"
     response = await edge.client.get("/v1/blocklist?format=nginx&tenant=default")
     assert await response.read() == (
-        b"# authpipe source block-list: 2 sources, tenant=default, block\n"
+        b'# authpipe source block-list: 2 sources, tenant="default", block\n'
         b"deny 2001:db8:1:2::/64;\ndeny 203.0.113.7;\n"
     )
     response = await edge.client.get("/v1/blocklist?format=nginx-geo&tenant=acme")
-    assert await response.read() == b"# authpipe source block-list: 0 sources, tenant=acme, block\n"
+    assert (
+        await response.read() == b'# authpipe source block-list: 0 sources, tenant="acme", block\n'
+    )
 
 
 @pytest.mark.parametrize(
     ("query", "parameter"),
     [("format=xml", "format"), ("include=all", "include"), ("wait_ms=abc", "wait_ms"),
-     ("wait_ms=60001", "wait_ms"), ("wait_ms=-1", "wait_ms"), ("since=1", "since")],
+     ("wait_ms=60001", "wait_ms"), ("wait_ms=-1", "wait_ms"), ("wait_ms=%C2%B2", "wait_ms"),
+     ("wait_ms=" + "0" * 5000, "wait_ms"), ("tenant=a%0Adeny%20all;", "tenant"),
+     ("tenant=a|b", "tenant"), ("since=1", "since")],
 )  # fmt: skip
 async def test_blocklist_bad_parameters_are_400(edge: Edge, query: str, parameter: str) -> None:
     """Bad feed parameters are 400s naming the parameter."""
@@ -403,7 +407,7 @@ async def test_long_poll_without_change_ends_in_304(edge: Edge) -> None:
     started = time.monotonic()
     response = await edge.client.get("/v1/blocklist?wait_ms=300", headers={"If-None-Match": etag})
     assert (response.status, response.headers["ETag"]) == (304, etag)
-    assert 0.3 <= time.monotonic() - started < 2.0
+    assert 0.3 <= time.monotonic() - started < 10.0  # answered at wait_ms, not hung
 
 
 async def test_event_stream_pushes_changes_within_a_second(edge: Edge) -> None:
