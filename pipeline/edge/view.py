@@ -8,10 +8,10 @@ digest, case rules). It does no I/O: a check is a few dict lookups.
 * Normalised accounts, sources, devices and sessions, and the applicable keys of a
   check's arguments, are kept in bounded caches (oldest entry dropped first): a cache
   maps an input to its deterministic result, so it never changes an answer.
-* The view counts its active decisions per subject (account digest, or source for
-  source-scope keys). Every applicable key of an attempt holds its account digest or its
-  source, so an attempt whose two are no subject cannot be refused: that common case is
-  answered "allowed" with two lookups; every other attempt goes to the core's check.
+* The core's index counts active decisions per subject (account digest, or source for
+  source-scope keys): an attempt whose account digest and source are no subject cannot
+  be refused (``DecisionIndex.may_apply``), the common case, answered with two lookups;
+  every other attempt goes to the core's ``DecisionIndex.check``.
 
 ``DecisionFeed`` follows the topic into a view without a consumer group: it assigns
 every partition, seeks to the beginning and then follows. Messages are applied as they
@@ -221,12 +221,6 @@ _Memo = tuple[tuple[Key, ...], str, str]
 """What a check's arguments come to: the applicable keys, the account digest, the source."""
 
 
-def _subject(key: Key) -> str:
-    """What a decision is about: its account digest, else its source (every applicable key
-    of an attempt holds the attempt's account digest or its source)."""
-    return key[2] or key[3] or ""
-
-
 def _remember(cache: dict[Any, str], key: Any, value: str, capacity: int) -> str:
     if len(cache) >= capacity:
         del cache[next(iter(cache))]
@@ -286,7 +280,6 @@ class DecisionView:
         self._devices: dict[tuple[str, str], str] = {}
         self._sessions: dict[tuple[str, str], str] = {}
         self._keys: dict[tuple[Any, ...], _Memo] = {}
-        self._subjects: dict[str, int] = {}
 
     def __len__(self) -> int:
         return len(self.index)
@@ -313,9 +306,6 @@ class DecisionView:
         if active.expires_ms <= self.now_ms():
             self._lift(decision_key)
             return self._count("expired")
-        if self.index.get(decision_key) is None:
-            subject = _subject(decision_key)
-            self._subjects[subject] = self._subjects.get(subject, 0) + 1
         self.index.put(decision_key, active)
         if decision_key[0] == "source":
             self._sources[decision_key] = active
@@ -335,18 +325,9 @@ class DecisionView:
             self._lift(key)
         return self._count("bad")
 
-    def _forget(self, key: Key) -> None:
-        subject = _subject(key)
-        left = self._subjects[subject] - 1
-        if left:
-            self._subjects[subject] = left
-        else:
-            del self._subjects[subject]
-
     def _lift(self, key: Key) -> None:
         if self.index.lift(key) is None:
             return
-        self._forget(key)
         if self._sources.pop(key, None) is not None:
             self.blocklist_changes.bump()
         self.changes.bump()
@@ -356,8 +337,6 @@ class DecisionView:
         removed = self.index.prune(self.now_ms())
         if not removed:
             return 0
-        for key in removed:
-            self._forget(key)
         sources = [key for key in removed if self._sources.pop(key, None) is not None]
         if sources:
             self.blocklist_changes.bump()
@@ -384,9 +363,9 @@ class DecisionView:
         ``trusted`` counts only with a ``device_id``. Raises CheckInputError.
 
         The applicable keys of a given set of arguments never change, so they are cached
-        (bounded) with the attempt's account digest and source. Every applicable key holds
-        one of the two, so while neither is the subject of an active decision nothing can
-        apply and the answer is "allowed" without a lookup (the common case); otherwise the
+        (bounded) with the attempt's account digest and source. While neither is the
+        subject of an active decision, the core's ``DecisionIndex.may_apply`` says nothing
+        can apply and the answer is "allowed" (the common case, two lookups); otherwise the
         core's ``DecisionIndex.check`` decides at ``now``.
         """
         memo = (tenant, account, source_ip, forwarded_for, device_id, trusted, flow, session_id)
@@ -396,8 +375,7 @@ class DecisionView:
             entry = None
         if entry is None:
             entry = self._keys_of(memo)
-        subjects = self._subjects
-        if entry[1] not in subjects and entry[2] not in subjects:
+        if not self.index.may_apply(entry[1], entry[2]):
             return ALLOWED
         return self.index.check(entry[0], self.now_ms())
 
