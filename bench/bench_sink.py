@@ -1,0 +1,209 @@
+"""Benchmark of the ClickHouse sink path: audit batches → rate cap → ``attempts``.
+
+Run as ``python -m bench.bench_sink [--rows N] [--batch-rows B] [--backend chdb|http|both]``.
+
+What is timed, per backend, on a fresh migrated database:
+
+* ``process``: decoding audit batch messages (JSON, as the worker writes them) and the
+  lane's rate cap, no I/O (the same for both backends, measured once);
+* ``insert``: ``ClickHouse.insert`` of ready rows into ``attempts`` (and its three
+  materialized views) in batches of ``--batch-rows`` with dedup tokens, as the sink does;
+* ``sink``: both, i.e. the sink's work per row minus Kafka.
+
+``chdb`` is the embedded engine in this process; ``http`` is clickhouse-connect over
+HTTP to the chdb-backed test endpoint (``tests.chhttp``) in a subprocess on loopback,
+the production code path (a real ClickHouse server is faster on the server side).
+Traffic: 10 tenants, 80 % successes, failures spread so the cap bites on a few
+sources (about 3 % of rows end up summarized). The last line printed is JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from pipeline.contracts.models import AUDIT_COLUMNS
+from pipeline.settings import ClickHouseSettings
+from pipeline.sinks.audit import ATTEMPTS_COLUMNS, Lane, decode_audit
+from pipeline.sinks.clickhouse import ClickHouse, open_clickhouse
+from pipeline.sinks.migrate import apply_migrations
+from pipeline.sinks.ratecap import RateCapConfig
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+T0_MS = (int(time.time()) - 3600) * 1000 // 60_000 * 60_000  # an hour ago: inside the TTL
+ROWS_PER_MESSAGE = 5000  # the worker's largest audit batch
+READY_TIMEOUT_S = 60.0
+
+
+def make_messages(total_rows: int, seed: int) -> list[bytes]:
+    """Audit batch messages (the worker's wire format), 500 events per second of event time."""
+    rng = random.Random(seed)
+    sources = [f"203.0.{i // 256}.{i % 256}" for i in range(5000)]
+    hot = sources[:20]
+    messages = []
+    for start in range(0, total_rows, ROWS_PER_MESSAGE):
+        rows = []
+        for index in range(start, min(total_rows, start + ROWS_PER_MESSAGE)):
+            success = rng.random() < 0.8
+            source = rng.choice(sources) if success or rng.random() < 0.5 else rng.choice(hot)
+            values = {
+                "ts_ms": T0_MS + index * 2,
+                "tenant": f"tenant-{index % 10}",
+                "service": "idp",
+                "flow": "login",
+                "account_digest": f"{rng.getrandbits(128):032x}",
+                "account": None,
+                "source": source,
+                "device_id": "",
+                "trusted": False,
+                "outcome": "success" if success else "failure",
+                "failure_reason": "" if success else "bad_password",
+                "decision": "allowed",
+                "weight": 1,
+                "summary": False,
+                "policy_version": "bench",
+                "event_id": f"ev-{index}",
+                "kafka_topic": "auth.login-attempts",
+                "kafka_partition": index % 8,
+                "kafka_offset": index,
+            }
+            rows.append([values[name] for name in AUDIT_COLUMNS])
+        messages.append(orjson.dumps({"v": 1, "columns": list(AUDIT_COLUMNS), "rows": rows}))
+    return messages
+
+
+def process(messages: list[bytes], batch_rows: int) -> list[tuple[str, list[list[Any]]]]:
+    """The lane: decode, cap, cut into batches; (token, rows) per insert."""
+    lane = Lane.start("auth.audit", 0, "audit", 0, [], RateCapConfig())
+    out: list[tuple[str, list[list[Any]]]] = []
+    for offset, value in enumerate(messages):
+        lane.add(decode_audit(offset, value), now_ms=0)
+        if lane.buffered_rows >= batch_rows:
+            out += [(i.token, i.rows) for i in lane.plan_items(flush_rows=batch_rows, now_ms=0)]
+    out += [
+        (i.token, i.rows)
+        for i in lane.plan_items(flush_rows=batch_rows, now_ms=0, closing=True)
+        if i.rows
+    ]
+    return out
+
+
+def insert_all(ch: ClickHouse, batches: list[tuple[str, list[list[Any]]]]) -> None:
+    for token, rows in batches:
+        ch.insert("attempts", ATTEMPTS_COLUMNS, rows, dedup_token=token)
+
+
+@contextmanager
+def http_endpoint(data: Path) -> Iterator[str]:
+    """The chdb-backed HTTP endpoint of the tests, in a subprocess; yields its URL."""
+    import socket
+    import urllib.request
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tests.chhttp", "--port", str(port), "--path", str(data)],
+        cwd=REPO_ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/ping", timeout=1):
+                    break
+            except OSError:
+                if time.monotonic() > deadline or process.poll() is not None:
+                    raise RuntimeError("the chhttp test endpoint did not start") from None
+                time.sleep(0.1)
+        yield f"http://bench:bench@127.0.0.1:{port}"
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+def run_backend(
+    name: str, settings: ClickHouseSettings, batches: list[tuple[str, list[list[Any]]]]
+) -> dict[str, Any]:
+    with open_clickhouse(settings, create_database=True) as ch:
+        apply_migrations(ch, settings)
+        rows = sum(len(r) for _, r in batches)
+        started = time.perf_counter()
+        insert_all(ch, batches)
+        elapsed = time.perf_counter() - started
+        stored = ch.query("SELECT count(), sum(weight) FROM attempts")[0]
+    return {
+        "backend": name,
+        "rows": rows,
+        "inserts": len(batches),
+        "insert_s": round(elapsed, 3),
+        "insert_rows_per_s": round(rows / elapsed),
+        "stored_rows": int(stored[0]),
+        "stored_weight": int(stored[1]),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.bench_sink", description=__doc__)
+    parser.add_argument("--rows", type=int, default=500_000, help="attempts to write")
+    parser.add_argument("--batch-rows", type=int, default=50_000, help="rows per insert")
+    parser.add_argument("--backend", choices=["chdb", "http", "both"], default="both")
+    parser.add_argument("--seed", type=int, default=7)
+    args = parser.parse_args(argv)
+
+    messages = make_messages(args.rows, args.seed)
+    started = time.perf_counter()
+    batches = process(messages, args.batch_rows)
+    process_s = time.perf_counter() - started
+    written = sum(len(rows) for _, rows in batches)
+    weight = sum(row[12] for _, rows in batches for row in rows)
+    assert weight == args.rows, f"sum(weight) {weight} != {args.rows}"
+    print(
+        f"process (decode + rate cap): {args.rows / process_s:,.0f} attempts/s "
+        f"({args.rows:,} attempts -> {written:,} rows, {len(batches)} inserts)"
+    )
+    result: dict[str, Any] = {
+        "attempts": args.rows,
+        "rows": written,
+        "process_s": round(process_s, 3),
+        "process_attempts_per_s": round(args.rows / process_s),
+        "backends": [],
+    }
+    backends = ["chdb", "http"] if args.backend == "both" else [args.backend]
+    with tempfile.TemporaryDirectory(prefix="bench-sink-") as tmp:
+        for backend in backends:
+            data = Path(tmp) / backend
+            if backend == "chdb":
+                figures = run_backend(backend, ClickHouseSettings(path=data), batches)
+            else:
+                with http_endpoint(data) as url:
+                    figures = run_backend(
+                        backend, ClickHouseSettings(url=url, path=Path(tmp) / "unused"), batches
+                    )
+            assert figures["stored_weight"] == args.rows, figures
+            sink_rows_per_s = args.rows / (process_s + figures["insert_s"])
+            figures["sink_attempts_per_s"] = round(sink_rows_per_s)
+            print(
+                f"{backend}: insert {figures['insert_rows_per_s']:,} rows/s "
+                f"({figures['rows']:,} rows in {figures['inserts']} inserts, "
+                f"{figures['insert_s']:.2f} s); sink path {sink_rows_per_s:,.0f} attempts/s"
+            )
+            result["backends"].append(figures)
+    sys.stdout.write(orjson.dumps(result).decode() + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
