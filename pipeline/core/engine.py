@@ -16,6 +16,14 @@ single-process replay all run the same code:
 Windows use event time (``occurred_ms``); ``now_ms`` is the watermark (the newest event
 time seen) and decides expiry and lateness, so replaying the same events always gives
 byte-identical decisions. Nothing here reads the clock or performs I/O.
+
+State and cost: a tracked key is one table entry, about 520 bytes measured by
+``bench/bench_core.py`` (a KeyState with its 16-bucket ring, its key tuple, its ordered
+table slot; digests are shared by a key's entries), so a table at its default cap of
+100,000 holds about 52 MB. An entry past its ``keep_until_ms`` is dead whether or not
+``expire`` has popped it yet, so what the tables hold never changes a decision, only
+memory. The hot path is a handful of dict lookups per attempt; what it costs per event
+is printed by the benchmark.
 """
 
 from __future__ import annotations
@@ -190,10 +198,14 @@ class _TenantTables:
         return cached
 
 
-def _marker(shard: _Shard, name: str) -> Callable[[Key, Any], None]:
+def _marker(shard: _Shard, name: str) -> Callable[[Key, Any], None] | None:
+    """The drop hook of a table: marks dropped keys dirty. None (no call per eviction)
+    when the shard does not track changes; set ``track_changes`` before the first step."""
+    if not shard.track_changes:
+        return None
+
     def mark(key: Key, _entry: Any) -> None:
-        if shard.track_changes:
-            shard.dirty[(name, key)] = None
+        shard.dirty[(name, key)] = None
 
     return mark
 
@@ -398,21 +410,32 @@ class AccountShard(_Shard):
             acct.streak = 0
             acct.lifetime_alerted = False
             self._mark(t.acct, acct_key, acct, seq)
+        # Each success resets its own counter; most find none (a dict miss, no call).
         flow = a.flow
         if flow in PASSWORD_FLOWS:
-            self._reset(t.pair_rule, ("account_source", tenant, account, a.source, None), out, seq)
+            key: Key = ("account_source", tenant, account, a.source, None)
+            entry = t.pair_rule.entries.get(key)
+            if entry is not None and entry.keep_until_ms > wm:
+                self._reset(t.pair_rule, key, entry, out, seq)
             if a.trusted and a.device:
-                self._reset(t.device, ("device", tenant, account, None, a.device), out, seq)
-        elif flow == "uia":
-            self._reset(t.uia, uia_key(tenant, account, a.source, a.session, a.device), out, seq)
+                key = ("device", tenant, account, None, a.device)
+                entry = t.device.entries.get(key)
+                if entry is not None and entry.keep_until_ms > wm:
+                    self._reset(t.device, key, entry, out, seq)
+            return
+        if flow == "uia":
+            rule = t.uia
+            key = uia_key(tenant, account, a.source, a.session, a.device)
         else:
-            self._reset(t.mfa, mfa_key(tenant, account, a.source, a.device, a.session), out, seq)
-
-    def _reset(self, rule: _Rule, key: Key, out: Outbox, seq: int) -> None:
-        """A success clears its own counter and escalation, and lifts its own decision."""
+            rule = t.mfa
+            key = mfa_key(tenant, account, a.source, a.device, a.session)
         entry = rule.entries.get(key)
-        if entry is None or entry.keep_until_ms <= self.watermark_ms:
-            return  # absent, or past its time (gone even before ``expire`` pops it)
+        if entry is not None and entry.keep_until_ms > wm:
+            self._reset(rule, key, entry, out, seq)
+
+    def _reset(self, rule: _Rule, key: Key, entry: KeyState, out: Outbox, seq: int) -> None:
+        """A success clears its own live counter and escalation, and lifts its decision.
+        (An entry past its time is gone even before ``expire`` pops it: never reset.)"""
         if seq >= 0 and entry.seq >= seq:
             return
         entry.clear()
@@ -431,7 +454,13 @@ class AccountShard(_Shard):
         acct = self._touch(acct_rule, acct_key)
         fresh = seq < 0 or acct.seq < seq
         if fresh:
-            self._streak(a, t, acct, out)
+            # Rule 7's streak (inlined; the alert itself is rare).
+            acct.streak += 1
+            memory = a.occurred_ms + t.streak_memory_ms
+            if memory > acct.keep_until_ms:
+                acct.keep_until_ms = memory
+            if acct.streak >= t.lifetime_threshold and not acct.lifetime_alerted:
+                self._lifetime_bound(a, acct, out)
         if flow in PASSWORD_FLOWS:
             device = a.device
             if a.trusted and device:
@@ -444,7 +473,8 @@ class AccountShard(_Shard):
                 if fresh:
                     if self._count_entry(a, acct_rule, acct_key, acct, None, None, out):
                         self._under_attack(a, t, acct, out)
-                    self._tenant_share(a, t, acct, out)
+                    if acct.spray_window != a.occurred_ms // t.tenant_window_ms:
+                        self._tenant_share(a, t, acct, out)
                     out.forwards.append(a)
         elif flow == "uia":
             handle = a.session or a.device
@@ -466,19 +496,14 @@ class AccountShard(_Shard):
             return entry
         return rule.table.touch(key, rule.factory, self.watermark_ms)
 
-    def _streak(self, a: Attempt, t: _TenantTables, acct: KeyState, out: Outbox) -> None:
-        """Rule 7: consecutive failures of an account with no success, alerted once."""
-        acct.streak += 1
-        memory = a.occurred_ms + t.streak_memory_ms
-        if memory > acct.keep_until_ms:
-            acct.keep_until_ms = memory
-        if acct.streak >= t.lifetime_threshold and not acct.lifetime_alerted:
-            acct.lifetime_alerted = True
-            out.alerts.append(_alert(
-                "lifetime_bound", a.tenant, None, a.account, acct.streak, 0,
-                a.occurred_ms, a.occurred_ms, self.version,
-            ))  # fmt: skip
-            self.metrics.alerts += 1
+    def _lifetime_bound(self, a: Attempt, acct: KeyState, out: Outbox) -> None:
+        """Rule 7: the streak of consecutive failures reached the bound: alert once."""
+        acct.lifetime_alerted = True
+        out.alerts.append(_alert(
+            "lifetime_bound", a.tenant, None, a.account, acct.streak, 0,
+            a.occurred_ms, a.occurred_ms, self.version,
+        ))  # fmt: skip
+        self.metrics.alerts += 1
 
     def _under_attack(self, a: Attempt, t: _TenantTables, acct: KeyState, out: Outbox) -> None:
         """The ceiling tripped: raise ``account_under_attack``."""
@@ -489,10 +514,9 @@ class AccountShard(_Shard):
         self.metrics.alerts += 1
 
     def _tenant_share(self, a: Attempt, t: _TenantTables, acct: KeyState, out: Outbox) -> None:
-        """Count the account once per tumbling window in this shard's share of rule 8."""
+        """Count the account once per tumbling window in this shard's share of rule 8
+        (the caller checked it is not counted in this window yet)."""
         window = a.occurred_ms // t.tenant_window_ms
-        if acct.spray_window == window:
-            return
         acct.spray_window = window
         # Keep the entry to the window's end, or a re-created entry would count twice.
         end = (window + 1) * t.tenant_window_ms
@@ -702,9 +726,8 @@ class SourceShard(_Shard):
         self.metrics.alerts += 1
 
     def _tenant_share(self, a: Attempt, t: _TenantTables, src: SourceState, out: Outbox) -> None:
+        """Count the source once per tumbling window (the caller checked it is new)."""
         window = a.occurred_ms // t.tenant_window_ms
-        if src.tenant_window == window:
-            return
         src.tenant_window = window
         end = (window + 1) * t.tenant_window_ms
         if src.keep_until_ms < end:
@@ -833,6 +856,7 @@ class Engine:
         verdicts: list[Verdict | None] = []
         append = verdicts.append
         step = self.accounts.step
+        source_step = self.sources.step
         out = self.out
         partials, forwards = out.partials, out.forwards
         now = self.accounts.watermark_ms
@@ -845,7 +869,11 @@ class Engine:
             if partials:
                 self._drain_partials("a")
             if forwards:
-                self._forward(now)
+                for forwarded in forwards:
+                    source_step(forwarded, now, out)
+                forwards.clear()
+                if partials:
+                    self._drain_partials("s")
         return verdicts
 
     def run(self, attempts: Iterable[Attempt]) -> Outbox:

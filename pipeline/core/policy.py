@@ -136,6 +136,13 @@ class Policy(_Frozen):
         """The tenant's rules, or the defaults for a tenant without overrides."""
         return self.tenants.get(tenant, self.defaults)
 
+    def case_sensitive_tenants(self) -> frozenset[str]:
+        """Tenants whose policy says ``case_sensitive = true`` (for the Normaliser, which
+        takes the set: the policy's flag only takes effect through it). With the flag in
+        ``[defaults]`` every tenant is case-sensitive, which a set cannot say; then the
+        caller must list the tenants in its settings."""
+        return frozenset(name for name, rules in self.tenants.items() if rules.case_sensitive)
+
 
 def _merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
     merged = dict(base)

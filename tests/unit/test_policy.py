@@ -186,3 +186,11 @@ def test_partial_rule_table_in_defaults_keeps_builtin_values() -> None:
     assert policy.defaults.source.mode == "observe"
     only_mode = policy_from_toml("[defaults.uia]\nmode = 'observe'")
     assert (only_mode.defaults.uia.threshold, only_mode.defaults.uia.mode) == (5, "observe")
+
+
+def test_case_sensitive_tenants_from_the_policy() -> None:
+    """case_sensitive_tenants lists the tenants whose policy sets case_sensitive."""
+    policy = policy_from_toml(
+        "[tenants.strict]\ncase_sensitive = true\n[tenants.loose.account]\nthreshold = 9"
+    )
+    assert policy.case_sensitive_tenants() == frozenset({"strict"})
