@@ -74,6 +74,10 @@ class AlertRuleError(AuthpipeError):
     """A rule file cannot be used, or the runner cannot run."""
 
 
+class AlertEmitError(AuthpipeError):
+    """Kafka did not take the alerts of a run; they were not recorded as fired."""
+
+
 @dataclass(frozen=True, slots=True)
 class Rule:
     """One rule file: its name (the alert type), SQL and version (digest of the text)."""
@@ -279,13 +283,20 @@ class AlertRunner:
         unique = {f.alert.alert_id: f for f in firings}
         done = await asyncio.to_thread(fired_ids, ch, list(unique))
         new = [f for alert_id, f in unique.items() if alert_id not in done]
-        for firing in new:
-            await self._producer.send_and_wait(
-                self.settings.kafka.alerts_topic,
-                value=encode(firing.alert),
-                key=firing.alert.alert_id.encode(),
-            )
-        await self._producer.flush()
+        from aiokafka.errors import KafkaError
+
+        try:
+            for firing in new:
+                await self._producer.send_and_wait(
+                    self.settings.kafka.alerts_topic,
+                    value=encode(firing.alert),
+                    key=firing.alert.alert_id.encode(),
+                )
+        except KafkaError as exc:
+            raise AlertEmitError(
+                f"could not send alerts to {self.settings.kafka.alerts_topic} ({exc}); "
+                "nothing was recorded, the next run sends them again"
+            ) from exc
         for firing in new:
             await self._side_channels(firing.alert)
         await asyncio.to_thread(record_firings, ch, new, wall_ms())
@@ -324,6 +335,8 @@ class AlertRunner:
         while not stop.is_set():
             try:
                 await self.run_once(wall_ms())
+            except AlertEmitError as exc:
+                log.warning("alerts.run_failed", error=str(exc)[:500], retry_in_s=interval_s)
             except ClickHouseError as exc:
                 log.warning("alerts.run_failed", error=str(exc)[:500], retry_in_s=interval_s)
                 if self._ch is not None:
