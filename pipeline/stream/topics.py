@@ -11,7 +11,8 @@
 | ``auth.login-attempts.dlq`` | P | delete, 30 days | dead letters, bytes untouched |
 | ``auth.audit`` | P | delete, 7 days | audit batches for the ClickHouse sink |
 
-faust creates the changelog topics of its tables itself (compacted, P partitions).
+The changelog topics of faust's tables (``<app>-{account,source,rollup}-state-changelog``,
+compacted, P partitions) are created here too, before faust starts.
 """
 
 from __future__ import annotations
@@ -26,14 +27,25 @@ DAY_MS = 86_400_000
 # Compaction must keep up so the decision topic converges to the active decisions and a
 # gateway's cold load stays small: short segments and a low dirty ratio let the cleaner
 # run often; tombstones are kept a day so an edge offline for less catches every lift
-# (longer outages are covered by expires_at, which the edge honours on its own).
+# (longer outages are covered by expires_at, which the edge honours on its own). The last
+# hour stays uncompacted so scorecards and backtests can replay recent decisions in order.
 DECISIONS_CONFIG = {
     "cleanup.policy": "compact",
     "segment.ms": str(60_000),
     "min.cleanable.dirty.ratio": "0.1",
     "delete.retention.ms": str(DAY_MS),
-    "min.compaction.lag.ms": "0",
+    "min.compaction.lag.ms": str(3_600_000),
 }
+
+
+# faust tables' changelogs: compacted so recovery reads the live keys, not the history.
+CHANGELOG_CONFIG = {
+    "cleanup.policy": "compact",
+    "segment.ms": str(10 * 60_000),
+    "min.cleanable.dirty.ratio": "0.2",
+    "delete.retention.ms": str(3_600_000),
+}
+TABLES = ("account-state", "source-state", "rollup-state")
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +60,7 @@ class Topics:
     alerts: str
     dlq: str
     audit: str
+    app_id: str
 
     @classmethod
     def from_settings(cls, kafka: KafkaSettings) -> Topics:
@@ -61,7 +74,12 @@ class Topics:
             alerts=kafka.alerts_topic,
             dlq=kafka.dlq_topic,
             audit=kafka.audit_topic,
+            app_id=kafka.app_id,
         )
+
+    def changelog(self, table: str) -> str:
+        """faust's name for a table's changelog topic."""
+        return f"{self.app_id}-{table}-changelog"
 
     def specs(self, partitions: int) -> list[TopicSpec]:
         def deleting(days: int) -> dict[str, str]:
@@ -76,4 +94,6 @@ class Topics:
             TopicSpec(self.alerts, partitions, deleting(30)),
             TopicSpec(self.dlq, partitions, deleting(30)),
             TopicSpec(self.audit, partitions, deleting(7)),
+            # Created here, before faust starts, so no client ever sees them missing.
+            *(TopicSpec(self.changelog(t), partitions, CHANGELOG_CONFIG) for t in TABLES),
         ]

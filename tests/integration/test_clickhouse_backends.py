@@ -35,6 +35,7 @@ from tests.plugins.clickhouse import (
 )
 
 EXPECTED_TABLES = [
+    "alert_firings",
     "alerts",
     "attempts",
     "attempts_by_account_minute",
@@ -47,6 +48,8 @@ EXPECTED_TABLES = [
     "dead_letters_by_minute",
     "dead_letters_by_minute_mv",
     "decisions",
+    "decisions_by_minute",
+    "decisions_by_minute_mv",
     "schema_migrations",
 ]
 
