@@ -47,7 +47,13 @@ from pipeline.core.decisions import (
 from pipeline.core.dedupe import Deduper
 from pipeline.core.keys import Key, format_key, stable_id
 from pipeline.core.normalise import parse_address
-from pipeline.core.policy import DEFAULT_POLICY, Policy, RuleConfig, TenantPolicy
+from pipeline.core.policy import (
+    DEFAULT_POLICY,
+    Policy,
+    RuleConfig,
+    TenantPolicy,
+    TenantSprayConfig,
+)
 from pipeline.core.state import KeyState, PairState, SourceState
 from pipeline.core.table import BoundedTable
 from pipeline.core.window import WindowSpec
@@ -491,10 +497,12 @@ class AccountShard(_Shard):
         """The live entry for ``key``, moved to the newest end; the table creates (and
         evicts for) a missing or dead one."""
         entry = rule.entries.get(key)
-        if entry is not None and entry.keep_until_ms > self.watermark_ms:
+        if entry is None:
+            return rule.table.create(key, rule.factory)
+        if entry.keep_until_ms > self.watermark_ms:
             rule.entries.move_to_end(key)
             return entry
-        return rule.table.touch(key, rule.factory, self.watermark_ms)
+        return rule.table.create(key, rule.factory, replace=True)
 
     def _lifetime_bound(self, a: Attempt, acct: KeyState, out: Outbox) -> None:
         """Rule 7: the streak of consecutive failures reached the bound: alert once."""
@@ -532,10 +540,12 @@ class AccountShard(_Shard):
         ``_mark`` inlined: this runs once or twice per failure)."""
         entries = rule.entries
         entry = entries.get(key)
-        if entry is not None and entry.keep_until_ms > self.watermark_ms:
+        if entry is None:
+            entry = rule.table.create(key, rule.factory)
+        elif entry.keep_until_ms > self.watermark_ms:
             entries.move_to_end(key)
         else:
-            entry = rule.table.touch(key, rule.factory, self.watermark_ms)
+            entry = rule.table.create(key, rule.factory, replace=True)
         if seq >= 0 and entry.seq >= seq:
             return
         now = a.occurred_ms
@@ -636,7 +646,7 @@ class SourceShard(_Shard):
         entries = t.sources.mapping
         src = entries.get(skey)
         if src is None:
-            src = t.sources.touch(skey, t.source_factory)
+            src = t.sources.create(skey, t.source_factory)
         else:
             entries.move_to_end(skey)
         if seq >= 0 and src.seq >= seq:
@@ -671,7 +681,7 @@ class SourceShard(_Shard):
         entries = t.pairs.mapping
         pair = entries.get(pkey)
         if pair is None:
-            pair = t.pairs.touch(pkey, PairState)
+            pair = t.pairs.create(pkey, PairState)
         else:
             entries.move_to_end(pkey)
         distinct = src.distinct
@@ -751,6 +761,7 @@ class TenantRollup:
         self.sources: dict[tuple[str, int], int] = {}
         self.baselines: dict[tuple[str, int], float] = {}
         self.fired: set[tuple[str, int]] = set()
+        self._configs: dict[str, TenantSprayConfig] = {}
 
     def update(self, tenant: str, window: int, kind: str, part: int, share: int) -> Alert | None:
         """Record a shard's latest share (``kind`` "a" accounts or "s" sources)."""
@@ -764,7 +775,9 @@ class TenantRollup:
         totals[slot] = totals.get(slot, 0) + share - old
         if slot in self.fired:
             return None
-        cfg = self.policy.for_tenant(tenant).tenant_spray
+        cfg = self._configs.get(tenant)
+        if cfg is None:
+            cfg = self._configs[tenant] = self.policy.for_tenant(tenant).tenant_spray
         baseline = self.baselines.get(slot)
         if baseline is None:
             baseline = self._new_window(tenant, window, cfg.baseline_windows)

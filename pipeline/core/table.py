@@ -74,6 +74,22 @@ class BoundedTable(Generic[E]):
             entries.move_to_end(key)
         return entry
 
+    def create(self, key: Key, factory: Callable[[], E], replace: bool = False) -> E:
+        """A new entry for ``key`` at the newest end, for a caller that already looked
+        it up: absent (the cap applies) or, with ``replace``, present but past its time."""
+        entries = self._entries
+        if replace:
+            del entries[key]
+            self.expired += 1
+        elif len(entries) >= self.cap:
+            old_key, old = entries.popitem(last=False)
+            self.evictions += 1
+            if self.on_drop is not None:
+                self.on_drop(old_key, old)
+        entry = factory()
+        entries[key] = entry
+        return entry
+
     def put(self, key: Key, entry: E) -> None:
         """Insert a restored entry at the newest end (cap applies)."""
         if key not in self._entries and len(self._entries) >= self.cap:
