@@ -14,8 +14,9 @@ a temp dir and stops it at the end. Four figures:
    open loop: latency counts from each request's scheduled time) from a second process
    on loopback (this module with ``--client``; aiohttp, keep-alive connections);
 3. cold load: time from ``DecisionFeed.start`` to ready over a topic of N decisions;
-4. produce-to-visible: time from handing a decision to the producer until the following
-   view holds it, p50/p99 over ``--visible-samples`` decisions sent 20 ms apart.
+4. produce-to-visible: time from handing a decision to a producer (acks=all, no linger)
+   until the following view holds it, p50/p99 over ``--visible-samples`` decisions sent
+   20 ms apart.
 
 The last line printed is JSON.
 """
@@ -387,8 +388,8 @@ def broker(bootstrap: str | None) -> Iterator[str]:
 
 
 @asynccontextmanager
-async def producer(bootstrap: str) -> AsyncIterator[AIOKafkaProducer]:
-    client = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5,
+async def producer(bootstrap: str, linger_ms: int = 5) -> AsyncIterator[AIOKafkaProducer]:
+    client = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=linger_ms,
                               max_batch_size=1 << 20)  # fmt: skip
     await client.start()
     try:
@@ -436,7 +437,7 @@ async def bench_visible(
     view = DecisionView(build_normaliser(settings))
     feed = DecisionFeed(view, FeedConfig(bootstrap, topic))
     delays: list[float] = []
-    async with producer(bootstrap) as client:
+    async with producer(bootstrap, linger_ms=0) as client:
         await feed.start()
         try:
             await feed.wait_ready(300)
@@ -463,16 +464,7 @@ async def bench_visible(
 # -- main -----------------------------------------------------------------------------------
 
 
-async def run(args: argparse.Namespace) -> dict[str, Any]:
-    settings = Settings()
-    work = Workload(args.seed, settings)
-    keys = work.decision_keys(args.decisions)
-    results: dict[str, Any] = {"decisions": args.decisions}
-    view = DecisionView(build_normaliser(settings))
-    now = wall_ms()
-    for n, key in enumerate(keys):
-        view.apply(*decision_message(key, now + 60 * MIN_MS, now, n))
-    results |= bench_check(view, work, args.calls)
+def _print_check(results: dict[str, Any]) -> None:
     print(f"check: {results['check_calls_per_s']:,} calls/s warm, best of {ROUNDS} "
           f"({results['check_calls_per_cpu_s']:,} per CPU second) "
           f"(median {results['check_calls_per_s_median']:,}; {results['check_us']} us; "
@@ -481,11 +473,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
           f" calls/s refusals only; {results['check_cold_calls_per_s']:,} calls/s cold caches; "
           f"core DecisionIndex.check alone {results['core_index_check_calls_per_s']:,} calls/s",
           flush=True)  # fmt: skip
-    results |= await bench_http(view, args.rate, args.duration_s)
-    print(f"http /v1/check at {args.rate} req/s: p50 {results['http_p50_ms']} ms, "
-          f"p99 {results['http_p99_ms']} ms, achieved {results['http_achieved_rps']} req/s, "
-          f"errors {results['http_errors']}, server CPU "
-          f"{results['http_server_cpu_us_per_request']} us/request", flush=True)  # fmt: skip
+
+
+async def run_broker_parts(
+    args: argparse.Namespace, settings: Settings, keys: list[Key]
+) -> dict[str, Any]:
+    results: dict[str, Any] = {}
     with broker(args.bootstrap) as bootstrap:
         topic = f"bench-edge-{wall_ms()}"
         fill_s = await fill_topic(bootstrap, topic, keys)
@@ -500,6 +493,29 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     return results
 
 
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    settings = Settings()
+    work = Workload(args.seed, settings)
+    keys = work.decision_keys(args.decisions)
+    results: dict[str, Any] = {"decisions": args.decisions}
+    view = DecisionView(build_normaliser(settings))
+    now = wall_ms()
+    for n, key in enumerate(keys):
+        view.apply(*decision_message(key, now + 60 * MIN_MS, now, n))
+    if "check" in args.parts:
+        results |= bench_check(view, work, args.calls)
+        _print_check(results)
+    if "http" in args.parts:
+        results |= await bench_http(view, args.rate, args.duration_s)
+        print(f"http /v1/check at {args.rate} req/s: p50 {results['http_p50_ms']} ms, "
+              f"p99 {results['http_p99_ms']} ms, achieved {results['http_achieved_rps']} req/s, "
+              f"errors {results['http_errors']}, server CPU "
+              f"{results['http_server_cpu_us_per_request']} us/request", flush=True)  # fmt: skip
+    if "broker" in args.parts:
+        results |= await run_broker_parts(args, settings, keys)
+    return results
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--bootstrap", help="use this broker instead of starting one")
@@ -509,6 +525,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration-s", type=float, default=10.0, help="HTTP load duration")
     parser.add_argument("--visible-samples", type=int, default=300)
     parser.add_argument("--seed", type=int, default=6)
+    parser.add_argument(
+        "--parts", type=lambda text: set(text.split(",")), default={"check", "http", "broker"},
+        help="comma list of check, http, broker (default: all)",
+    )  # fmt: skip
     parser.add_argument("--client", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.client:
