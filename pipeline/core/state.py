@@ -37,7 +37,8 @@ class KeyState(Ring):
         # Ring.__init__ inlined: a new key on a flood path should cost one frame.
         self.head = -1
         self.total = 0
-        self.slots = [0] * ring_size
+        self.size = ring_size
+        self.slots = None
         self.level = 0
         self.blocked_until_ms = 0
         self.decision_id = ""
@@ -62,10 +63,7 @@ class KeyState(Ring):
     def load(cls, data: list[object]) -> KeyState:  # type: ignore[override]
         ring_data, level, blocked, decision_id, keep, seq, streak, alerted, window = data
         state = cls.__new__(cls)
-        ring: list[int] = ring_data  # type: ignore[assignment]
-        state.head = ring[0]
-        state.slots = list(ring[1:])
-        state.total = sum(state.slots)
+        state._load(ring_data)  # type: ignore[arg-type]
         state.level = level  # type: ignore[assignment]
         state.blocked_until_ms = blocked  # type: ignore[assignment]
         state.decision_id = decision_id  # type: ignore[assignment]

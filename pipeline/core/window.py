@@ -23,63 +23,87 @@ Guarantees (pinned by hypothesis tests against a brute-force reference):
 A late event (older than the ring's newest bucket) is counted in its own bucket while
 that bucket is still in the ring, and dropped (``add`` returns False) once it left.
 
-Memory is ``n + 1`` integers per key; every operation is O(1) amortised (advancing the
-ring clears each bucket at most once per pass).
+Memory is ``n + 1`` integers per key (none while all its counts are in one bucket);
+every operation is O(1) amortised (advancing the ring clears each bucket at most once
+per pass).
 """
 
 from __future__ import annotations
 
 
 class Ring:
-    """The buckets of one key. ``head`` is the absolute index of the newest bucket."""
+    """The buckets of one key. ``head`` is the absolute index of the newest bucket.
 
-    __slots__ = ("head", "slots", "total")
+    Most keys only ever see failures in one bucket (a sprayed account, a botnet address
+    trying a password or two), so the bucket list is allocated lazily: while ``slots``
+    is None every count is in bucket ``head``. The first count in another bucket still
+    inside the ring expands it; a ring that empties drops its list again. That saves a
+    list (about 200 bytes, and one object for the garbage collector) on most keys.
+    """
+
+    __slots__ = ("head", "size", "slots", "total")
 
     def __init__(self, size: int) -> None:
         self.head = -1
         self.total = 0
-        self.slots = [0] * size
+        self.size = size
+        self.slots: list[int] | None = None
+
+    def _expand(self) -> list[int]:
+        slots = [0] * self.size
+        if self.total:
+            slots[self.head % self.size] = self.total
+        self.slots = slots
+        return slots
 
     def advance(self, bucket: int) -> None:
         """Move the newest bucket forward to ``bucket``, clearing the buckets that fall out."""
         head = self.head
         if bucket <= head:
             return
-        size = len(self.slots)
-        if not self.total:
-            pass  # every bucket is already zero
-        elif bucket - head >= size:
-            self.slots[:] = [0] * size
-            self.total = 0
-        else:
-            slots = self.slots
-            for i in range(head + 1, bucket + 1):
-                idx = i % size
-                self.total -= slots[idx]
-                slots[idx] = 0
+        if self.total:
+            size = self.size
+            if bucket - head >= size:
+                self.total = 0
+                self.slots = None
+            else:
+                slots = self.slots if self.slots is not None else self._expand()
+                for i in range(head + 1, bucket + 1):
+                    idx = i % size
+                    self.total -= slots[idx]
+                    slots[idx] = 0
         self.head = bucket
 
     def add(self, bucket: int, n: int = 1) -> bool:
         """Count ``n`` at ``bucket``; False (nothing counted) if the bucket left the ring."""
         head = self.head
-        slots = self.slots
         if bucket > head:
             if self.total:
                 self.advance(bucket)
             else:
                 self.head = bucket  # an empty ring has nothing to clear
-        elif bucket <= head - len(slots):
+        elif bucket <= head - self.size:
             return False
-        slots[bucket % len(slots)] += n
+        slots = self.slots
+        if slots is None:
+            if bucket == self.head:
+                self.total += n  # still one bucket: stay compact
+                return True
+            slots = self._expand()  # a late count in an older bucket
+        slots[bucket % self.size] += n
         self.total += n
         return True
 
     def remove(self, bucket: int, n: int = 1) -> None:
         """Uncount ``n`` at ``bucket`` if it is still in the ring (never below zero)."""
-        if self.head - len(self.slots) < bucket <= self.head:
-            idx = bucket % len(self.slots)
-            taken = min(n, self.slots[idx])
-            self.slots[idx] -= taken
+        if self.head - self.size < bucket <= self.head:
+            slots = self.slots
+            if slots is None:
+                taken = min(n, self.total) if bucket == self.head else 0
+            else:
+                idx = bucket % self.size
+                taken = min(n, slots[idx])
+                slots[idx] -= taken
             self.total -= taken
 
     def count_at(self, bucket: int) -> int:
@@ -89,19 +113,33 @@ class Ring:
         return self.total
 
     def clear(self) -> None:
-        for i in range(len(self.slots)):
-            self.slots[i] = 0
         self.total = 0
+        self.slots = None
 
     def dump(self) -> list[int]:
-        return [self.head, *self.slots]
+        """``[head, *buckets]``: the full ring, whichever form it is kept in."""
+        slots = self.slots if self.slots is not None else self._virtual()
+        return [self.head, *slots]
+
+    def _virtual(self) -> list[int]:
+        slots = [0] * self.size
+        if self.total:
+            slots[self.head % self.size] = self.total
+        return slots
+
+    def _load(self, data: list[int]) -> None:
+        self.head = data[0]
+        self.size = len(data) - 1
+        slots = list(data[1:])
+        self.total = sum(slots)
+        # Back to the compact form when every count is in the head bucket.
+        compact = not self.total or slots[self.head % self.size] == self.total
+        self.slots = None if compact else slots
 
     @classmethod
     def load(cls, data: list[int]) -> Ring:
-        ring = cls(len(data) - 1)
-        ring.head = data[0]
-        ring.slots = list(data[1:])
-        ring.total = sum(ring.slots)
+        ring = cls.__new__(cls)
+        ring._load(data)
         return ring
 
 

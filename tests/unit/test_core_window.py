@@ -97,12 +97,69 @@ def test_ring_remove_and_clear() -> None:
 
 
 def test_ring_dump_and_load_round_trip() -> None:
-    """dump/load keep head, buckets and total."""
+    """dump/load keep head, buckets and total (compact or expanded)."""
     ring = Ring(5)
-    for b in (7, 8, 8, 11):
+    ring.add(7)
+    ring.add(7)
+    assert ring.slots is None  # one bucket: no list yet
+    assert Ring.load(ring.dump()).dump() == ring.dump() == [7, 0, 0, 2, 0, 0]
+    for b in (8, 8, 11):
         ring.add(b)
     copy = Ring.load(ring.dump())
-    assert (copy.head, copy.slots, copy.total) == (11, ring.slots, 4)
+    assert (copy.head, copy.dump(), copy.total) == (11, ring.dump(), 5)
+
+
+class _ListRing:
+    """The plain reference: every bucket in a list, always."""
+
+    def __init__(self, size: int) -> None:
+        self.size, self.head, self.slots = size, -1, [0] * size
+
+    def advance(self, b: int) -> None:
+        if b <= self.head:
+            return
+        for i in range(max(self.head + 1, b - self.size + 1), b + 1):
+            self.slots[i % self.size] = 0
+        self.head = b
+
+    def add(self, b: int, n: int) -> bool:
+        if b > self.head:
+            self.advance(b)
+        elif b <= self.head - self.size:
+            return False
+        self.slots[b % self.size] += n
+        return True
+
+    def remove(self, b: int, n: int) -> None:
+        if self.head - self.size < b <= self.head:
+            self.slots[b % self.size] -= min(n, self.slots[b % self.size])
+
+
+@given(
+    size=st.integers(1, 8),
+    ops=st.lists(
+        st.tuples(st.sampled_from(["add", "remove", "advance", "clear"]), st.integers(0, 40), st.integers(1, 3)),
+        max_size=60,
+    ),
+)
+def test_compact_ring_matches_a_plain_list(size: int, ops: list[tuple[str, int, int]]) -> None:
+    """The lazily expanded ring behaves exactly like a plain list of buckets."""
+    ring, ref = Ring(size), _ListRing(size)
+    for op, bucket, n in ops:
+        if op == "add":
+            assert ring.add(bucket, n) is ref.add(bucket, n)
+        elif op == "remove":
+            ring.remove(bucket, n)
+            ref.remove(bucket, n)
+        elif op == "advance":
+            ring.advance(bucket)
+            ref.advance(bucket)
+        else:
+            ring.clear()
+            ref.slots = [0] * size
+        assert ring.dump() == [ref.head, *ref.slots]
+        assert ring.total == sum(ref.slots)
+        assert Ring.load(ring.dump()).dump() == ring.dump()
 
 
 @given(
