@@ -62,7 +62,7 @@ class KeyState(Ring):
     @classmethod
     def load(cls, data: list[object]) -> KeyState:  # type: ignore[override]
         ring_data, level, blocked, decision_id, keep, seq, streak, alerted, window = data
-        state = cls.__new__(cls)
+        state = cls(1)  # no cls.__new__: the module stays compilable with mypyc
         state._load(ring_data)  # type: ignore[arg-type]
         state.level = level  # type: ignore[assignment]
         state.blocked_until_ms = blocked  # type: ignore[assignment]
@@ -117,7 +117,7 @@ class SourceState:
 
     @classmethod
     def load(cls, data: list[object]) -> SourceState:
-        state = cls.__new__(cls)
+        state = cls(1, 1)
         state.distinct = Ring.load(data[0])  # type: ignore[arg-type]
         state.failures = Ring.load(data[1])  # type: ignore[arg-type]
         state.unknown = Ring.load(data[2])  # type: ignore[arg-type]
