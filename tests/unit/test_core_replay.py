@@ -20,8 +20,7 @@ TRAFFIC = mixed_traffic(6000)
 
 
 def test_two_engines_give_byte_identical_outputs() -> None:
-    """The same attempts through two fresh engines give byte-identical decisions,
-    tombstones and alerts."""
+    """Two fresh engines give byte-identical decisions, tombstones and alerts."""
     first, _ = run(TRAFFIC)
     second, _ = run(TRAFFIC)
     rows = serialised(first.out)
@@ -160,8 +159,7 @@ def _outputs(out: Outbox) -> list[Any]:
 
 
 def test_account_shard_restore_continues_identically() -> None:
-    """A shard restored from its JSON changelog has the same counters and decisions, and
-    continuing the stream gives the same outputs as never restarting."""
+    """A restored account shard has the same state and continues with the same outputs."""
     first, second = TRAFFIC[:3000], TRAFFIC[3000:]
     original, log, out = AccountShard(), {}, Outbox()
     _drive(original, first, log, out)

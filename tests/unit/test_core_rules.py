@@ -78,8 +78,7 @@ def test_account_source_failures_outside_the_window_do_not_add_up() -> None:
 
 
 def test_account_source_refuses_only_that_pair() -> None:
-    """The block refuses that (account, source) only; other sources, accounts and the
-    owner's trusted device still pass."""
+    """The block refuses that (account, source) only, never the owner's trusted device."""
     engine = Engine()
     engine.step_batch([att(i * SEC) for i in range(5)])
     refused = step(engine, att(10 * SEC))

@@ -64,8 +64,7 @@ def _flood(shard: AccountShard, start: int, stop: int) -> None:
 
 
 def test_flood_of_distinct_accounts_stays_bounded() -> None:
-    """200,000 distinct accounts against a cap of 1,000: every table stays at the cap,
-    evictions are counted, and traced memory does not grow with a further flood."""
+    """200,000 distinct accounts against a cap of 1,000: tables and memory stay bounded."""
     shard = AccountShard(policy(entry_cap=1000), dedupe_horizon_ms=60_000, dedupe_capacity=5000)
     _flood(shard, 0, 200_000)
     tables = shard.tenants["default"]
