@@ -24,6 +24,7 @@ group own disjoint partitions, so a limit is enforced once, never twice.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Iterable
 from typing import Any
@@ -39,20 +40,14 @@ from pipeline.core.normalise import NetworkSet, SourceRules
 from pipeline.core.policy import Policy
 from pipeline.logs import get_logger
 from pipeline.settings import Settings
-from pipeline.stream.ingest import Ingest, Record
+from pipeline.stream.ingest import Ingest
 from pipeline.stream.metrics import WorkerMetrics
-from pipeline.stream.stages import AccountStage, RollupStage, SourceStage, StageOutput
-from pipeline.stream.topics import Topics
+from pipeline.stream.stages import AccountStage, RollupStage, SourceStage, StageOutput, chunks
+from pipeline.stream.topics import CHANGELOG_CONFIG, Topics
 
 log = get_logger("worker")
 
 RAW: dict[str, Any] = {"key_serializer": "raw", "value_serializer": "raw"}
-CHANGELOG_CONFIG = {
-    "cleanup.policy": "compact",
-    "segment.ms": str(10 * 60_000),
-    "min.cleanable.dirty.ratio": "0.2",
-    "delete.retention.ms": str(3_600_000),
-}
 
 
 def wall_ms() -> int:
@@ -149,6 +144,7 @@ class Worker:
         app.agent(self.by_account, name="account-stage")(self._account_agent)
         app.agent(self.by_source, name="source-stage")(self._source_agent)
         app.agent(self.shares, name="rollup-stage")(self._rollup_agent)
+        app.task(self._quiet_library_logging)
         app.task(self._ingest_loop)
         app.timer(1.0)(self._expire_tick)
         app.on_partitions_revoked.connect(self._on_revoked)  # type: ignore[arg-type]
@@ -172,6 +168,16 @@ class Worker:
         app.page("/metrics")(metrics)
         app.page("/readyz")(readyz)
         app.page("/healthz")(healthz)
+
+    async def _quiet_library_logging(self) -> None:
+        """Undo faust's terminal spinner: its worker sets the root logger to DEBUG (and adds
+        a DEBUG handler) whatever ``loglevel`` says, so every debug call in aiokafka and
+        faust built a LogRecord (about 10 % of the worker's CPU). Runs once at start."""
+        root = logging.getLogger()
+        root.setLevel(logging.WARNING)
+        for handler in list(root.handlers):
+            if type(handler).__name__ == "SpinnerHandler":
+                root.removeHandler(handler)
 
     # -- ingest: aiokafka getmany loop, one envelope per target partition -----------------
 
@@ -199,16 +205,15 @@ class Worker:
             await consumer.stop()
 
     async def _ingest_batch(self, consumer: AIOKafkaConsumer, batch: dict[Any, Any]) -> None:
-        records = [
-            Record(tp.topic, tp.partition, m.offset, m.key, m.value)
-            for tp, messages in batch.items()
-            for m in messages
-        ]
+        # aiokafka's ConsumerRecords carry what ingest reads (topic, partition, offset,
+        # key, value): no copy into Record objects.
+        records = [m for messages in batch.values() for m in messages]
         result = self.ingest.process(records, wall_ms())
         pending: list[Awaitable[Any]] = []
         for partition, rows in result.rows.items():
-            envelope = dumps({"v": 1, "rows": rows})
-            pending.append(await self.by_account.send(key=str(partition).encode(), value=envelope, partition=partition))
+            for part in chunks(rows):
+                envelope = dumps({"v": 1, "rows": part})
+                pending.append(await self.by_account.send(key=str(partition).encode(), value=envelope, partition=partition))
         for dead in result.dead:
             pending.append(await self.dlq.send(
                 key=dead.record.key, value=dead.record.value, headers=dead.headers(),
@@ -277,22 +282,49 @@ class Worker:
             pending.append(await self.decisions.send(key=key, value=value))
         for alert in result.alerts:
             pending.append(await self.alerts.send(value=alert))
-        audit = result.audit_message()
-        if audit is not None:
+        for audit in result.audit_messages():
             pending.append(await self.audit.send(key=str(partition).encode(), value=audit, partition=partition))
         for target, rows in result.forwards.items():
-            envelope = dumps({"v": 1, "rows": rows})
-            pending.append(await self.by_source.send(key=str(target).encode(), value=envelope, partition=target))
+            for part in chunks(rows):
+                envelope = dumps({"v": 1, "rows": part})
+                pending.append(await self.by_source.send(key=str(target).encode(), value=envelope, partition=target))
         by_part: dict[int, list[list[Any]]] = {}
         for share in result.shares:
             by_part.setdefault(hash_tenant(share[0], self.partitions), []).append(share)
         for target, shares in by_part.items():
             pending.append(await self.shares.send(key=shares[0][0].encode(), value=dumps(shares), partition=target))
-        if pending:
+        # Wait for acknowledgements only when a replay would not re-create the outputs:
+        # decisions, alerts and forwards are skipped for keys whose state already shows
+        # them applied, so they must be durable before that state is. Audit batches and
+        # shares are re-emitted on replay; waiting for them would cost a round trip per
+        # envelope (the source stage's small envelopes would crawl).
+        if pending and (result.decisions or result.alerts or result.forwards):
             await asyncio.gather(*pending)
-        for key, value in result.changelog:
-            table.send_changelog(partition, key, value)
+        if result.changelog:
+            await self._send_changelog(table, partition, result.changelog)
         self.metrics.emitted(result)
+
+    async def _send_changelog(
+        self, table: Any, partition: int, records: list[tuple[bytes, bytes | None]]
+    ) -> None:
+        """An envelope's changed keys as whole record batches on the table's changelog.
+
+        ``table.send_changelog`` costs one trip through faust's producer buffer and one
+        produce future per key (tens of microseconds each); a record batch costs about a
+        microsecond per key. faust still owns the topic and its recovery, and flushes this
+        same producer before it commits input offsets; the per-key callback it would have
+        attached only records a persisted offset for RocksDB stores (a no-op for memory).
+        """
+        faust_producer: Any = self.app.producer
+        producer = faust_producer._ensure_producer()  # the aiokafka producer faust flushes
+        topic = table.changelog_topic.get_topic_name()
+        batch = producer.create_batch()
+        for key, value in records:
+            if batch.append(key=key, value=value, timestamp=None) is None:
+                await producer.send_batch(batch, topic, partition=partition)
+                batch = producer.create_batch()
+                batch.append(key=key, value=value, timestamp=None)
+        await producer.send_batch(batch, topic, partition=partition)
 
     # -- timers, rebalances, web ----------------------------------------------------------
 

@@ -31,6 +31,16 @@ from pipeline.core.policy import Policy
 from pipeline.stream.partitioning import source_partition
 
 ROWS_PER_ENVELOPE = 1 << 16  # seq = offset * this + row index; envelopes never hold more
+# Rows per message on the internal and audit topics: a few hundred bytes each, so a
+# message stays well under the broker's default 1 MB limit however a batch is skewed.
+MAX_ROWS_PER_MESSAGE = 2000
+
+
+def chunks(rows: list[Any], size: int = MAX_ROWS_PER_MESSAGE) -> list[list[Any]]:
+    """``rows`` in order, in lists of at most ``size``."""
+    if len(rows) <= size:
+        return [rows]
+    return [rows[i : i + size] for i in range(0, len(rows), size)]
 
 
 @dataclass
@@ -47,9 +57,16 @@ class StageOutput:
     skipped: int = 0
 
     def audit_message(self) -> bytes | None:
+        """All audit rows as one batch message (see ``audit_messages`` for the sizes sent)."""
         if not self.audit:
             return None
         return dumps({"v": 1, "columns": AUDIT_COLUMNS, "rows": self.audit})
+
+    def audit_messages(self) -> list[bytes]:
+        """The audit rows as batch messages of at most MAX_ROWS_PER_MESSAGE rows."""
+        if not self.audit:
+            return []
+        return [dumps({"v": 1, "columns": AUDIT_COLUMNS, "rows": rows}) for rows in chunks(self.audit)]
 
 
 def _collect(out: Outbox, result: StageOutput) -> None:
