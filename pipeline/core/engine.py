@@ -761,10 +761,13 @@ class TenantRollup:
         self.sources: dict[tuple[str, int], int] = {}
         self.baselines: dict[tuple[str, int], float] = {}
         self.fired: set[tuple[str, int]] = set()
+        self.first_window: dict[str, int] = {}
         self._configs: dict[str, TenantSprayConfig] = {}
 
     def update(self, tenant: str, window: int, kind: str, part: int, share: int) -> Alert | None:
         """Record a shard's latest share (``kind`` "a" accounts or "s" sources)."""
+        if window < self.first_window.get(tenant, window + 1):
+            self.first_window[tenant] = window
         share_key = (kind, tenant, window, part)
         old = self.shares.get(share_key, 0)
         if share <= old:
@@ -783,6 +786,8 @@ class TenantRollup:
             baseline = self._new_window(tenant, window, cfg.baseline_windows)
         accounts, sources = self.accounts.get(slot, 0), self.sources.get(slot, 0)
         if accounts < max(cfg.min_accounts, cfg.factor * baseline) or sources < cfg.min_sources:
+            return None
+        if window - self.first_window[tenant] < cfg.min_history_windows:
             return None
         self.fired.add(slot)
         start = window * cfg.window_ms

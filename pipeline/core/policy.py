@@ -80,7 +80,10 @@ class TenantSprayConfig(_Frozen):
 
     Fires when ``distinct >= max(min_accounts, factor * baseline)`` and at least
     ``min_sources`` sources failed, where ``baseline`` is the mean of the previous
-    ``baseline_windows`` windows.
+    ``baseline_windows`` windows. ``min_history_windows`` keeps it quiet until the
+    rollup has seen that many earlier windows of the tenant: with no history the baseline
+    is 0 and a busy tenant's ordinary typos can pass ``min_accounts`` (set it to 1 or more
+    on large tenants; 0, the default, also catches a spray that starts with the worker).
     """
 
     window_ms: int = Field(WINDOW_MS, ge=1000, le=MAX_WINDOW_MS)
@@ -88,6 +91,7 @@ class TenantSprayConfig(_Frozen):
     factor: float = Field(5.0, ge=1.0)
     min_accounts: int = Field(100, ge=1)
     min_sources: int = Field(10, ge=1)
+    min_history_windows: int = Field(0, ge=0, le=96)
 
 
 class TenantPolicy(_Frozen):

@@ -7,6 +7,7 @@ from pipeline.core.attempt import Attempt
 from pipeline.core.decisions import Verdict
 from pipeline.core.engine import Engine, TenantRollup
 from pipeline.core.keys import format_key
+from pipeline.core.policy import policy_from_toml
 from tests.unit.test_core_support import (
     ACCOUNT,
     MIN,
@@ -565,3 +566,14 @@ def test_format_key_of_issued_decisions_matches_the_wire_key() -> None:
     engine.step_batch(_from_many_sources(50))
     keys = {format_key(k) for k, _ in engine.accounts.index.items()}
     assert keys == {d.key for d in decisions(engine.out)}
+
+
+def test_spray_tenant_waits_for_history_when_asked() -> None:
+    """With min_history_windows = 1 a tenant's first window never fires; its second can."""
+    policy = policy_from_toml("[defaults.tenant_spray]\nmin_history_windows = 1\n")
+    rollup = TenantRollup(policy)
+    assert rollup.update("t", 5, "s", 0, 20) is None
+    assert rollup.update("t", 5, "a", 0, 500) is None  # cold start: no earlier window seen
+    assert rollup.update("t", 6, "s", 0, 20) is None
+    alert = rollup.update("t", 6, "a", 0, 500)
+    assert alert is not None and (alert.count, alert.tenant) == (500, "t")
