@@ -211,8 +211,9 @@ class Worker:
         result = self.ingest.process(records, wall_ms())
         pending: list[Awaitable[Any]] = []
         for partition, rows in result.rows.items():
-            envelopes = [(str(partition).encode(), dumps({"v": 1, "rows": part})) for part in chunks(rows)]
-            pending += await self._send_records(self.topics.by_account, partition, envelopes)
+            for part in chunks(rows):
+                envelope = dumps({"v": 1, "rows": part})
+                pending.append(await self.by_account.send(key=str(partition).encode(), value=envelope, partition=partition))
         for dead in result.dead:
             pending.append(await self.dlq.send(
                 key=dead.record.key, value=dead.record.value, headers=dead.headers(),
@@ -281,52 +282,27 @@ class Worker:
             pending.append(await self.decisions.send(key=key, value=value))
         for alert in result.alerts:
             pending.append(await self.alerts.send(value=alert))
-        # Bulk outputs (audit batches, forwards, shares) skip faust's per-message send path:
-        # one record batch per target partition on the same producer.
-        audits = result.audit_messages()
-        if audits:
-            key = str(partition).encode()
-            pending += await self._send_records(self.topics.audit, partition, [(key, a) for a in audits])
+        for audit in result.audit_messages():
+            pending.append(await self.audit.send(key=str(partition).encode(), value=audit, partition=partition))
         for target, rows in result.forwards.items():
-            envelopes = [(str(target).encode(), dumps({"v": 1, "rows": part})) for part in chunks(rows)]
-            pending += await self._send_records(self.topics.by_source, target, envelopes)
+            for part in chunks(rows):
+                envelope = dumps({"v": 1, "rows": part})
+                pending.append(await self.by_source.send(key=str(target).encode(), value=envelope, partition=target))
         by_part: dict[int, list[list[Any]]] = {}
         for share in result.shares:
             by_part.setdefault(hash_tenant(share[0], self.partitions), []).append(share)
         for target, shares in by_part.items():
-            await self._send_records(self.topics.shares, target, [(shares[0][0].encode(), dumps(shares))])
-        # Wait for acknowledgements when a replay would not re-create the outputs:
-        # decisions, alerts, forwards and audit rows of rows the changelog marks applied
-        # are skipped on replay, so they must be durable before that state is. Shares are
-        # absolute counts that the next envelope of the tenant's window sends again; not
-        # waiting for them spares the source stage's small envelopes a round trip each.
-        if pending:
+            pending.append(await self.shares.send(key=shares[0][0].encode(), value=dumps(shares), partition=target))
+        # Wait for acknowledgements only when a replay would not re-create the outputs:
+        # decisions, alerts and forwards are skipped for keys whose state already shows
+        # them applied, so they must be durable before that state is. Audit batches and
+        # shares are re-emitted on replay; waiting for them would cost a round trip per
+        # envelope (the source stage's small envelopes would crawl).
+        if pending and (result.decisions or result.alerts or result.forwards):
             await asyncio.gather(*pending)
         if result.changelog:
             await self._send_changelog(table, partition, result.changelog)
         self.metrics.emitted(result)
-
-    async def _producer(self) -> Any:
-        """The aiokafka producer under faust's (faust flushes it before committing),
-        started first if need be: the ingest task may have a batch before faust has
-        started its producer (a restart with input waiting)."""
-        faust_producer: Any = await self.app.maybe_start_producer()
-        return faust_producer._ensure_producer()
-
-    async def _send_records(
-        self, topic: str, partition: int, records: Iterable[tuple[bytes | None, bytes | None]]
-    ) -> list[Awaitable[Any]]:
-        """``records`` in order as record batches to one partition; their ack futures."""
-        producer = await self._producer()
-        futures: list[Awaitable[Any]] = []
-        batch = producer.create_batch()
-        for key, value in records:
-            if batch.append(key=key, value=value, timestamp=None) is None:
-                futures.append(await producer.send_batch(batch, topic, partition=partition))
-                batch = producer.create_batch()
-                batch.append(key=key, value=value, timestamp=None)
-        futures.append(await producer.send_batch(batch, topic, partition=partition))
-        return futures
 
     async def _send_changelog(
         self, table: Any, partition: int, records: list[tuple[bytes, bytes | None]]
@@ -339,7 +315,16 @@ class Worker:
         same producer before it commits input offsets; the per-key callback it would have
         attached only records a persisted offset for RocksDB stores (a no-op for memory).
         """
-        await self._send_records(table.changelog_topic.get_topic_name(), partition, records)
+        faust_producer: Any = self.app.producer
+        producer = faust_producer._ensure_producer()  # the aiokafka producer faust flushes
+        topic = table.changelog_topic.get_topic_name()
+        batch = producer.create_batch()
+        for key, value in records:
+            if batch.append(key=key, value=value, timestamp=None) is None:
+                await producer.send_batch(batch, topic, partition=partition)
+                batch = producer.create_batch()
+                batch.append(key=key, value=value, timestamp=None)
+        await producer.send_batch(batch, topic, partition=partition)
 
     # -- timers, rebalances, web ----------------------------------------------------------
 
