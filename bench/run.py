@@ -1,0 +1,440 @@
+"""One command for every benchmark: ``python -m bench.run [--quick] [--out bench/results]``.
+
+Starts a local Kafka broker (jars from ``.state/kafka/libs``; or uses ``--bootstrap``),
+pre-loads the mixed topic once, and measures in one run, on one machine:
+
+* the ceiling (``bench.peers.ceiling``), the worker (B1), the naive faust peer and the
+  Quix Streams peer over that same topic;
+* B2 latency, B3 flood, B6 restart (``bench.stream``);
+* the core (``bench.bench_core``), the edge (``bench.bench_edge``: B4) and the audit sink
+  (``bench.bench_sink``: B5), as subprocesses; a module that does not exist is reported
+  as ``missing``.
+
+Writes ``<out>/<UTC date>[-quick].json`` and ``.md``: figures, ratios to the ceiling and
+to each peer, targets, the machine (nproc, memory, CPU model, load before and after) and
+versions. ``--quick`` scales everything down (under two minutes on an idle machine; the
+Quix peer runs only if its virtualenv already exists, see ``bench.peers.quix``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from bench import stream
+from bench.peers import REPO_ROOT, run_peer, tail
+from bench.peers import quix as quix_env
+from pipeline.logs import configure_logging, get_logger
+
+log = get_logger("bench")
+
+PARTS = ("ceiling", "b1", "naive", "quix", "b2", "b2_unsaturated", "b3", "b6", "core", "edge", "sink")
+TARGETS = {
+    "b1_events_per_s": 50_000, "b1_vs_naive": 10.0, "b2_p99_ms": 100.0, "b2_edge_p99_ms": 150.0,
+    "b3_rss_mb": 512.0, "b3_vs_b1": 0.8, "b6_s": 15.0,
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Sizes of one run."""
+
+    quick: bool
+    scale: stream.Scale
+    naive_events: int
+    quix_events: int
+    peer_budget_s: float
+    external: dict[str, list[str]]
+
+    @classmethod
+    def of(cls, quick: bool) -> Plan:
+        if quick:
+            external = {
+                "core": ["--events", "50000", "--repeat", "1", "--no-memory"],
+                "edge": ["--decisions", "10000", "--calls", "100000", "--duration-s", "2",
+                         "--visible-samples", "20"],
+                "sink": ["--rows", "20000", "--backend", "chdb"],
+            }  # fmt: skip
+            return cls(True, stream.Scale.of(True), 10_000, 20_000, 8.0, external)
+        external = {"core": [], "edge": [], "sink": []}
+        return cls(False, stream.Scale.of(False), 200_000, 1_000_000, 60.0, external)
+
+
+# -- the machine -------------------------------------------------------------------------
+
+
+def machine() -> dict[str, Any]:
+    info: dict[str, Any] = {"nproc": os.cpu_count(), "platform": platform.platform()}
+    with open("/proc/meminfo") as meminfo:
+        for line in meminfo:
+            if line.startswith("MemTotal:"):
+                info["memory_mb"] = int(line.split()[1]) // 1024
+    with open("/proc/cpuinfo") as cpuinfo:
+        for line in cpuinfo:
+            if line.startswith("model name"):
+                info["cpu_model"] = line.split(":", 1)[1].strip()
+                break
+    return info
+
+
+def load_average() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def dict_counting_us() -> float:
+    """Machine-speed yardstick: microseconds per event of counting 500k keys in a dict."""
+    keys = [f"k{i % 50_000}" for i in range(500_000)]
+    counts: dict[str, int] = {}
+    started = time.process_time()
+    for key in keys:
+        counts[key] = counts.get(key, 0) + 1
+    return round((time.process_time() - started) / len(keys) * 1e6, 3)
+
+
+def versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for name in ("faust-streaming", "aiokafka", "orjson", "pydantic", "mode-streaming", "chdb"):
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = "absent"
+    from pipeline.stack import POM_PATH, kafka_version
+
+    out["kafka_broker"] = kafka_version(POM_PATH.read_text())
+    out["quixstreams"] = quix_env.REQUIREMENT.split("==")[1] if quix_env.env_ready() else "absent"
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT,
+                                capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.CalledProcessError):
+        commit = "unknown"
+    out["authpipe_commit"] = commit
+    return out
+
+
+# -- parts -------------------------------------------------------------------------------
+
+
+class Runner:
+    """Runs the selected parts, each guarded: one failure is recorded, the rest go on."""
+
+    def __init__(self, plan: Plan, ctx: stream.Context, parts: set[str]) -> None:
+        self.plan = plan
+        self.ctx = ctx
+        self.parts = parts
+        self.results: dict[str, Any] = {}
+        self.b1_names: stream.Names | None = None
+
+    def guarded(self, name: str, step: Callable[[], dict[str, Any]]) -> None:
+        if name not in self.parts:
+            return
+        started = time.perf_counter()
+        log.info("bench_part_started", part=name)
+        try:
+            result = step()
+        except Exception as exc:  # a benchmark part failing must not lose the others
+            result = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
+        result["wall_s"] = round(time.perf_counter() - started, 1)
+        self.results[name] = result
+        log.info("bench_part_done", part=name, wall_s=result["wall_s"], error=result.get("error"))
+
+    def run(self) -> dict[str, Any]:
+        scale = self.plan.scale
+        if self.parts & {"ceiling", "b1", "naive", "quix"}:
+            self.parts.add("preload")
+            self.guarded("preload", self.preload)
+        self.guarded("ceiling", self.ceiling)
+        self.guarded("b1", self.b1)
+        self.guarded("naive", self.naive)
+        self.guarded("quix", self.quix)
+        self.guarded("b2", lambda: stream.bench_b2(self.ctx, scale.b2_rate_per_s, scale.b2_probes))
+        # the same probes under a load the worker sustains: the latency of the design
+        # itself, apart from the queueing of a saturated worker
+        self.guarded("b2_unsaturated", lambda: stream.bench_b2(
+            self.ctx, scale.b2_unsaturated_rate_per_s, scale.b2_probes))  # fmt: skip
+        self.guarded("b3", lambda: stream.bench_b3(self.ctx, scale.b3_events, scale.b3_sources,
+                                                   scale.b3_entry_cap))  # fmt: skip
+        self.guarded("b6", lambda: stream.bench_b6(self.ctx, scale.b6_accounts))
+        for name in ("core", "edge", "sink"):
+            self.guarded(name, lambda name=name: self.external(name))  # type: ignore[misc]
+        return self.results
+
+    def preload(self) -> dict[str, Any]:
+        names, seconds = stream.prepare_b1(self.ctx, self.plan.scale.b1_events)
+        self.b1_names = names
+        return {"topic": names.input, "events": self.plan.scale.b1_events, "seconds": round(seconds, 1)}
+
+    def _topic(self) -> str:
+        if self.b1_names is None:
+            raise RuntimeError("the B1 topic was not pre-loaded")
+        return self.b1_names.input
+
+    def _log(self, name: str) -> Path:
+        return self.ctx.workdir / f"{name}.log"
+
+    def ceiling(self) -> dict[str, Any]:
+        command = [sys.executable, "-m", "bench.peers.ceiling", self.ctx.bootstrap, self._topic(),
+                   str(self.plan.scale.b1_events)]  # fmt: skip
+        return run_peer(command, 600, self._log("ceiling"))
+
+    def b1(self) -> dict[str, Any]:
+        if self.b1_names is None:
+            raise RuntimeError("the B1 topic was not pre-loaded")
+        return stream.bench_b1(self.ctx, self.b1_names, self.plan.scale.b1_events)
+
+    def naive(self) -> dict[str, Any]:
+        events = min(self.plan.naive_events, self.plan.scale.b1_events)
+        state = self.ctx.workdir / "naive-faust"
+        command = [sys.executable, "-m", "bench.peers.naive_faust", self.ctx.bootstrap,
+                   self._topic(), str(events), str(state), str(self.plan.peer_budget_s)]  # fmt: skip
+        return run_peer(command, 900, self._log("naive"))
+
+    def quix(self) -> dict[str, Any]:
+        if self.plan.quick and not quix_env.env_ready():
+            return {"skipped": "no Quix virtualenv yet (the full run creates it, or run "
+                               "`python -c 'from bench.peers.quix import ensure_env; ensure_env()'`)"}  # fmt: skip
+        python = quix_env.ensure_env()
+        events = min(self.plan.quix_events, self.plan.scale.b1_events)
+        state = self.ctx.workdir / "quix-state"
+        command = quix_env.command(python, self.ctx.bootstrap, self._topic(), events, state,
+                                   self.plan.peer_budget_s)  # fmt: skip
+        return run_peer(command, 900, self._log("quix"))
+
+    def external(self, name: str) -> dict[str, Any]:
+        module = f"bench.bench_{name}"
+        if not (REPO_ROOT / "bench" / f"bench_{name}.py").exists():
+            return {"missing": f"{module} does not exist yet"}
+        args = list(self.plan.external[name])
+        if name == "edge":
+            args += ["--bootstrap", self.ctx.bootstrap]
+        result = run_peer([sys.executable, "-m", module, *args], 1800, self._log(name))
+        if "error" in result:
+            result["log_tail"] = tail(self._log(name))
+        return result
+
+
+# -- summary -----------------------------------------------------------------------------
+
+
+def _get(results: dict[str, Any], *path: str) -> Any:
+    value: Any = results
+    for key in path:
+        if not isinstance(value, dict) or key not in value:
+            return None
+        value = value[key]
+    return value
+
+
+def ratio(a: Any, b: Any) -> float | None:
+    if not isinstance(a, int | float) or not isinstance(b, int | float) or not b:
+        return None
+    return round(a / b, 2)
+
+
+def summarize(results: dict[str, Any]) -> dict[str, Any]:
+    """Headline figures, ratios to the ceiling and peers, and each target met or not."""
+    b1 = _get(results, "b1", "events_per_s")
+    b1_cpu = _get(results, "b1", "events_per_cpu_s")
+    peers = {name: _get(results, name, "events_per_s") for name in ("ceiling", "naive", "quix")}
+    peers_cpu = {name: _get(results, name, "events_per_cpu_s") for name in ("ceiling", "naive", "quix")}
+    b2_p99 = _get(results, "b2", "to_topic", "p99_ms")
+    b2_edge = _get(results, "b2", "to_edge", "p99_ms")
+    b3_rss = _get(results, "b3", "peak_rss_mb_sampled", "VmHWM")
+    b3_rate = _get(results, "b3", "events_per_s")
+    b6 = _get(results, "b6", "ready_and_correct_s")
+    summary: dict[str, Any] = {
+        "b1_events_per_s": b1, "b1_events_per_cpu_s": b1_cpu,
+        "b1_vs_ceiling": ratio(b1, peers["ceiling"]), "b1_vs_naive": ratio(b1, peers["naive"]),
+        "b1_vs_quix": ratio(b1, peers["quix"]),
+        "b1_vs_ceiling_cpu": ratio(b1_cpu, peers_cpu["ceiling"]),
+        "b1_vs_naive_cpu": ratio(b1_cpu, peers_cpu["naive"]),
+        "b1_vs_quix_cpu": ratio(b1_cpu, peers_cpu["quix"]),
+        "b2_p99_ms": b2_p99, "b2_edge_p99_ms": b2_edge, "b3_rss_mb": b3_rss,
+        "b3_vs_b1": ratio(b3_rate, b1), "b6_s": b6,
+    }  # fmt: skip
+    met = {
+        "b1_events_per_s": b1 is not None and b1 >= TARGETS["b1_events_per_s"],
+        "b1_vs_naive": (summary["b1_vs_naive"] or 0) >= TARGETS["b1_vs_naive"],
+        "b2_p99_ms": b2_p99 is not None and b2_p99 <= TARGETS["b2_p99_ms"],
+        "b2_edge_p99_ms": b2_edge is not None and b2_edge <= TARGETS["b2_edge_p99_ms"],
+        "b3_rss_mb": b3_rss is not None and b3_rss <= TARGETS["b3_rss_mb"],
+        "b3_vs_b1": (summary["b3_vs_b1"] or 0) >= TARGETS["b3_vs_b1"],
+        "b6_s": b6 is not None and b6 <= TARGETS["b6_s"] and bool(_get(results, "b6", "correct")),
+    }
+    summary["met"] = met
+    return summary
+
+
+def fmt(value: Any, unit: str = "") -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, float) and not value.is_integer():
+        return f"{value:,.2f}{unit}"
+    return f"{int(value):,}{unit}"
+
+
+def mark(ok: bool) -> str:
+    return "yes" if ok else "**no**"
+
+
+def markdown(report: dict[str, Any]) -> str:
+    r, s, m = report["results"], report["summary"], report["summary"]["met"]
+    lines = [
+        f"# Benchmarks {report['date']}{' (quick)' if report['quick'] else ''}",
+        "",
+        f"Command: `{report['command']}`. Machine: {report['machine'].get('cpu_model')}, "
+        f"{report['machine'].get('nproc')} cores, {fmt(report['machine'].get('memory_mb'))} MB; "
+        f"load average {report['load_before']} before, {report['load_after']} after; "
+        f"dict-counting yardstick {report['yardstick_us']} us/event (about 1 us on an idle "
+        "machine of this kind: larger means a busier or slower machine). Broker on the same host.",
+        "",
+        "## Targets",
+        "",
+        "| # | what | measured | target | met |",
+        "|---|---|---|---|---|",
+        f"| B1 | mixed topic through the worker | {fmt(s['b1_events_per_s'], ' events/s')} "
+        f"({fmt(s['b1_events_per_cpu_s'])} per CPU-second) | >= 50,000 events/s | {mark(m['b1_events_per_s'])} |",
+        f"| B1 | worker / naive faust | {fmt(s['b1_vs_naive'], 'x')} (CPU: {fmt(s['b1_vs_naive_cpu'], 'x')}) "
+        f"| >= 10x | {mark(m['b1_vs_naive'])} |",
+        f"| B2 | tripping event to decision on the topic, p99 | {fmt(s['b2_p99_ms'], ' ms')} "
+        f"(p50 {fmt(_get(r, 'b2', 'to_topic', 'p50_ms'), ' ms')}) | <= 100 ms | {mark(m['b2_p99_ms'])} |",
+        f"| B2 | tripping event to edge view refusing, p99 | {fmt(s['b2_edge_p99_ms'], ' ms')} "
+        f"(p50 {fmt(_get(r, 'b2', 'to_edge', 'p50_ms'), ' ms')}) | <= 150 ms | {mark(m['b2_edge_p99_ms'])} |",
+        f"| B2 | the same at {fmt(_get(r, 'b2_unsaturated', 'background_rate_per_s'))} events/s (unsaturated), p99 "
+        f"| topic {fmt(_get(r, 'b2_unsaturated', 'to_topic', 'p99_ms'), ' ms')}, edge {fmt(_get(r, 'b2_unsaturated', 'to_edge', 'p99_ms'), ' ms')} "
+        f"(p50 {fmt(_get(r, 'b2_unsaturated', 'to_topic', 'p50_ms'), ' ms')}, {fmt(_get(r, 'b2_unsaturated', 'to_edge', 'p50_ms'), ' ms')}) | for reference | - |",
+        f"| B3 | flood: worker peak RSS | {fmt(s['b3_rss_mb'], ' MB')} | <= 512 MB | {mark(m['b3_rss_mb'])} |",
+        f"| B3 | flood throughput / B1 | {fmt(s['b3_vs_b1'], 'x')} ({fmt(_get(r, 'b3', 'events_per_s'), ' events/s')}) "
+        f"| >= 0.8x | {mark(m['b3_vs_b1'])} |",
+        f"| B6 | restart: ready and correct | {fmt(s['b6_s'], ' s')} (ready {fmt(_get(r, 'b6', 'ready_s'), ' s')}) "
+        f"| <= 15 s | {mark(m['b6_s'])} |",
+        "",
+        "## Throughput against the ceiling and the peers (same topic, same run)",
+        "",
+        "| implementation | events | events/s | events per CPU-second | worker / this (wall) | worker / this (CPU) |",
+        "|---|---|---|---|---|---|",
+    ]
+    rows = (
+        ("ceiling: aiokafka getmany + orjson, nothing else", "ceiling", "b1_vs_ceiling"),
+        ("authpipe worker: full pipeline (B1)", "b1", None),
+        ("naive faust: per-event windowed tables", "naive", "b1_vs_naive"),
+        ("Quix Streams: windowed counts only", "quix", "b1_vs_quix"),
+    )
+    for label, key, ratio_key in rows:
+        part = r.get(key, {})
+        if "events_per_s" not in part:
+            why = part.get("error") or part.get("skipped") or part.get("missing") or "not run"
+            lines.append(f"| {label} | n/a | n/a | n/a | {why} | |")
+            continue
+        events = part.get("events") if key != "b1" else part.get("rows")
+        cpu_ratio = s.get(f"{ratio_key}_cpu") if ratio_key else None
+        lines.append(
+            f"| {label} | {fmt(events)} | {fmt(part['events_per_s'])} | {fmt(part.get('events_per_cpu_s'))} "
+            f"| {fmt(s.get(ratio_key)) + 'x' if ratio_key and s.get(ratio_key) else '-'} "
+            f"| {fmt(cpu_ratio) + 'x' if cpu_ratio else '-'} |"
+        )
+    lines += ["", "## Other components", ""]
+    for key, label in (("core", "core (bench_core)"), ("edge", "edge (bench_edge, B4)"), ("sink", "sink (bench_sink, B5)")):
+        part = r.get(key)
+        if part is None:
+            lines.append(f"- {label}: not run")
+        elif "missing" in part:
+            lines.append(f"- {label}: **missing** ({part['missing']})")
+        elif "error" in part:
+            lines.append(f"- {label}: **error** {part['error']}")
+        else:
+            shown = {k: v for k, v in part.items() if not isinstance(v, dict | list)}
+            lines.append(f"- {label}: " + ", ".join(f"{k}={v}" for k, v in shown.items()))
+    for rerun in report.get("reruns", []):
+        lines += ["", f"Re-run at {rerun['started_at']} (`{rerun['command']}`, load average "
+                  f"{rerun['load_before']} before, {rerun['load_after']} after): {', '.join(rerun['parts'])}."]  # fmt: skip
+    lines += ["", "## Versions", ""]
+    lines += [f"- {k}: {v}" for k, v in report["versions"].items()]
+    lines += ["", "Raw figures: the JSON file of the same name.", ""]
+    return "\n".join(lines)
+
+
+def merged(path: Path, rerun: dict[str, Any]) -> dict[str, Any]:
+    """The report at ``path`` with the parts of ``rerun`` replaced, the re-run noted."""
+    report: dict[str, Any] = orjson.loads(path.read_bytes())
+    parts = sorted(set(rerun["results"]) - {"preload"})
+    report["results"].update({k: v for k, v in rerun["results"].items() if k in parts})
+    report.setdefault("reruns", []).append({
+        "parts": parts, "started_at": rerun["started_at"], "command": rerun["command"],
+        "load_before": rerun["load_before"], "load_after": rerun["load_after"],
+        "yardstick_us": rerun["yardstick_us"], "commit": rerun["versions"]["authpipe_commit"],
+    })  # fmt: skip
+    return report
+
+
+def write(report: dict[str, Any], out_dir: Path) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = report["date"] + ("-quick" if report["quick"] else "")
+    (out_dir / f"{stem}.json").write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2) + b"\n")
+    (out_dir / f"{stem}.md").write_text(markdown(report))
+    return out_dir / f"{stem}.json"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="everything scaled down")
+    parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench" / "results")
+    parser.add_argument("--bootstrap", help="use this broker instead of starting one")
+    parser.add_argument("--parts", default=",".join(PARTS), help="comma-separated subset of " + ",".join(PARTS))
+    parser.add_argument("--events", type=int, help="events of the B1 topic (default 1M, quick 50k)")
+    parser.add_argument("--merge-into", type=Path, help="re-run --parts and replace them in this report")
+    args = parser.parse_args(argv)
+    configure_logging("info", "console")
+    parts = set(args.parts.split(","))
+    unknown = parts - set(PARTS)
+    if unknown:
+        parser.error(f"unknown parts {sorted(unknown)}")
+    plan = Plan.of(args.quick)
+    if args.events:
+        plan = replace(plan, scale=replace(plan.scale, b1_events=args.events))
+    report: dict[str, Any] = {
+        "date": datetime.now(UTC).strftime("%Y-%m-%d"), "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "quick": args.quick, "command": " ".join(["python -m bench.run", *(argv if argv is not None else sys.argv[1:])]),
+        "machine": machine(), "load_before": load_average(), "yardstick_us": dict_counting_us(),
+        "versions": versions(), "parts": sorted(parts),
+    }  # fmt: skip
+    workdir = Path(tempfile.mkdtemp(prefix="authpipe-bench-run-"))
+    started = time.perf_counter()
+    try:
+        with stream.broker(args.bootstrap) as bootstrap:
+            ctx = stream.Context(bootstrap, workdir)
+            try:
+                report["results"] = Runner(plan, ctx, parts).run()
+            finally:
+                ctx.stop_all()
+    finally:
+        report["load_after"] = load_average()
+        report["wall_s"] = round(time.perf_counter() - started, 1)
+        report["versions"]["quixstreams"] = (
+            quix_env.REQUIREMENT.split("==")[1] if quix_env.env_ready() else "absent"
+        )
+        report.setdefault("results", {})
+        if args.merge_into:
+            report = merged(args.merge_into, report)
+        report["summary"] = summarize(report["results"])
+        path = write(report, args.merge_into.parent if args.merge_into else args.out)
+        shutil.rmtree(workdir, ignore_errors=True)
+    sys.stdout.write(orjson.dumps({"written": str(path), "summary": report["summary"]}).decode() + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
