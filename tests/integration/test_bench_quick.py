@@ -1,0 +1,48 @@
+"""The benchmark harness runs in ``--quick`` mode and writes well-formed results.
+
+Not a performance test: figures are not judged, only that every selected part produced
+its figures and that the JSON and markdown files hold what the README promises (machine,
+load, versions, ratios). The session broker is reused and the slower parts are left out
+so this stays well under two minutes.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+pytestmark = pytest.mark.integration
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_quick_run_writes_json_and_markdown(kafka_bootstrap: str, tmp_path: Path) -> None:
+    out = tmp_path / "results"
+    command = [
+        sys.executable, "-m", "bench.run", "--quick", "--bootstrap", kafka_bootstrap,
+        "--out", str(out), "--parts", "ceiling,b1,naive", "--events", "20000",
+    ]  # fmt: skip
+    done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=110)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    (json_path,) = out.glob("*-quick.json")
+    report = orjson.loads(json_path.read_bytes())
+    assert {"date", "machine", "load_before", "load_after", "versions", "results", "summary"} <= set(report)
+    assert {"nproc", "memory_mb", "cpu_model"} <= set(report["machine"])
+    assert report["versions"]["faust-streaming"] and report["versions"]["kafka_broker"]
+    results = report["results"]
+    for part in ("ceiling", "b1", "naive"):
+        assert "error" not in results[part], results[part]
+        assert results[part]["events_per_s"] > 0
+    assert results["b1"]["rows"] == 20_000
+    summary = report["summary"]
+    assert summary["b1_vs_ceiling"] is not None and summary["b1_vs_naive"] is not None
+    assert set(summary["met"]) >= {"b1_events_per_s", "b1_vs_naive", "b2_p99_ms", "b6_s"}
+
+    markdown = json_path.with_suffix(".md").read_text()
+    for needle in ("| B1 |", "| B6 |", "ceiling:", "naive faust:", "## Versions", "load average"):
+        assert needle in markdown
