@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Iterable
 from typing import Any
 
 import faust
@@ -42,6 +42,7 @@ from pipeline.logs import get_logger
 from pipeline.settings import Settings
 from pipeline.stream.ingest import Ingest
 from pipeline.stream.metrics import WorkerMetrics
+from pipeline.stream.progress import Admit, InputOrder
 from pipeline.stream.stages import AccountStage, RollupStage, SourceStage, StageOutput, chunks
 from pipeline.stream.topics import CHANGELOG_CONFIG, Topics
 
@@ -93,6 +94,11 @@ class Worker:
         self.sources = SourceStage(policy, kafka.partitions, **dedupe)
         self.rollup = RollupStage(policy)
         self.ingest_ready = asyncio.Event()
+        # Envelopes in offset order whatever faust delivers (pipeline.stream.progress);
+        # per agent topic, its channel (queue) and whether it is mid-envelope.
+        self.order = InputOrder()
+        self.channels: dict[str, Any] = {}
+        self.busy: dict[str, bool] = {}
         self.app = self._build_app()
 
     # -- the faust app ------------------------------------------------------------------
@@ -242,38 +248,68 @@ class Worker:
         return records
 
     async def _account_agent(self, stream: Any) -> None:
-        async for event in stream.events():
-            message = event.message
-            partition = message.partition
-            if not self.accounts.owns(partition):
-                rebuilt = self.accounts.rebuild(partition, self._partition_records(self.account_table, partition))
-                await self._emit(rebuilt, self.account_table, partition)
-            started = time.perf_counter()
-            rows = loads(message.value)["rows"]
-            result = self.accounts.process(partition, message.offset, rows)
-            await self._emit(result, self.account_table, partition)
-            self.metrics.stage("account", len(rows), result, time.perf_counter() - started)
+        await self._run_stage(stream, "account", self.accounts, self.account_table)
 
     async def _source_agent(self, stream: Any) -> None:
-        async for event in stream.events():
-            message = event.message
+        await self._run_stage(stream, "source", self.sources, self.source_table)
+
+    async def _run_stage(self, stream: Any, name: str, stage: AccountStage | SourceStage, table: Any) -> None:
+        """Apply envelopes to ``stage`` strictly in offset order per partition."""
+        async for message in self._messages(stream):
             partition = message.partition
-            if not self.sources.owns(partition):
-                rebuilt = self.sources.rebuild(partition, self._partition_records(self.source_table, partition))
-                await self._emit(rebuilt, self.source_table, partition)
+            if not stage.owns(partition):
+                rebuilt = stage.rebuild(partition, self._partition_records(table, partition))
+                await self._emit(rebuilt, table, partition)
+            if not await self._in_order(stage, message):
+                continue
             started = time.perf_counter()
             rows = loads(message.value)["rows"]
-            result = self.sources.process(partition, message.offset, rows)
-            await self._emit(result, self.source_table, partition)
-            self.metrics.stage("source", len(rows), result, time.perf_counter() - started)
+            result = stage.process(partition, message.offset, rows)
+            await self._emit(result, table, partition)
+            self.metrics.stage(name, len(rows), result, time.perf_counter() - started)
+
+    async def _in_order(self, stage: AccountStage | SourceStage, message: Any) -> bool:
+        """True if ``message`` is the envelope ``stage`` expects next on its partition; an
+        out-of-order one is skipped and its partition sought back (pipeline.stream.progress)."""
+        tp, partition = message.tp, message.partition
+        expected = stage.expected(partition)
+        if expected is None:
+            # No state yet: this partition starts at its log start offset.
+            expected = (await self.app.consumer.earliest_offsets(tp)).get(tp, 0)
+            stage.next_envelope[partition] = expected
+        verdict = self.order.admit(tp, message.offset, expected, time.monotonic())
+        if verdict is Admit.APPLY:
+            return True
+        if verdict is Admit.REPLAY:
+            self.metrics.replayed_envelopes_total.labels(topic=tp.topic).inc()
+        elif verdict is Admit.SEEK:
+            await self._seek_back(tp, expected, message.offset)
+        return False
+
+    async def _seek_back(self, tp: Any, offset: int, seen: int) -> None:
+        log.warning("stream_seek_back", topic=tp.topic, partition=tp.partition, offset=offset, seen=seen)
+        self.metrics.seek_backs_total.labels(topic=tp.topic).inc()
+        await self.app.consumer.seek(tp, offset)
 
     async def _rollup_agent(self, stream: Any) -> None:
-        async for event in stream.events():
-            partition = event.message.partition
+        async for message in self._messages(stream):
+            partition = message.partition
             if not self.rollup.owns(partition):
                 self.rollup.rebuild(partition, self._partition_records(self.rollup_table, partition))
-            result = self.rollup.process(partition, loads(event.message.value))
+            result = self.rollup.process(partition, loads(message.value))
             await self._emit(result, self.rollup_table, partition)
+
+    async def _messages(self, stream: Any) -> AsyncIterator[Any]:
+        """The agent's messages, marking the agent busy while its body runs (for the
+        stranded-partition check in ``_seek_stranded``)."""
+        topic = stream.channel.get_topic_name()
+        self.channels[topic] = stream.channel
+        async for event in stream.events():
+            self.busy[topic] = True
+            try:
+                yield event.message
+            finally:
+                self.busy[topic] = False
 
     async def _emit(self, result: StageOutput, table: Any, partition: int) -> None:
         """Send a stage's outputs; only after they are acknowledged, its changelog."""
@@ -294,11 +330,11 @@ class Worker:
         for target, shares in by_part.items():
             pending.append(await self.shares.send(key=shares[0][0].encode(), value=dumps(shares), partition=target))
         # Wait for acknowledgements only when a replay would not re-create the outputs:
-        # decisions, alerts and forwards are skipped for keys whose state already shows
-        # them applied, so they must be durable before that state is. Audit batches and
-        # shares are re-emitted on replay; waiting for them would cost a round trip per
-        # envelope (the source stage's small envelopes would crawl).
-        if pending and (result.decisions or result.alerts or result.forwards):
+        # decisions, alerts, forwards and audit rows are skipped for rows whose state
+        # already shows them applied, so they must be durable before that state is (the
+        # changelog goes straight to the producer and can overtake them otherwise). Shares
+        # are absolute counts, re-sent with the next envelope of the tenant and window.
+        if pending and (result.decisions or result.alerts or result.forwards or result.audit):
             await asyncio.gather(*pending)
         if result.changelog:
             await self._send_changelog(table, partition, result.changelog)
@@ -330,6 +366,7 @@ class Worker:
 
     async def _expire_tick(self) -> None:
         await self._rebuild_assigned()
+        await self._seek_stranded()
         now = wall_ms()
         for key, value in [*self.accounts.expire(now), *self.sources.expire(now)]:
             await self.decisions.send(key=key, value=value)
@@ -352,9 +389,29 @@ class Worker:
             if tp.topic == self.topics.shares and not self.rollup.owns(tp.partition):
                 self.rollup.rebuild(tp.partition, self._partition_records(self.rollup_table, tp.partition))
 
+    async def _seek_stranded(self) -> None:
+        """Seek partitions whose last messages faust dropped (nothing later arrives to
+        reveal the hole) back to the offset their stage expects."""
+        if not self.ready():
+            return
+        consumer: Any = self.app.consumer
+        now_s = time.monotonic()
+        stages = {self.topics.by_account: self.accounts, self.topics.by_source: self.sources}
+        for tp in consumer.assignment():
+            stage = stages.get(tp.topic)
+            channel = self.channels.get(tp.topic)
+            expected = stage.expected(tp.partition) if stage is not None else None
+            if channel is None or expected is None:
+                continue
+            idle = not self.busy.get(tp.topic) and channel.queue.empty()
+            highwater = consumer.highwater(tp)
+            if self.order.stranded(tp, expected=expected, highwater=highwater, idle=idle, now_s=now_s):
+                await self._seek_back(tp, expected, highwater)
+
     async def _on_revoked(self, sender: Any, *args: Any, **kwargs: Any) -> None:
         revoked: Iterable[TopicPartition] = args[0] if args else kwargs.get("revoked", ())
         for tp in revoked:
+            self.order.forget(tp)
             if tp.topic == self.topics.by_account:
                 self.accounts.drop(tp.partition)
             elif tp.topic == self.topics.by_source:

@@ -56,6 +56,16 @@ class WorkerMetrics:
         self.ingest_lag = Gauge(
             "authpipe_ingest_lag_messages", "input messages not yet read", ["partition"], registry=r
         )
+        self.seek_backs_total = Counter(
+            "authpipe_stream_seek_backs_total",
+            "partitions sought back to the envelope their stage expects (faust dropped it)",
+            ["topic"], registry=r,
+        )  # fmt: skip
+        self.replayed_envelopes_total = Counter(
+            "authpipe_stream_replayed_envelopes_total",
+            "envelopes skipped because their stage had already applied them",
+            ["topic"], registry=r,
+        )  # fmt: skip
         self.ready = Gauge("authpipe_ready", "1 when recovered and consuming", registry=r)
 
     def ingested(self, valid: int, reasons: TallyCounter[str]) -> None:

@@ -96,6 +96,11 @@ class _Stage:
         self.dedupe_capacity = dedupe_capacity
         self.shards: dict[int, Any] = {}
         self.inputs: dict[int, dict[int, int]] = {}
+        # Per partition: the offset of the next envelope of this stage's own input to
+        # apply (None until known). Envelopes must be applied in offset order with no
+        # gap: the upstream watermarks above would otherwise skip the rows of an envelope
+        # that arrives after a later one as replays.
+        self.next_envelope: dict[int, int | None] = {}
 
     def owns(self, partition: int) -> bool:
         return partition in self.shards
@@ -107,6 +112,7 @@ class _Stage:
             dedupe_capacity=self.dedupe_capacity,
         )  # fmt: skip
         inputs: dict[int, int] = {}
+        next_envelope: int | None = None
         for raw_key, raw_value in records:
             key = loads(raw_key)
             if key[0] != partition or raw_value is None:
@@ -114,12 +120,15 @@ class _Stage:
             value = loads(raw_value)
             if key[1] == "inputs":
                 inputs = {int(p): int(o) for p, o in value.items()}
+            elif key[1] == "next":
+                next_envelope = int(value)
             else:
                 shard.restore(key[1:], value)
         out = Outbox()
         shard.finish_restore(out)
         self.shards[partition] = shard
         self.inputs[partition] = inputs
+        self.next_envelope[partition] = next_envelope
         result = StageOutput()
         _collect(out, result)
         return result
@@ -127,6 +136,11 @@ class _Stage:
     def drop(self, partition: int) -> None:
         self.shards.pop(partition, None)
         self.inputs.pop(partition, None)
+        self.next_envelope.pop(partition, None)
+
+    def expected(self, partition: int) -> int | None:
+        """Offset of the next envelope to apply on ``partition`` (None: not yet known)."""
+        return self.next_envelope.get(partition)
 
     def expire(self, now_ms: int) -> list[tuple[bytes, None]]:
         """Tombstones for decisions past their expiry on the wall clock (no event needed)."""
@@ -138,7 +152,10 @@ class _Stage:
                 lifted.append((format_key(key).encode(), None))
         return lifted
 
-    def _finish(self, partition: int, shard: Any, out: Outbox, result: StageOutput) -> None:
+    def _finish(
+        self, partition: int, offset: int, shard: Any, out: Outbox, result: StageOutput
+    ) -> None:
+        self.next_envelope[partition] = offset + 1
         shard.advance(shard.watermark_ms, out)
         _collect(out, result)
         for key, value in shard.take_dirty():
@@ -147,6 +164,7 @@ class _Stage:
             )
         inputs = {str(p): o for p, o in self.inputs[partition].items()}
         result.changelog.append((_changelog_key(partition, ["inputs"]), dumps(inputs)))
+        result.changelog.append((_changelog_key(partition, ["next"]), dumps(offset + 1)))
 
     def _fresh(self, partition: int, upstream: int, position: int) -> bool:
         """True once per upstream position: replays at or below the watermark are skipped."""
@@ -202,7 +220,7 @@ class AccountStage(_Stage):
         for (tenant, window), share in out.partials.items():
             result.shares.append([tenant, window, "a", partition, share])
         out.partials.clear()
-        self._finish(partition, shard, out, result)
+        self._finish(partition, offset, shard, out, result)
         return result
 
     def _forward(self, forwards: list[Attempt], seq: int, partition: int, result: StageOutput) -> None:
@@ -235,7 +253,7 @@ class SourceStage(_Stage):
         for (tenant, window), share in out.partials.items():
             result.shares.append([tenant, window, "s", partition, share])
         out.partials.clear()
-        self._finish(partition, shard, out, result)
+        self._finish(partition, offset, shard, out, result)
         return result
 
 
