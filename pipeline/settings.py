@@ -75,6 +75,10 @@ class WorkerSettings(_Section):
     batch_max_events: int = Field(5000, ge=1, description="events per batch at most")
     batch_max_wait_ms: int = Field(50, ge=1, description="a batch waits this long at most")
     web_port: int = Field(6066, ge=0, le=65535, description="metrics and readiness port (0=any)")
+    web_host: str = Field(
+        "127.0.0.1", min_length=1,
+        description="metrics and readiness bind address; 0.0.0.0 in a container",
+    )  # fmt: skip
     entry_cap: int = Field(100_000, ge=10, description="entries per tenant per table")
 
 

@@ -38,6 +38,7 @@ from pipeline.core.attempt import Normaliser
 from pipeline.core.keys import Digester
 from pipeline.core.normalise import NetworkSet, SourceRules
 from pipeline.core.policy import Policy
+from pipeline.errors import ConfigError
 from pipeline.logs import get_logger
 from pipeline.settings import Settings
 from pipeline.stream.ingest import Ingest
@@ -56,7 +57,24 @@ def wall_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-def build_normaliser(settings: Settings) -> Normaliser:
+def build_normaliser(settings: Settings, policy: Policy | None = None) -> Normaliser:
+    """The Normaliser every component must share (worker, edge, simulator, reports).
+
+    Case-sensitive tenants are ``ingest.case_sensitive_tenants`` plus the tenants whose
+    policy says ``case_sensitive = true``; the policy is ``settings.policy_path`` unless
+    given. Raises ConfigError for ``case_sensitive`` in the policy's ``[defaults]``, which
+    a list of tenants cannot express.
+    """
+    if policy is None:
+        from pipeline.stream.worker import load_policy
+
+        policy = load_policy(settings.policy_path)
+    if policy.defaults.case_sensitive:
+        raise ConfigError(
+            "the policy sets case_sensitive = true in [defaults]; set it per tenant "
+            "([tenants.<name>] case_sensitive = true) or list the tenants in "
+            "ingest.case_sensitive_tenants"
+        )
     ingest = settings.ingest
     return Normaliser(
         digester=Digester(settings.identity.digest_key),
@@ -65,7 +83,8 @@ def build_normaliser(settings: Settings) -> Normaliser:
             ipv4_prefix=ingest.ipv4_prefix,
             ipv6_prefix=ingest.ipv6_prefix,
         ),
-        case_sensitive_tenants=frozenset(ingest.case_sensitive_tenants),
+        case_sensitive_tenants=frozenset(ingest.case_sensitive_tenants)
+        | policy.case_sensitive_tenants(),
     )
 
 
@@ -80,7 +99,7 @@ class Worker:
         self.topics = Topics.from_settings(kafka)
         self.metrics = WorkerMetrics()
         self.ingest = Ingest(
-            normaliser=build_normaliser(settings),
+            normaliser=build_normaliser(settings, policy),
             partitions=kafka.partitions,
             max_event_bytes=settings.ingest.max_event_bytes,
             max_future_skew_ms=settings.ingest.max_future_skew_ms,
@@ -120,8 +139,8 @@ class Worker:
             broker_heartbeat_interval=1.0,
             web_enabled=True,
             web_port=s.worker.web_port,
-            web_bind="127.0.0.1",
-            web_host="127.0.0.1",
+            web_bind=s.worker.web_host,
+            web_host=s.worker.web_host,
             datadir=str(s.state_dir / "faust"),
             loghandlers=[],
             producer_acks=-1,

@@ -42,7 +42,7 @@ class MemoryPipeline:
         kafka = settings.kafka
         self.partitions = kafka.partitions
         self.ingest = Ingest(
-            normaliser=build_normaliser(settings), partitions=kafka.partitions,
+            normaliser=build_normaliser(settings, policy), partitions=kafka.partitions,
             max_event_bytes=settings.ingest.max_event_bytes,
             max_future_skew_ms=settings.ingest.max_future_skew_ms,
         )  # fmt: skip

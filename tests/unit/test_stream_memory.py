@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import random
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import orjson
+import pytest
 
 from pipeline.contracts.codec import decode_attempt, encode
 from pipeline.core.engine import Engine
-from pipeline.core.policy import DEFAULT_POLICY
+from pipeline.core.policy import DEFAULT_POLICY, policy_from_toml
+from pipeline.errors import ConfigError
 from pipeline.settings import Settings
 from pipeline.stream.app import build_normaliser
 from pipeline.stream.ingest import Ingest, Record
@@ -104,3 +107,20 @@ def test_every_record_is_either_a_row_or_a_dead_letter() -> None:
     assert dict(result.reasons) == {"bad_peer_ip": 1, "future_timestamp": 1, "not_json": 1}
     headers = dict(result.dead[0].headers())
     assert (headers["source_topic"], headers["source_offset"]) == (b"t", b"100")
+
+
+def test_a_tenants_policy_flag_reaches_the_shared_normaliser(tmp_path: Path) -> None:
+    """case_sensitive = true under [tenants.acme] keeps acme's case, from a given policy or policy_path."""
+    text = '[tenants.acme]\ncase_sensitive = true\n'
+    given = build_normaliser(Settings(), policy_from_toml(text))
+    path = tmp_path / "policy.toml"
+    path.write_text(text)
+    loaded = build_normaliser(Settings(policy_path=path))
+    assert given.case_sensitive_tenants == loaded.case_sensitive_tenants == frozenset({"acme"})
+
+
+def test_case_sensitive_in_the_policy_defaults_is_a_config_error() -> None:
+    """A [defaults] case_sensitive flag (not expressible as a tenant list) is refused with what to do."""
+    policy = policy_from_toml("[defaults]\ncase_sensitive = true\n")
+    with pytest.raises(ConfigError, match=r"set it per tenant"):
+        build_normaliser(Settings(), policy)
