@@ -74,21 +74,14 @@ class TopicRange:
 async def read_input_range(bootstrap: str, topic: str, rng: TopicRange, timeout_s: float = 120.0,
                            ) -> list[tuple[int, int, bytes | None]]:  # fmt: skip
     """(partition, offset, value) of the records in range, read without a consumer group."""
-    from aiokafka import AIOKafkaConsumer, TopicPartition
+    from aiokafka import AIOKafkaConsumer
 
     consumer = AIOKafkaConsumer(
         bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None
     )
     await consumer.start()
     try:
-        partitions = sorted(consumer.partitions_for_topic(topic) or set())
-        if not partitions:
-            await consumer._client.force_metadata_update()
-            partitions = sorted(consumer.partitions_for_topic(topic) or set())
-        if not partitions:
-            raise BacktestError(f"input topic {topic} does not exist at {bootstrap}")
-        tps = [TopicPartition(topic, p) for p in partitions]
-        consumer.assign(tps)
+        tps = await sc.assign_whole_topic(consumer, topic, bootstrap, BacktestError)
         starts, stops = await _bounds(consumer, tps, rng)
         out: list[tuple[int, int, bytes | None]] = []
         async with asyncio.timeout(timeout_s):

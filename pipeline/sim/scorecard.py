@@ -242,24 +242,36 @@ class TopicRead:
     gaps: int
 
 
+async def assign_whole_topic(
+    consumer: Any, topic: str, bootstrap: str, error: type[AuthpipeError]
+) -> list[Any]:
+    """Assign every partition of ``topic`` to a started group-less ``consumer``, in
+    partition order; raises ``error`` if the topic does not exist."""
+    from aiokafka import TopicPartition
+
+    partitions = sorted(consumer.partitions_for_topic(topic) or set())
+    if not partitions:
+        await consumer._client.force_metadata_update()  # the topic may be brand new
+        partitions = sorted(consumer.partitions_for_topic(topic) or set())
+    if not partitions:
+        raise error(f"topic {topic} does not exist at {bootstrap}; check the name and the bootstrap servers")
+    tps = [TopicPartition(topic, p) for p in partitions]
+    consumer.assign(tps)
+    return tps
+
+
 async def read_topic(bootstrap: str, topic: str, timeout_s: float) -> TopicRead:
     """Every record of ``topic`` up to its end offsets at the call; no consumer group, no
     commits."""
-    from aiokafka import AIOKafkaConsumer, TopicPartition
+    from aiokafka import AIOKafkaConsumer
 
     consumer = AIOKafkaConsumer(
         bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None
     )
     await consumer.start()
     try:
-        partitions = sorted(consumer.partitions_for_topic(topic) or set())
-        if not partitions:
-            await consumer._client.force_metadata_update()
-            partitions = sorted(consumer.partitions_for_topic(topic) or set())
-        if not partitions:
-            raise ScorecardError(f"topic {topic} does not exist at {bootstrap}")
-        tps = [TopicPartition(topic, p) for p in partitions]
-        consumer.assign(tps)
+        tps = await assign_whole_topic(consumer, topic, bootstrap, ScorecardError)
+        partitions = [tp.partition for tp in tps]
         await consumer.seek_to_beginning(*tps)
         firsts = await consumer.beginning_offsets(tps)
         ends = await consumer.end_offsets(tps)
