@@ -73,7 +73,9 @@ class IdentitySettings(_Section):
 
 class WorkerSettings(_Section):
     batch_max_events: int = Field(5000, ge=1, description="events per batch at most")
-    batch_max_wait_ms: int = Field(50, ge=1, description="a batch waits this long at most")
+    batch_max_wait_ms: int = Field(
+        20, ge=1, description="ingest fills a batch for this long after its first record"
+    )
     web_port: int = Field(6066, ge=0, le=65535, description="metrics and readiness port (0=any)")
     web_host: str = Field(
         "127.0.0.1", min_length=1,

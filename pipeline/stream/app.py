@@ -41,6 +41,7 @@ from pipeline.core.policy import Policy
 from pipeline.errors import ConfigError
 from pipeline.logs import get_logger
 from pipeline.settings import Settings
+from pipeline.stream.chains import ChangelogChains
 from pipeline.stream.ingest import Ingest
 from pipeline.stream.metrics import WorkerMetrics
 from pipeline.stream.progress import Admit, InputOrder
@@ -116,6 +117,7 @@ class Worker:
         # Envelopes in offset order whatever faust delivers (pipeline.stream.progress);
         # per agent topic, its channel (queue) and whether it is mid-envelope.
         self.order = InputOrder()
+        self.chains = ChangelogChains()
         self.channels: dict[str, Any] = {}
         self.busy: dict[str, bool] = {}
         self.app = self._build_app()
@@ -173,6 +175,7 @@ class Worker:
         app.task(self._ingest_loop)
         app.timer(1.0)(self._expire_tick)
         app.on_partitions_revoked.connect(self._on_revoked)  # type: ignore[arg-type]
+        app.on_before_shutdown.connect(self._on_shutdown)  # type: ignore[arg-type]
         self._add_views(app)
         return app
 
@@ -221,13 +224,36 @@ class Worker:
         self.ingest_ready.set()
         try:
             while True:
-                batch = await consumer.getmany(
-                    timeout_ms=s.worker.batch_max_wait_ms, max_records=s.worker.batch_max_events
-                )
+                batch = await self._gather_batch(consumer)
                 if batch:
                     await self._ingest_batch(consumer, batch)
         finally:
             await consumer.stop()
+
+    async def _gather_batch(self, consumer: AIOKafkaConsumer) -> dict[Any, list[Any]]:
+        """Records until ``batch_max_events`` or ``batch_max_wait_ms`` after the first one.
+
+        ``getmany`` returns whatever the fetcher holds, a handful of records under light
+        load, and every batch costs a fixed envelope per account partition downstream (and
+        forwards per source partition from each): lingering keeps a trickle from turning
+        into thousands of tiny envelopes a second, at a bounded cost in latency."""
+        worker = self.settings.worker
+        batch: dict[Any, list[Any]] = await consumer.getmany(
+            timeout_ms=worker.batch_max_wait_ms, max_records=worker.batch_max_events
+        )
+        count = sum(len(messages) for messages in batch.values())
+        if not count:
+            return batch
+        deadline = time.monotonic() + worker.batch_max_wait_ms / 1000
+        while count < worker.batch_max_events:
+            left_ms = int((deadline - time.monotonic()) * 1000)
+            if left_ms <= 0:
+                break
+            more = await consumer.getmany(timeout_ms=left_ms, max_records=worker.batch_max_events - count)
+            for tp, messages in more.items():
+                batch.setdefault(tp, []).extend(messages)
+                count += len(messages)
+        return batch
 
     async def _ingest_batch(self, consumer: AIOKafkaConsumer, batch: dict[Any, Any]) -> None:
         # aiokafka's ConsumerRecords carry what ingest reads (topic, partition, offset,
@@ -331,7 +357,7 @@ class Worker:
                 self.busy[topic] = False
 
     async def _emit(self, result: StageOutput, table: Any, partition: int) -> None:
-        """Send a stage's outputs; only after they are acknowledged, its changelog."""
+        """Send a stage's outputs; once they are acknowledged, its changelog."""
         pending: list[Awaitable[Any]] = []
         for key, value in result.decisions:
             pending.append(await self.decisions.send(key=key, value=value))
@@ -348,15 +374,16 @@ class Worker:
             by_part.setdefault(hash_tenant(share[0], self.partitions), []).append(share)
         for target, shares in by_part.items():
             pending.append(await self.shares.send(key=shares[0][0].encode(), value=dumps(shares), partition=target))
-        # Wait for acknowledgements only when a replay would not re-create the outputs:
-        # decisions, alerts, forwards and audit rows are skipped for rows whose state
-        # already shows them applied, so they must be durable before that state is (the
-        # changelog goes straight to the producer and can overtake them otherwise). Shares
-        # are absolute counts, re-sent with the next envelope of the tenant and window.
-        if pending and (result.decisions or result.alerts or result.forwards or result.audit):
-            await asyncio.gather(*pending)
+        # The changelog is written once these are acknowledged: decisions, alerts, forwards
+        # and audit rows are skipped for rows whose state shows them applied, so they must
+        # be durable before that state is (the changelog goes straight to the producer and
+        # could overtake them). The wait runs in the background (pipeline.stream.chains).
         if result.changelog:
-            await self._send_changelog(table, partition, result.changelog)
+            records = result.changelog
+            await self.chains.add(
+                (table.name, partition), pending,
+                lambda: self._send_changelog(table, partition, records),
+            )  # fmt: skip
         self.metrics.emitted(result)
 
     async def _send_changelog(
@@ -427,8 +454,24 @@ class Worker:
             if self.order.stranded(tp, expected=expected, highwater=highwater, idle=idle, now_s=now_s):
                 await self._seek_back(tp, expected, highwater)
 
+    async def _on_shutdown(self, sender: Any, *args: Any, **kwargs: Any) -> None:
+        """Write every changelog still waiting for acknowledgements before faust stops."""
+        await self._drain_chains(None)
+
+    async def _drain_chains(self, keys: Iterable[Any] | None) -> None:
+        try:
+            await self.chains.drain(keys)
+        except Exception as exc:  # a send failed: the agent that owns it crashes on it too
+            log.error("changelog_write_failed", error=repr(exc))
+
     async def _on_revoked(self, sender: Any, *args: Any, **kwargs: Any) -> None:
         revoked: Iterable[TopicPartition] = args[0] if args else kwargs.get("revoked", ())
+        # The next owner rebuilds from the changelog: write what is waiting first.
+        tables = {self.topics.by_account: self.account_table, self.topics.by_source: self.source_table,
+                  self.topics.shares: self.rollup_table}  # fmt: skip
+        await self._drain_chains(
+            [(tables[tp.topic].name, tp.partition) for tp in revoked if tp.topic in tables]
+        )
         for tp in revoked:
             self.order.forget(tp)
             if tp.topic == self.topics.by_account:
