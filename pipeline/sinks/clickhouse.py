@@ -174,7 +174,6 @@ class ConnectClickHouse:
         self._where = where
         self._database = database
         self._closed = False
-        self._types: dict[str, dict[str, str]] = {}
 
     @property
     def backend(self) -> str:
@@ -196,7 +195,6 @@ class ConnectClickHouse:
         parameters: Mapping[str, Any] | None = None,
     ) -> None:
         _check_parameters(sql, parameters)
-        self._types.clear()  # DDL may change a table's columns
         self._call(
             self._client.command,
             sql,
@@ -226,18 +224,6 @@ class ConnectClickHouse:
             return
         _refuse_naive_datetimes(table, columns, rows)
         settings = {"insert_deduplication_token": dedup_token} if dedup_token else None
-        if self._backend == "chdb":
-            block = self._arrow_block(table, columns, rows)
-            if block is not None:
-                self._call(
-                    self._client.raw_insert,
-                    table,
-                    list(columns),
-                    block,
-                    settings=settings,
-                    fmt="ArrowStream",
-                )
-                return
         try:
             self._call(
                 self._client.insert,
@@ -251,61 +237,6 @@ class ConnectClickHouse:
                 f"insert into {table}: a value does not fit its column's type ({exc}); "
                 "check the types of the row values",
             ) from exc
-
-    def _arrow_block(
-        self, table: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]
-    ) -> bytes | None:
-        """The rows as one Arrow IPC stream, or None to take clickhouse-connect's path.
-
-        clickhouse-connect's Native encoder is pure Python (about 10 us per 19-column row
-        here); pyarrow converts whole columns in C. Only plain column types are converted
-        (``_arrow_type``), and any value pyarrow refuses, or a None in a non-Nullable
-        column, sends the insert down the Native path, which raises its usual errors:
-        the Arrow path never inserts what the Native path would refuse.
-        """
-        types = self._column_types(table)
-        if types is None:
-            return None
-        import pyarrow as pa
-
-        arrow_types = []
-        for name in columns:
-            spec = types.get(name)
-            nullable = spec is not None and spec.startswith("Nullable(")
-            base = spec[9:-1] if spec is not None and nullable else spec
-            if base is not None and base.startswith("LowCardinality("):
-                base = base[15:-1]
-            arrow_type = _arrow_type(pa, base)
-            if arrow_type is None:
-                return None
-            arrow_types.append((arrow_type, nullable))
-        try:
-            arrays = []
-            columns_of_rows = zip(*rows, strict=True)
-            for values, (arrow_type, nullable) in zip(columns_of_rows, arrow_types, strict=True):
-                array = pa.array(values, type=arrow_type)
-                if array.null_count and not nullable:
-                    return None
-                arrays.append(array)
-            batch = pa.RecordBatch.from_arrays(arrays, names=list(columns))
-        except (pa.ArrowException, TypeError, ValueError, OverflowError):
-            return None
-        sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, batch.schema) as writer:
-            writer.write_batch(batch)
-        data: bytes = sink.getvalue().to_pybytes()
-        return data
-
-    def _column_types(self, table: str) -> dict[str, str] | None:
-        """Column name -> ClickHouse type of ``table`` (cached; None if it cannot be read)."""
-        cached = self._types.get(table)
-        if cached is None and _IDENTIFIER.match(table):
-            try:
-                described = self._select(f"DESCRIBE TABLE {table}", None).result_rows
-            except ClickHouseError:
-                return None
-            cached = self._types[table] = {str(row[0]): str(row[1]) for row in described}
-        return cached
 
     def close(self) -> None:
         if self._closed:
@@ -342,23 +273,6 @@ class ConnectClickHouse:
             return method(*args, **kwargs)
         except ConnectError as exc:
             raise translate_error(exc, self._where) from exc
-
-
-_ARROW_INTS: Final = {f"{sign}Int{bits}" for sign in ("", "U") for bits in (8, 16, 32, 64)}
-
-
-def _arrow_type(pa: Any, base: str | None) -> Any:
-    """The Arrow type a ClickHouse column of type ``base`` is fed from; None if not handled."""
-    if base == "String":
-        return pa.string()
-    if base == "Bool":
-        return pa.bool_()
-    if base in _ARROW_INTS:
-        return getattr(pa, base.lower())()
-    if base == "DateTime64(3, 'UTC')":
-        # ints are epoch milliseconds, as in the Native path; aware datetimes are converted
-        return pa.timestamp("ms", tz="UTC")
-    return None
 
 
 def _check_parameters(sql: str, parameters: Mapping[str, Any] | None) -> None:
