@@ -49,7 +49,7 @@ from pipeline.core.decisions import applicable_keys
 from pipeline.core.engine import APPLIES_TO
 from pipeline.core.keys import Key, format_key
 from pipeline.edge.service import AlwaysReady, create_app
-from pipeline.edge.view import DecisionFeed, DecisionView, FeedConfig, wall_ms
+from pipeline.edge.view import DecisionFeed, DecisionView, FeedConfig, settle_heap, wall_ms
 from pipeline.kafka_admin import TopicSpec, ensure_topics
 from pipeline.logs import configure_logging
 from pipeline.settings import Settings
@@ -502,6 +502,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     now = wall_ms()
     for n, key in enumerate(keys):
         view.apply(*decision_message(key, now + 60 * MIN_MS, now, n))
+    settle_heap()  # as DecisionFeed does once it has caught up
     if "check" in args.parts:
         results |= bench_check(view, work, args.calls)
         _print_check(results)
