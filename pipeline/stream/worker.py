@@ -8,6 +8,7 @@ from pathlib import Path
 from pipeline.core.policy import DEFAULT_POLICY, Policy, policy_from_toml
 from pipeline.kafka_admin import ensure_topics, wait_for_broker
 from pipeline.logs import get_logger
+from pipeline.runtime import tune_gc
 from pipeline.settings import Settings
 from pipeline.stream.topics import Topics
 
@@ -35,6 +36,7 @@ def run_worker(settings: Settings) -> int:
     from pipeline.stream.app import Worker
 
     policy = load_policy(settings.policy_path)
+    tune_gc()
     asyncio.run(prepare_topics(settings))
     (settings.state_dir / "faust").mkdir(parents=True, exist_ok=True)
     worker = Worker(settings, policy)

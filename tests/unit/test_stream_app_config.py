@@ -12,3 +12,17 @@ def test_worker_web_host_and_port_reach_faust() -> None:
     settings = Settings(worker=WorkerSettings(web_host="0.0.0.0", web_port=7077))
     conf = Worker(settings, DEFAULT_POLICY).app.conf
     assert (conf.web_bind, conf.web_host, conf.web_port) == ("0.0.0.0", "0.0.0.0", 7077)
+
+
+def test_tune_gc_sets_the_worker_thresholds_and_returns_the_old_ones() -> None:
+    """tune_gc() installs GC_THRESHOLDS and hands back what was in force, to restore."""
+    import gc
+
+    from pipeline.runtime import GC_THRESHOLDS, tune_gc
+
+    before = gc.get_threshold()
+    try:
+        assert tune_gc() == before
+        assert gc.get_threshold() == GC_THRESHOLDS == (50_000, 20, 100)
+    finally:
+        gc.set_threshold(*before)
