@@ -118,6 +118,32 @@ def _check_partitions(specs: Sequence[TopicSpec], existing: Mapping[str, int]) -
             )
 
 
+def _leaderless(names: Sequence[str], described: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The topics of ``names`` that metadata does not list yet with a leader per partition."""
+    ready = {
+        str(topic["topic"])
+        for topic in described
+        if topic.get("error_code", _NO_ERROR) == _NO_ERROR
+        and topic.get("partitions")
+        and all(p.get("leader", -1) >= 0 for p in topic["partitions"])
+    }
+    return [name for name in names if name not in ready]
+
+
+async def _wait_for_leaders(admin: AIOKafkaAdminClient, names: Sequence[str], timeout_ms: int) -> None:
+    """Wait until new topics have leaders in the broker's metadata. A client that asks
+    sooner (a broker still loading its logs answers late) caches "unknown topic" and may
+    not fetch those partitions until its next metadata refresh, minutes later."""
+    deadline = time.monotonic() + timeout_ms / 1000
+    waiting = list(names)
+    while waiting and time.monotonic() < deadline:
+        waiting = _leaderless(waiting, await admin.describe_topics())
+        if waiting:
+            await asyncio.sleep(_POLL_INTERVAL_S)
+    if waiting:
+        log.warning("kafka_topics_without_leader", topics=waiting, waited_ms=timeout_ms)
+
+
 def _creation_failures(response: Any) -> list[str]:
     """Problems reported per topic by a CreateTopics response, ignoring 'already exists'."""
     problems: list[str] = []
@@ -167,6 +193,7 @@ async def ensure_topics(
                 )
             # A topic created concurrently by someone else may have other partitions.
             _check_partitions(specs, _topic_partitions(await admin.describe_topics()))
+            await _wait_for_leaders(admin, [spec.name for spec in missing], request_timeout_ms)
         for spec in missing:
             log.info(
                 "kafka_topic_created",
