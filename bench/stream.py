@@ -46,6 +46,7 @@ from typing import Any
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
+from bench.bench_core import _pick
 from pipeline.logs import get_logger
 
 log = get_logger("bench")
@@ -72,13 +73,6 @@ UA = "Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko) Chr
 TENANTS = (("default", 0.7), ("acme", 0.2), ("globex", 0.1))
 
 
-def _pick(rng: random.Random, weighted: tuple[tuple[str, float], ...]) -> str:
-    r = rng.random()
-    for value, weight in weighted:
-        r -= weight
-        if r < 0:
-            return value
-    return weighted[-1][0]
 
 
 class MixedTraffic:

@@ -53,7 +53,11 @@ class InputOrder:
             return Admit.APPLY
         if offset < expected:
             return Admit.REPLAY
-        return self._seek_once(self.sought_s, tp, expected, now_s)
+        last = self.sought_s.get(tp)
+        if last is not None and last[0] == expected and now_s - last[1] < self.retry_s:
+            return Admit.WAIT
+        self.sought_s[tp] = (expected, now_s)
+        return Admit.SEEK
 
     def stranded(
         self, tp: Hashable, *, expected: int, highwater: int | None, idle: bool, now_s: float
@@ -77,12 +81,3 @@ class InputOrder:
         """``tp`` was revoked."""
         self.sought_s.pop(tp, None)
         self.behind_since_s.pop(tp, None)
-
-    def _seek_once(
-        self, memo: dict[Hashable, tuple[int, float]], tp: Hashable, expected: int, now_s: float
-    ) -> Admit:
-        last = memo.get(tp)
-        if last is not None and last[0] == expected and now_s - last[1] < self.retry_s:
-            return Admit.WAIT
-        memo[tp] = (expected, now_s)
-        return Admit.SEEK
