@@ -404,6 +404,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parts", default=",".join(PARTS), help="comma-separated subset of " + ",".join(PARTS))
     parser.add_argument("--events", type=int, help="events of the B1 topic (default 1M, quick 50k)")
     parser.add_argument("--merge-into", type=Path, help="re-run --parts and replace them in this report")
+    parser.add_argument("--keep-workdir", action="store_true",
+                        help="keep the temporary directory with the workers' and peers' logs")  # fmt: skip
     args = parser.parse_args(argv)
     configure_logging("info", "console")
     parts = set(args.parts.split(","))
@@ -439,7 +441,10 @@ def main(argv: list[str] | None = None) -> int:
             report = merged(args.merge_into, report)
         report["summary"] = summarize(report["results"])
         path = write(report, args.merge_into.parent if args.merge_into else args.out)
-        shutil.rmtree(workdir, ignore_errors=True)
+        if args.keep_workdir:
+            log.info("bench_workdir_kept", path=str(workdir))
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
     sys.stdout.write(orjson.dumps({"written": str(path), "summary": report["summary"]}).decode() + "\n")
     return 0
 

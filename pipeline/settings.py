@@ -76,6 +76,10 @@ class WorkerSettings(_Section):
     batch_max_wait_ms: int = Field(
         20, ge=1, description="ingest fills a batch for this long after its first record"
     )
+    forward_linger_ms: int = Field(
+        50, ge=0, le=10_000,
+        description="forwards to the source stage and tenant shares gather this long before sending",
+    )  # fmt: skip
     web_port: int = Field(6066, ge=0, le=65535, description="metrics and readiness port (0=any)")
     web_host: str = Field(
         "127.0.0.1", min_length=1,

@@ -41,11 +41,20 @@ from pipeline.core.policy import Policy
 from pipeline.errors import ConfigError
 from pipeline.logs import get_logger
 from pipeline.settings import Settings
+from pipeline.stream.batching import Batcher
 from pipeline.stream.chains import ChangelogChains
 from pipeline.stream.ingest import Ingest
 from pipeline.stream.metrics import WorkerMetrics
 from pipeline.stream.progress import Admit, InputOrder
-from pipeline.stream.stages import AccountStage, RollupStage, SourceStage, StageOutput, chunks
+from pipeline.stream.stages import (
+    MAX_ROWS_PER_MESSAGE,
+    AccountStage,
+    RollupStage,
+    SourceStage,
+    StageOutput,
+    chunks,
+    latest_shares,
+)  # fmt: skip
 from pipeline.stream.topics import CHANGELOG_CONFIG, Topics
 
 log = get_logger("worker")
@@ -118,6 +127,11 @@ class Worker:
         # per agent topic, its channel (queue) and whether it is mid-envelope.
         self.order = InputOrder()
         self.chains = ChangelogChains()
+        # Forwards and tenant shares of several envelopes go out together (batching.py).
+        linger_ms = settings.worker.forward_linger_ms
+        self.forwarder = Batcher(self._send_forwards, linger_ms=linger_ms, max_rows=MAX_ROWS_PER_MESSAGE)
+        self.sharer = Batcher(self._send_shares, linger_ms=linger_ms, max_rows=MAX_ROWS_PER_MESSAGE,
+                              merge=latest_shares)  # fmt: skip
         self.channels: dict[str, Any] = {}
         self.busy: dict[str, bool] = {}
         self.app = self._build_app()
@@ -328,13 +342,17 @@ class Worker:
         if verdict is Admit.REPLAY:
             self.metrics.replayed_envelopes_total.labels(topic=tp.topic).inc()
         elif verdict is Admit.SEEK:
-            await self._seek_back(tp, expected, message.offset)
+            await self._seek_back(tp, expected, message.offset, "hole")
         return False
 
-    async def _seek_back(self, tp: Any, offset: int, seen: int) -> None:
-        log.warning("stream_seek_back", topic=tp.topic, partition=tp.partition, offset=offset, seen=seen)
+    async def _seek_back(self, tp: Any, offset: int, seen: int, reason: str) -> None:
+        log.warning("stream_seek_back", topic=tp.topic, partition=tp.partition, offset=offset, seen=seen,
+                    reason=reason)  # fmt: skip
         self.metrics.seek_backs_total.labels(topic=tp.topic).inc()
-        await self.app.consumer.seek(tp, offset)
+        # seek_wait seeks in faust's consumer thread, which owns the aiokafka consumer;
+        # ``consumer.seek`` calls into it from this thread, and a fetch in flight there
+        # then crashed the worker (aiokafka's fetched_records: KeyError on the partition).
+        await self.app.consumer.seek_wait({tp: offset})
 
     async def _rollup_agent(self, stream: Any) -> None:
         async for message in self._messages(stream):
@@ -365,15 +383,10 @@ class Worker:
             pending.append(await self.alerts.send(value=alert))
         for audit in result.audit_messages():
             pending.append(await self.audit.send(key=str(partition).encode(), value=audit, partition=partition))
-        for target, rows in result.forwards.items():
-            for part in chunks(rows):
-                envelope = dumps({"v": 1, "rows": part})
-                pending.append(await self.by_source.send(key=str(target).encode(), value=envelope, partition=target))
-        by_part: dict[int, list[list[Any]]] = {}
+        gathering = {self.forwarder.add(target, rows) for target, rows in result.forwards.items()}
         for share in result.shares:
-            by_part.setdefault(hash_tenant(share[0], self.partitions), []).append(share)
-        for target, shares in by_part.items():
-            pending.append(await self.shares.send(key=shares[0][0].encode(), value=dumps(shares), partition=target))
+            gathering.add(self.sharer.add(hash_tenant(share[0], self.partitions), [share]))
+        pending.extend(gathering)
         # The changelog is written once these are acknowledged: decisions, alerts, forwards
         # and audit rows are skipped for rows whose state shows them applied, so they must
         # be durable before that state is (the changelog goes straight to the producer and
@@ -385,6 +398,13 @@ class Worker:
                 lambda: self._send_changelog(table, partition, records),
             )  # fmt: skip
         self.metrics.emitted(result)
+
+    async def _send_forwards(self, target: int, rows: list[list[Any]]) -> Awaitable[Any]:
+        envelope = dumps({"v": 1, "rows": rows})
+        return await self.by_source.send(key=str(target).encode(), value=envelope, partition=target)
+
+    async def _send_shares(self, target: int, shares: list[list[Any]]) -> Awaitable[Any]:
+        return await self.shares.send(key=shares[0][0].encode(), value=dumps(shares), partition=target)
 
     async def _send_changelog(
         self, table: Any, partition: int, records: list[tuple[bytes, bytes | None]]
@@ -452,7 +472,7 @@ class Worker:
             idle = not self.busy.get(tp.topic) and channel.queue.empty()
             highwater = consumer.highwater(tp)
             if self.order.stranded(tp, expected=expected, highwater=highwater, idle=idle, now_s=now_s):
-                await self._seek_back(tp, expected, highwater)
+                await self._seek_back(tp, expected, highwater, "stranded")
 
     async def _on_shutdown(self, sender: Any, *args: Any, **kwargs: Any) -> None:
         """Write every changelog still waiting for acknowledgements before faust stops."""
@@ -460,6 +480,9 @@ class Worker:
 
     async def _drain_chains(self, keys: Iterable[Any] | None) -> None:
         try:
+            # The chains wait for forwards and shares still gathering: send those first.
+            await self.forwarder.flush_all()
+            await self.sharer.flush_all()
             await self.chains.drain(keys)
         except Exception as exc:  # a send failed: the agent that owns it crashes on it too
             log.error("changelog_write_failed", error=repr(exc))

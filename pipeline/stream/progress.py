@@ -17,7 +17,10 @@ skipped as a replay, or held back as out of order; a hole is answered by seeking
 partition back to the expected offset, at most once per ``retry_s`` while the offsets
 still queued behind the hole drain. ``stranded`` covers a hole at the end of a partition
 (nothing arrives to reveal it): messages exist past the expected offset while the agent
-sits idle for ``retry_s`` seconds. A needless seek only re-delivers replays.
+sits idle for ``stranded_after_s`` seconds. That is much longer than ``retry_s`` because
+an idle agent behind its high watermark is also what faust's single delivery loop looks
+like when it is blocked on another agent's full queue (seen for 2-3 s under saturation):
+a needless seek only re-delivers replays, but it throws away fetched data and repeats.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 DEFAULT_RETRY_S = 2.0
+DEFAULT_STRANDED_AFTER_S = 10.0
 
 
 class Admit(Enum):
@@ -43,6 +47,7 @@ class InputOrder:
     """Per input partition: when a seek back to the expected offset was last sent."""
 
     retry_s: float = DEFAULT_RETRY_S
+    stranded_after_s: float = DEFAULT_STRANDED_AFTER_S
     sought_s: dict[Hashable, tuple[int, float]] = field(default_factory=dict)
     behind_since_s: dict[Hashable, tuple[int, float]] = field(default_factory=dict)
 
@@ -63,8 +68,8 @@ class InputOrder:
         self, tp: Hashable, *, expected: int, highwater: int | None, idle: bool, now_s: float
     ) -> bool:
         """True when ``tp`` should be sought back to ``expected``: messages exist from
-        there on, the agent is idle, and that has lasted ``retry_s`` (a busy agent may
-        simply not have reached ``tp`` yet)."""
+        there on, the agent is idle, and that has lasted ``stranded_after_s`` (a busy agent
+        may simply not have reached ``tp`` yet)."""
         if highwater is None or highwater <= expected or not idle:
             self.behind_since_s.pop(tp, None)
             return False
@@ -72,7 +77,7 @@ class InputOrder:
         if since is None or since[0] != expected:
             self.behind_since_s[tp] = (expected, now_s)
             return False
-        if now_s - since[1] < self.retry_s:
+        if now_s - since[1] < self.stranded_after_s:
             return False
         self.behind_since_s[tp] = (expected, now_s)
         return True

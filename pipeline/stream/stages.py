@@ -43,6 +43,16 @@ def chunks(rows: list[Any], size: int = MAX_ROWS_PER_MESSAGE) -> list[list[Any]]
     return [rows[i : i + size] for i in range(0, len(rows), size)]
 
 
+def latest_shares(shares: list[list[Any]]) -> list[list[Any]]:
+    """Tenant shares ``[tenant, window, kind, partition, share]``, each subject's latest
+    only: a share is the shard's absolute count, so an older one of the same subject
+    carries nothing (order of first appearance kept)."""
+    latest: dict[tuple[Any, ...], list[Any]] = {}
+    for share in shares:
+        latest[(share[0], share[1], share[2], share[3])] = share
+    return list(latest.values())
+
+
 @dataclass
 class StageOutput:
     """What one envelope produced, ready to send. Decision values of None are tombstones."""

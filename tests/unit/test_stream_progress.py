@@ -26,9 +26,9 @@ def test_a_hole_seeks_back_once_per_retry_interval() -> None:
     assert order.admit(TP, 9, 8, now_s=12.7) is Admit.SEEK
 
 
-def test_an_idle_partition_behind_its_highwater_is_stranded_after_retry_s() -> None:
-    """Idle with messages past the expected offset for retry_s: stranded, then again after retry_s."""
-    order = InputOrder(retry_s=2.0)
+def test_an_idle_partition_behind_its_highwater_is_stranded_after_stranded_after_s() -> None:
+    """Idle with messages past the expected offset for stranded_after_s: stranded, then again."""
+    order = InputOrder(retry_s=1.0, stranded_after_s=2.0)
     assert order.stranded(TP, expected=3, highwater=5, idle=True, now_s=0.0) is False
     assert order.stranded(TP, expected=3, highwater=5, idle=True, now_s=1.9) is False
     assert order.stranded(TP, expected=3, highwater=5, idle=True, now_s=2.0) is True
@@ -38,7 +38,7 @@ def test_an_idle_partition_behind_its_highwater_is_stranded_after_retry_s() -> N
 
 def test_a_busy_or_caught_up_partition_is_never_stranded() -> None:
     """A busy agent, progress, or no message past the expected offset restarts the clock."""
-    order = InputOrder(retry_s=2.0)
+    order = InputOrder(retry_s=1.0, stranded_after_s=2.0)
     assert order.stranded(TP, expected=3, highwater=5, idle=True, now_s=0.0) is False
     assert order.stranded(TP, expected=3, highwater=5, idle=False, now_s=5.0) is False
     assert order.stranded(TP, expected=3, highwater=5, idle=True, now_s=6.0) is False
@@ -60,3 +60,11 @@ def test_the_next_envelope_offset_survives_a_rebuild_from_the_changelog() -> Non
     assert again.expected(2) == 42
     again.drop(2)
     assert again.expected(2) is None
+
+
+def test_by_default_a_partition_is_stranded_only_after_ten_idle_seconds() -> None:
+    """faust's delivery loop blocked on another agent's full queue looks idle for seconds: 10 s."""
+    order = InputOrder()
+    assert order.stranded(TP, expected=3, highwater=5, idle=True, now_s=0.0) is False
+    assert order.stranded(TP, expected=3, highwater=5, idle=True, now_s=9.9) is False
+    assert order.stranded(TP, expected=3, highwater=5, idle=True, now_s=10.0) is True
