@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import NamedTuple
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 from pipeline.contracts.models import LoginAttempt, datetime_to_ms
 from pipeline.core.errors import InvalidAttempt
@@ -11,6 +11,7 @@ from pipeline.core.keys import NONE, Digester
 from pipeline.core.normalise import SourceRules, normalise_account
 
 PASSWORD_FLOWS = frozenset({"login", "token", "recovery"})
+RECENT_ENTRIES = 32_768  # per generation of each Normaliser cache; two generations at most
 
 
 def valid_tenant(tenant: str) -> bool:
@@ -64,13 +65,52 @@ class Attempt(NamedTuple):
         return cls(*row)  # type: ignore[arg-type]
 
 
+class Recent:
+    """The results of recent calls, at most ``2 * entries`` of them (two generations).
+
+    When the young generation is full it becomes the old one and the old one is dropped;
+    a hit in the old generation moves back to the young one. Memory stays bounded however
+    many distinct identifiers attackers send, and whatever repeats stays cheap."""
+
+    def __init__(self, entries: int = RECENT_ENTRIES) -> None:
+        self.entries = entries
+        self.young: dict[Any, str] = {}
+        self.old: dict[Any, str] = {}
+
+    def get(self, key: Any) -> str | None:
+        value = self.young.get(key)
+        if value is None:
+            value = self.old.get(key)
+            if value is not None:
+                self.put(key, value)
+        return value
+
+    def put(self, key: Any, value: str) -> None:
+        if len(self.young) >= self.entries:
+            self.old = self.young
+            self.young = {}
+        self.young[key] = value
+
+    def __len__(self) -> int:
+        return len(self.young) + len(self.old)
+
+
 @dataclass(frozen=True, slots=True)
 class Normaliser:
-    """Frozen config that turns wire attempts into core attempts (shared with the edge)."""
+    """Frozen config that turns wire attempts into core attempts (shared with the edge).
+
+    Normalising an identifier costs a keyed BLAKE2b digest, NFKC folding or an address
+    parse (2-3 us each here), and users, NATs and attackers repeat: the account digest,
+    the source and the device digest of recent identifiers are remembered separately
+    (``Recent``), so an attempt pays only for the identifiers it is the first to send.
+    Errors are never cached: a bad address is parsed, and refused, every time."""
 
     digester: Digester
     sources: SourceRules
     case_sensitive_tenants: frozenset[str] = frozenset()
+    recent_accounts: Recent = field(default_factory=Recent, init=False, repr=False, compare=False)
+    recent_sources: Recent = field(default_factory=Recent, init=False, repr=False, compare=False)
+    recent_devices: Recent = field(default_factory=Recent, init=False, repr=False, compare=False)
 
     def account_digest(self, tenant: str, account: str) -> str:
         normalised = normalise_account(
@@ -86,18 +126,35 @@ class Normaliser:
             raise InvalidAttempt(
                 "bad_tenant", f"tenant {tenant[:64]!r} contains '|' or is '-' (key syntax)"
             )
-        device = self.digester.device(tenant, event.device_id) if event.device_id else None
+        device = self._device(tenant, event.device_id) if event.device_id else None
         session = self.digester.session(tenant, event.session_id) if event.session_id else None
         return Attempt(
-            event_id=event.event_id,
-            occurred_ms=datetime_to_ms(event.occurred_at),
-            tenant=tenant,
-            account=self.account_digest(tenant, event.account),
-            source=self.sources.source_of(event.peer_ip, event.forwarded_for),
-            device=device,
-            session=session,
-            trusted=bool(event.device_trusted and device is not None),
-            flow=event.flow,
-            success=event.outcome == "success",
-            failure_reason=event.failure_reason,
-        )
+            event.event_id, datetime_to_ms(event.occurred_at), tenant,
+            self._account(tenant, event.account), self._source(event.peer_ip, event.forwarded_for),
+            device, session, bool(event.device_trusted and device is not None), event.flow,
+            event.outcome == "success", event.failure_reason,
+        )  # fmt: skip
+
+    def _account(self, tenant: str, account: str) -> str:
+        key = (tenant, account)
+        digest = self.recent_accounts.get(key)
+        if digest is None:
+            digest = self.account_digest(tenant, account)
+            self.recent_accounts.put(key, digest)
+        return digest
+
+    def _source(self, peer_ip: str, forwarded_for: tuple[str, ...]) -> str:
+        key = (peer_ip, forwarded_for)
+        source = self.recent_sources.get(key)
+        if source is None:
+            source = self.sources.source_of(peer_ip, forwarded_for)  # raises: not cached
+            self.recent_sources.put(key, source)
+        return source
+
+    def _device(self, tenant: str, device_id: str) -> str:
+        key = (tenant, device_id)
+        digest = self.recent_devices.get(key)
+        if digest is None:
+            digest = self.digester.device(tenant, device_id)
+            self.recent_devices.put(key, digest)
+        return digest

@@ -10,15 +10,12 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 from pipeline.contracts.codec import DecodeError, decode_attempt
-from pipeline.contracts.models import LoginAttempt, datetime_to_ms
 from pipeline.core.attempt import Normaliser
 from pipeline.core.errors import InvalidAttempt
 from pipeline.stream.partitioning import account_partition
-
-IDENTITY_CACHE_ENTRIES = 32_768  # per generation; two generations at most
 
 
 class RawRecord(Protocol):
@@ -75,57 +72,6 @@ class IngestResult:
     valid: int = 0
 
 
-# The fields of a normalised attempt that depend only on who and where, not on the event:
-# (tenant, account digest, source, device digest, session digest, trusted), as they sit in
-# ``Attempt.to_row()`` between ``occurred_ms`` and ``flow``.
-Identity = tuple[Any, ...]
-IDENTITY_SLICE = slice(2, 8)
-
-
-def identity_key(event: LoginAttempt) -> tuple[Any, ...]:
-    """Everything ``Normaliser.normalise`` reads to compute an ``Identity``."""
-    return (
-        event.tenant, event.account, event.peer_ip, event.forwarded_for, event.device_id,
-        event.session_id, event.device_trusted,
-    )  # fmt: skip
-
-
-class IdentityCache:
-    """Normalised identities of recent (tenant, account, address, device) combinations.
-
-    Normalising costs keyed BLAKE2b digests, NFKC folding and an address parse; users and
-    attackers repeat, so ingest remembers the result. Two generations bound the memory:
-    when the young one is full it becomes the old one (hits there move back to young)."""
-
-    def __init__(self, normaliser: Normaliser, entries: int = IDENTITY_CACHE_ENTRIES) -> None:
-        self.normaliser = normaliser
-        self.entries = entries
-        self.young: dict[tuple[Any, ...], Identity] = {}
-        self.old: dict[tuple[Any, ...], Identity] = {}
-
-    def row(self, event: LoginAttempt, occurred_ms: int) -> list[Any]:
-        """``Attempt.to_row()`` of the normalised event; raises InvalidAttempt."""
-        key = identity_key(event)
-        identity = self.young.get(key)
-        if identity is None:
-            identity = self.old.get(key)
-            if identity is None:
-                row = self.normaliser.normalise(event).to_row()
-                self._remember(key, tuple(row[IDENTITY_SLICE]))
-                return row
-            self._remember(key, identity)
-        return [
-            event.event_id, occurred_ms, *identity, event.flow, event.outcome == "success",
-            event.failure_reason,
-        ]  # fmt: skip
-
-    def _remember(self, key: tuple[Any, ...], identity: Identity) -> None:
-        if len(self.young) >= self.entries:
-            self.old = self.young
-            self.young = {}
-        self.young[key] = identity
-
-
 @dataclass(frozen=True, slots=True)
 class Ingest:
     """Frozen config of the ingest step (see the module docstring).
@@ -140,10 +86,6 @@ class Ingest:
     max_event_bytes: int = 16384
     max_future_skew_ms: int = 300_000
     keep_plain_account: bool = False
-    identities: IdentityCache = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "identities", IdentityCache(self.normaliser))
 
     def process(self, records: Iterable[RawRecord], now_ms: int) -> IngestResult:
         result = IngestResult()
@@ -152,21 +94,20 @@ class Ingest:
         partitions = self.partitions
         keep_plain = self.keep_plain_account
         max_bytes = self.max_event_bytes
-        identity_row = self.identities.row
+        normalise = self.normaliser.normalise
         for record in records:
             try:
                 event = decode_attempt(record.value, max_bytes=max_bytes)
-                occurred_ms = datetime_to_ms(event.occurred_at)
-                if occurred_ms > limit_ms:
+                attempt = normalise(event)
+                if attempt.occurred_ms > limit_ms:
                     raise DecodeError("future_timestamp", "occurred_at is beyond the allowed skew")
-                attempt_row = identity_row(event, occurred_ms)
             except (DecodeError, InvalidAttempt) as exc:
                 result.dead.append(DeadLetter(record, exc.reason, exc.detail))
                 result.reasons[exc.reason] += 1
                 continue
             plain = event.account if keep_plain else None
-            row = [record.partition, record.offset, event.service, plain, *attempt_row]
-            target = account_partition(attempt_row[3], partitions)
+            row: list[object] = [record.partition, record.offset, event.service, plain, *attempt]
+            target = account_partition(attempt.account, partitions)
             bucket = rows.get(target)
             if bucket is None:
                 rows[target] = [row]

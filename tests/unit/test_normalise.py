@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pipeline.contracts.models import LoginAttempt
-from pipeline.core.attempt import Normaliser
+from pipeline.core.attempt import Normaliser, Recent
 from pipeline.core.errors import InvalidAttempt
 from pipeline.core.keys import Digester
 from pipeline.core.normalise import (
@@ -286,3 +286,42 @@ def test_tenant_that_breaks_key_syntax_is_invalid(tenant: str) -> None:
     with pytest.raises(InvalidAttempt) as info:
         NORMALISER.normalise(_event(tenant=tenant))
     assert info.value.reason == "bad_tenant"
+
+
+# -- caches of recent identifiers -----------------------------------------------------------
+
+
+@given(st.lists(st.tuples(st.integers(0, 50), st.text(max_size=3)), max_size=300))
+def test_recent_holds_at_most_two_generations_and_returns_the_last_value(puts: list[tuple[int, str]]) -> None:
+    """Recent never holds more than 2 x entries, and a hit is the value last put for the key."""
+    recent = Recent(entries=8)
+    last: dict[int, str] = {}
+    for key, value in puts:
+        recent.put(key, value)
+        last[key] = value
+        assert len(recent.young) <= 8 and len(recent.old) <= 8
+    for key, value in last.items():
+        assert recent.get(key) in (value, None)
+
+
+def test_cached_normalisation_equals_a_fresh_normaliser_over_repeats_and_evictions() -> None:
+    """Caches change nothing: 3,000 attempts through a 16-entry cache match a fresh Normaliser each."""
+    cached = Normaliser(Digester("secret"), RULES, frozenset({"strict"}))
+    for cache in (cached.recent_accounts, cached.recent_sources, cached.recent_devices):
+        cache.entries = 16
+    for i in range(3000):
+        event = _event(account=f"user{i % 40}", peer_ip=f"203.0.113.{i % 50}", device_id=f"c{i % 30}",
+                       tenant="strict" if i % 7 == 0 else "default")  # fmt: skip
+        fresh = Normaliser(Digester("secret"), RULES, frozenset({"strict"}))
+        assert cached.normalise(event) == fresh.normalise(event)
+    # 40 accounts, 50 sources and 30 devices cycle through 16-entry generations: bounded.
+    assert max(len(cached.recent_accounts), len(cached.recent_sources), len(cached.recent_devices)) <= 32
+
+
+def test_a_bad_address_is_refused_every_time_and_never_cached() -> None:
+    """An invalid peer_ip raises on each attempt; nothing is remembered for it."""
+    normaliser = Normaliser(Digester("secret"), RULES)
+    for _ in range(2):
+        with pytest.raises(InvalidAttempt):
+            normaliser.normalise(_event(peer_ip="not-an-ip"))
+    assert len(normaliser.recent_sources) == 0
