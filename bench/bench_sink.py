@@ -38,8 +38,9 @@ from typing import Any
 import orjson
 
 from pipeline.contracts.models import AUDIT_COLUMNS
+from pipeline.runtime import tune_gc
 from pipeline.settings import ClickHouseSettings
-from pipeline.sinks.audit import ATTEMPTS_COLUMNS, Lane, decode_audit
+from pipeline.sinks.audit import ATTEMPTS_COLUMNS, INSERT_SETTINGS, Lane, decode_audit
 from pipeline.sinks.clickhouse import ClickHouse, open_clickhouse
 from pipeline.sinks.migrate import apply_migrations
 from pipeline.sinks.ratecap import RateCapConfig
@@ -106,7 +107,7 @@ def process(messages: list[bytes], batch_rows: int) -> list[tuple[str, list[list
 
 def insert_all(ch: ClickHouse, batches: list[tuple[str, list[list[Any]]]]) -> None:
     for token, rows in batches:
-        ch.insert("attempts", ATTEMPTS_COLUMNS, rows, dedup_token=token)
+        ch.insert("attempts", ATTEMPTS_COLUMNS, rows, dedup_token=token, settings=INSERT_SETTINGS)
 
 
 @contextmanager
@@ -199,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=7)
     args = parser.parse_args(argv)
 
+    tune_gc()  # as `authpipe sink` does (run_sink)
     baseline = dict_counting_per_s()
     messages = make_messages(args.rows, args.seed)
     started, cpu_started = time.perf_counter(), time.process_time()

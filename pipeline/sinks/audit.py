@@ -39,6 +39,31 @@ Kafka's 4 KiB metadata). The committed offset is always a clean point, so the ca
 there is known (empty) and the replay is deterministic. Offsets are committed only for
 data ClickHouse has accepted.
 
+Upstream replays (exactly once per input event)
+-----------------------------------------------
+The worker's account stage skips every row whose input offset is at or below the highest
+it applied for that input partition (``pipeline.stream.stages``), so on one audit
+partition the input offsets of the rows of one (input topic, input partition) strictly
+increase. After a worker crash the stage restarts from its last changelog and applies
+envelopes again whose audit batches may already be on the topic: their rows come again,
+at or below offsets the audit lane has passed. The audit lane therefore keeps a *mark*
+per (input topic, input partition), the highest input offset it has planned, and drops
+rows at or below it before the rate cap (materialized views fire on insert, so they
+must never see such rows). Rate-cap summaries are made after this filter, from rows that
+passed it, so they are never doubled either.
+
+The marks are part of the lane's committed state: each clean point records the marks
+as they stood there, and the commit metadata carries them after the plan
+(``ap1:120,!|auth.login-attempts=0:5123,1:4870``). A restart resumes with exactly the
+marks of the committed offset, so the plan replay filters as the first run did and
+rebuilds the same rows. (Marks read back from ClickHouse would not do: they include
+rows past the committed offset, which the replay must filter as before, and miss rows
+the cap summarized.) Marks that do not fit ``MAX_MARKS_CHARS`` (over about a hundred
+input partitions) are left out of the metadata, largest topic-partition last, and
+logged: a replay of those partitions across a sink restart is then not caught. A lane
+committed by an older sink starts with no marks. Re-creating the input topic (offsets
+from 0 again) needs a new sink group, as it needs new worker state.
+
 Failures
 --------
 * ClickHouse unavailable (or refusing): the planned items stay queued and are retried
@@ -70,6 +95,7 @@ from pipeline.contracts.codec import loads
 from pipeline.contracts.models import AUDIT_COLUMNS, datetime_to_ms
 from pipeline.errors import AuthpipeError
 from pipeline.logs import get_logger
+from pipeline.runtime import tune_gc
 from pipeline.settings import Settings
 from pipeline.sinks.clickhouse import (
     ClickHouse,
@@ -87,12 +113,14 @@ IDLE_CLOSE_MS: Final = 5_000
 BACKOFF_START_S: Final = 0.2
 BACKOFF_CAP_S: Final = 30.0
 BUFFER_FACTOR: Final = 4
-MAX_PLAN_CHARS: Final = 3_000
+MAX_PLAN_CHARS: Final = 2_000
+MAX_MARKS_CHARS: Final = 1_900  # plan + marks stay under Kafka's 4,096-byte metadata limit
 PROGRESS_LOG_INTERVAL_S: Final = 10.0
 SHUTDOWN_TIMEOUT_S: Final = 30.0
 MAX_TRACKED_KEYS: Final = 100_000
 PLAN_PREFIX: Final = "ap1:"
 CLOSE: Final = "!"
+MARKS_SEPARATOR: Final = "|"
 FAULT_ENV: Final = "AUTHPIPE_FAULT_SINK_KILL_AFTER_INSERTS"
 
 LaneKind = Literal["audit", "decisions", "alerts", "dead_letters"]
@@ -120,6 +148,14 @@ TABLES: Final[Mapping[str, tuple[str, tuple[str, ...]]]] = {
     "alerts": ("alerts", ALERTS_COLUMNS),
     "dead_letters": ("dead_letters", DEAD_LETTERS_COLUMNS),
 }
+
+# Settings of every sink insert. The views' targets (AggregatingMergeTree) get one
+# block per insert that the view's GROUP BY already made unique per key, so merging it
+# again on insert (``optimize_on_insert``, on by default) finds nothing to fold, yet it
+# rebuilds every aggregate state (a ``uniq`` set per account and minute): 2-4 us of the
+# 20-25 us of engine and client CPU per ``attempts`` row in ``bench.bench_sink``. Readers
+# GROUP BY the key anyway; background merges fold the parts as before.
+INSERT_SETTINGS: Final[Mapping[str, Any]] = {"optimize_on_insert": 0}
 
 UINT16_MAX: Final = 65_535
 UINT32_MAX: Final = 4_294_967_295
@@ -164,6 +200,7 @@ _ROW_SIGNATURES: Final = frozenset(
     {_ROW_TYPES, (*_ROW_TYPES[:_ACCOUNT], type(None), *_ROW_TYPES[_ACCOUNT + 1 :])}
 )
 _WEIGHT: Final = AUDIT_COLUMNS.index("weight")
+_TOPIC: Final = AUDIT_COLUMNS.index("kafka_topic")
 _PARTITION: Final = AUDIT_COLUMNS.index("kafka_partition")
 _OFFSET: Final = AUDIT_COLUMNS.index("kafka_offset")
 
@@ -349,16 +386,16 @@ def decode_dead_letter(
 # -- the plan in the commit metadata (pure) ----------------------------------------------
 
 
-def encode_plan(entries: Iterable[Entry]) -> str:
-    """``ap1:`` then the entries: batch spans in offsets, ``!`` for a close."""
-    return PLAN_PREFIX + ",".join(str(entry) for entry in entries)
+def encode_plan(entries: Iterable[Entry], marks: str = "") -> str:
+    """``ap1:`` then the entries (batch spans in offsets, ``!`` for a close), then marks."""
+    return PLAN_PREFIX + ",".join(str(entry) for entry in entries) + marks
 
 
 def decode_plan(metadata: str | None) -> list[Entry]:
     """The entries of a commit's metadata; empty for no or foreign metadata."""
     if not metadata or not metadata.startswith(PLAN_PREFIX):
         return []
-    body = metadata[len(PLAN_PREFIX) :]
+    body = metadata[len(PLAN_PREFIX) :].split(MARKS_SEPARATOR, 1)[0]
     if not body:
         return []
     entries: list[Entry] = []
@@ -368,11 +405,61 @@ def decode_plan(metadata: str | None) -> list[Entry]:
         elif part.isdigit() and int(part) > 0:
             entries.append(int(part))
         else:
-            raise SinkError(
-                f"commit metadata {metadata[:80]!r} is not a sink plan; "
-                "another program committed for this group: give the sink its own group"
-            )
+            raise _foreign(metadata)
     return entries
+
+
+Marks = dict[str, dict[int, int]]  # input topic -> input partition -> highest offset planned
+
+
+def encode_marks(marks: Marks, limit: int = MAX_MARKS_CHARS) -> tuple[str, bool]:
+    """``|<topic>=<partition>:<offset>,…`` per input topic, and whether any were left out.
+
+    Kafka topic names hold only ``[A-Za-z0-9._-]``, so ``|``, ``=``, ``:`` and ``,``
+    cannot occur in them.
+    """
+    parts: list[str] = []
+    size = 0
+    cut = False
+    for topic in sorted(marks):
+        pairs = []
+        head = len(topic) + 2
+        for partition, offset in sorted(marks[topic].items()):
+            pair = f"{partition}:{offset}"
+            if size + head + len(pair) + 1 > limit:
+                cut = True
+                break
+            pairs.append(pair)
+            size += len(pair) + 1
+        if pairs:
+            parts.append(f"{MARKS_SEPARATOR}{topic}={','.join(pairs)}")
+            size += head
+        if cut:
+            break
+    return "".join(parts), cut
+
+
+def decode_marks(metadata: str | None) -> Marks:
+    """The marks of a commit's metadata; empty for none, old or foreign metadata."""
+    if not metadata or not metadata.startswith(PLAN_PREFIX):
+        return {}
+    marks: Marks = {}
+    for section in metadata.split(MARKS_SEPARATOR)[1:]:
+        topic, _, pairs = section.partition("=")
+        found = marks.setdefault(topic, {})
+        for pair in pairs.split(","):
+            partition, _, offset = pair.partition(":")
+            if not (topic and partition.isdigit() and offset.isdigit()):
+                raise _foreign(metadata)
+            found[int(partition)] = int(offset)
+    return marks
+
+
+def _foreign(metadata: str) -> SinkError:
+    return SinkError(
+        f"commit metadata {metadata[:80]!r} is not a sink plan; "
+        "another program committed for this group: give the sink its own group"
+    )
 
 
 # -- lanes (pure: no I/O, no clock; time is a parameter) ----------------------------------
@@ -383,7 +470,8 @@ class WorkItem:
     """One planned insert: rows for ``table`` under ``token``.
 
     ``clean`` is the offset that becomes the lane's committed offset once this item and
-    every item before it are in ClickHouse (None: not a clean point).
+    every item before it are in ClickHouse (None: not a clean point); ``marks`` are the
+    lane's upstream marks there, encoded for the commit metadata.
     """
 
     table: str
@@ -392,6 +480,7 @@ class WorkItem:
     token: str
     clean: int | None
     recorded: bool
+    marks: str = ""
 
 
 @dataclass(slots=True)
@@ -415,13 +504,20 @@ class Lane:
     last_message_ms: int = 0
     confirmed_entries: int = 0
     commit_due: bool = False
+    marks: Marks = field(default_factory=dict)
+    committed_marks: str = ""
+    marks_cut: bool = False
+    dropped_rows: int = 0
+    dropped_weight: int = 0
 
     @classmethod
     def start(
         cls, topic: str, partition: int, kind: LaneKind, committed: int | None,
-        plan: Sequence[Entry], cap: RateCapConfig,
+        plan: Sequence[Entry], cap: RateCapConfig, marks: Marks | None = None,
     ) -> Lane:  # fmt: skip
-        """A lane at its committed offset (None: never committed), replaying ``plan``."""
+        """A lane at its committed offset (None: never committed), replaying ``plan``,
+        with the upstream ``marks`` committed with it (audit lanes)."""
+        held = {topic: dict(found) for topic, found in (marks or {}).items()}
         return cls(
             topic=topic,
             partition=partition,
@@ -432,6 +528,8 @@ class Lane:
             plan=deque(plan),
             next_offset=committed,
             seen_to=committed,
+            marks=held,
+            committed_marks=encode_marks(held)[0],
         )
 
     @property
@@ -543,7 +641,7 @@ class Lane:
             rows = []
             offer = self.cap.offer
             for message in batch:
-                for row in message.rows:
+                for row in self._fresh(message.rows):
                     offer(row, rows)
                 if message.max_minute is not None and record is False:
                     self.minute = (
@@ -555,6 +653,29 @@ class Lane:
         clean = end + 1 if self.cap is None or not self.cap.tracked_keys else None
         token = f"{self.table}:{self.topic}:{self.partition}:{start}-{end}"
         self._item(items, rows, token, clean, end - start + 1 if record else None)
+
+    def _fresh(self, rows: list[list[Any]]) -> list[list[Any]]:
+        """``rows`` without upstream replays: input offsets at or below the marks."""
+        marks = self.marks
+        topic: str | None = None
+        found: dict[int, int] = {}
+        fresh = rows
+        for index, row in enumerate(rows):
+            if row[_TOPIC] != topic:
+                topic = row[_TOPIC]
+                held = marks.get(topic)
+                found = held if held is not None else marks.setdefault(topic, {})
+            partition, offset = row[_PARTITION], row[_OFFSET]
+            if offset > found.get(partition, -1):
+                found[partition] = offset
+                if fresh is not rows:
+                    fresh.append(row)
+                continue
+            if fresh is rows:
+                fresh = rows[:index]  # the first replayed row: copy what passed so far
+            self.dropped_rows += 1
+            self.dropped_weight += row[_WEIGHT]
+        return fresh
 
     def _close(self, items: list[WorkItem], *, record: bool) -> None:
         assert self.cap is not None and self.next_offset is not None
@@ -569,7 +690,11 @@ class Lane:
         entry: Entry | None,
     ) -> None:  # fmt: skip
         table, columns = TABLES[self.kind]
-        item = WorkItem(table, columns, rows, token, clean, recorded=entry is not None)
+        marks = ""
+        if clean is not None and self.marks:
+            marks, cut = encode_marks(self.marks)
+            self.marks_cut = self.marks_cut or cut
+        item = WorkItem(table, columns, rows, token, clean, recorded=entry is not None, marks=marks)
         if entry is not None:
             self.plan.append(entry)
             self.commit_due = True
@@ -585,6 +710,7 @@ class Lane:
                 self.plan.popleft()
             self.confirmed_entries = 0
             self.committed = item.clean
+            self.committed_marks = item.marks
             self.commit_due = True
         return item
 
@@ -592,7 +718,7 @@ class Lane:
         """(offset, metadata) to commit, or None before the lane saw any offset."""
         if self.committed is None:
             return None
-        return self.committed, encode_plan(self.plan)
+        return self.committed, encode_plan(self.plan, self.committed_marks)
 
 
 # -- the I/O shell -------------------------------------------------------------------------
@@ -612,6 +738,7 @@ class SinkStats:
     bad_messages: int = 0
     bad_rows: int = 0
     replayed_items: int = 0
+    upstream_replayed_rows: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return dict(self.__dict__)
@@ -786,9 +913,12 @@ class AuditSink:
         for tp in tps:
             found = committed.get(tp)
             offset = found.offset if found is not None and found.offset >= 0 else None
-            plan = decode_plan(found.metadata if offset is not None else None)
+            metadata = found.metadata if offset is not None else None
+            plan = decode_plan(metadata)
+            kind = self.kinds[tp.topic]
+            marks = decode_marks(metadata) if kind == "audit" else None
             self.lanes[tp] = Lane.start(
-                tp.topic, tp.partition, self.kinds[tp.topic], offset, plan, self.cap_config
+                tp.topic, tp.partition, kind, offset, plan, self.cap_config, marks
             )
             if not seek:
                 pass
@@ -889,6 +1019,7 @@ class AuditSink:
             )
             planned = planned or bool(items)
             self.stats.replayed_items += sum(1 for item in items if not item.recorded)
+            self._note_upstream_replays(tp, lane)
             if tp in self._paused_full and lane.buffered_rows <= self.flush_rows:
                 self._paused_full.discard(tp)
                 if not self._paused_outage:
@@ -896,6 +1027,25 @@ class AuditSink:
         committed = await self._commit()
         if planned and committed:
             await self._insert_pending()
+
+    def _note_upstream_replays(self, tp: Any, lane: Lane) -> None:
+        """Log rows a flush dropped as upstream replays, and marks left out of commits."""
+        dropped = lane.dropped_rows
+        if dropped:
+            lane.dropped_rows = 0
+            self.stats.upstream_replayed_rows += dropped
+            log.warning(
+                "sink.upstream_replay_dropped", topic=tp.topic, partition=tp.partition,
+                rows=dropped, weight=lane.dropped_weight,
+            )  # fmt: skip
+            lane.dropped_weight = 0
+        if lane.marks_cut:
+            lane.marks_cut = False
+            log.warning(
+                "sink.marks_cut", topic=tp.topic, partition=tp.partition,
+                input_partitions=sum(len(found) for found in lane.marks.values()),
+                max_chars=MAX_MARKS_CHARS,
+            )  # fmt: skip
 
     async def _commit(self) -> bool:
         """Commit every lane with news; on failure reload those lanes from Kafka."""
@@ -951,8 +1101,9 @@ class AuditSink:
             self._ch = await asyncio.to_thread(self._open_ch)
         ch = self._ch
         await asyncio.to_thread(
-            ch.insert, item.table, item.columns, item.rows, dedup_token=item.token
-        )
+            ch.insert, item.table, item.columns, item.rows, dedup_token=item.token,
+            settings=INSERT_SETTINGS,
+        )  # fmt: skip
         self.stats.inserts += 1
         self.stats.rows_written += len(item.rows)
         if self._fault_after and self.stats.inserts >= self._fault_after:
@@ -997,7 +1148,15 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
 
 
 def run_sink(settings: Settings) -> int:
-    """``authpipe sink``: run until SIGTERM or SIGINT; returns the exit code."""
+    """``authpipe sink``: run until SIGTERM or SIGINT; returns the exit code.
+
+    The cycle collector is tuned as in the worker (``pipeline.runtime``): the sink holds
+    up to ``BUFFER_FACTOR * flush_rows`` decoded rows (a list each), and encoding an
+    insert allocates a column list per column, so CPython's default thresholds walk those
+    rows again and again: 40 % of clickhouse-connect's encoding time per row in
+    ``bench.bench_sink``.
+    """
+    tune_gc()
 
     async def main() -> None:
         stop = asyncio.Event()

@@ -118,8 +118,12 @@ class ClickHouse(Protocol):
         rows: Sequence[Sequence[Any]],
         *,
         dedup_token: str | None = None,
+        settings: Mapping[str, Any] | None = None,
     ) -> None:
-        """Insert rows (one value per column each); the same dedup_token twice inserts once."""
+        """Insert rows (one value per column each); the same dedup_token twice inserts once.
+
+        ``settings`` are query settings for this insert (and the views it feeds).
+        """
         ...
 
     def close(self) -> None:
@@ -219,18 +223,21 @@ class ConnectClickHouse:
         rows: Sequence[Sequence[Any]],
         *,
         dedup_token: str | None = None,
+        settings: Mapping[str, Any] | None = None,
     ) -> None:
         if not rows:
             return
         _refuse_naive_datetimes(table, columns, rows)
-        settings = {"insert_deduplication_token": dedup_token} if dedup_token else None
+        query_settings = dict(settings) if settings else {}
+        if dedup_token:
+            query_settings["insert_deduplication_token"] = dedup_token
         try:
             self._call(
                 self._client.insert,
                 table,
                 rows,
                 column_names=list(columns),
-                settings=settings,
+                settings=query_settings or None,
             )
         except (TypeError, ValueError, OverflowError, struct.error) as exc:
             raise ClickHouseError(

@@ -27,13 +27,17 @@ from pipeline.kafka_admin import TopicSpec, ensure_topics
 from pipeline.settings import ClickHouseSettings
 from pipeline.sinks.audit import (
     CLOSE,
+    MAX_MARKS_CHARS,
     BadMessage,
     Lane,
     Message,
+    WorkItem,
     decode_audit,
     decode_dead_letter,
     decode_decision,
+    decode_marks,
     decode_plan,
+    encode_marks,
     encode_plan,
 )
 from pipeline.sinks.clickhouse import ClickHouse, open_clickhouse
@@ -369,9 +373,10 @@ def test_lane_confirm_moves_the_clean_offset_and_trims_the_plan() -> None:
     lane.confirm()
     assert lane.commit_value() == (0, "ap1:3,!,1")
     lane.confirm()
-    assert lane.commit_value() == (3, "ap1:1")
+    marks = "|auth.login-attempts=0:21,1:22,2:23,3:10,4:11,5:12,6:20"  # of offsets 0-2
+    assert lane.commit_value() == (3, "ap1:1" + marks)
     lane.confirm()
-    assert lane.commit_value() == (3, "ap1:1")
+    assert lane.commit_value() == (3, "ap1:1" + marks)
 
 
 def test_plan_never_outgrows_kafka_commit_metadata() -> None:
@@ -396,10 +401,12 @@ def test_plan_never_outgrows_kafka_commit_metadata() -> None:
             lane.confirm()
         if closing:
             break
-    assert 3000 < longest <= 4096
+    assert 2000 < longest <= 4096
     assert calls > 3
     assert weight == 3000
-    assert lane.commit_value() == (3000, "ap1:")
+    assert lane.commit_value() == (
+        3000, "ap1:|auth.login-attempts=0:2996,1:2997,2:2998,3:2999,4:2993,5:2994,6:2995"
+    )
 
 
 def test_stateless_lane_is_clean_after_every_batch() -> None:
@@ -414,6 +421,118 @@ def test_stateless_lane_is_clean_after_every_batch() -> None:
     assert lane.commit_value() == (42, "ap1:2")
     lane.confirm()
     assert lane.commit_value() == (44, "ap1:")
+
+
+def test_marks_round_trip_after_the_plan_and_fit_the_metadata() -> None:
+    """Marks encode after the plan and decode back; too many input partitions are cut."""
+    marks = {"auth.login-attempts": {3: 10, 0: 7}, "b.topic": {1: 2}}
+    text, cut = encode_marks(marks)
+    assert (text, cut) == ("|auth.login-attempts=0:7,3:10|b.topic=1:2", False)
+    metadata = encode_plan([12, CLOSE], text)
+    assert decode_plan(metadata) == [12, CLOSE]
+    assert decode_marks(metadata) == marks
+    assert decode_marks("ap1:12,!") == {}
+    assert decode_marks(None) == {}
+    with pytest.raises(Exception, match="not a sink plan"):
+        decode_marks("ap1:1|t=x:1")
+    many = {"auth.login-attempts": {p: 10**12 + p for p in range(500)}}
+    text, cut = encode_marks(many)
+    assert cut
+    assert len(text) <= MAX_MARKS_CHARS
+    kept = decode_marks("ap1:" + text)["auth.login-attempts"]
+    assert kept == {p: 10**12 + p for p in range(len(kept))}
+
+
+def _replay_workload(minute: datetime) -> list[bytes]:
+    """Three audit messages of one worker partition; the third starts with a replay.
+
+    0: 100 failures from SOURCE on 100 accounts (input offsets 0-99, partitions i % 7);
+    1: 50 successes (100-149); 2: the worker crashed and applied its last two envelopes
+    again: failures 80-99 and successes 100-149 come a second time, then 10 new
+    failures on one account (150-159).
+    """
+    failures = [
+        audit_row(i, minute + timedelta(milliseconds=10 * i), account=f"acct-{i}")
+        for i in range(100)
+    ]
+    successes = [
+        audit_row(i, minute + timedelta(seconds=2), outcome="success", account=f"acct-{i}",
+                  source=f"198.51.100.{i % 200}")
+        for i in range(100, 150)
+    ]  # fmt: skip
+    new = [
+        audit_row(i, minute + timedelta(seconds=3), account="victim", source="192.0.2.1")
+        for i in range(150, 160)
+    ]
+    return [
+        audit_batch(failures),
+        audit_batch(successes),
+        audit_batch(failures[80:] + successes + new),
+    ]
+
+
+REPLAY_ATTEMPTS = 160
+# 100 failures of one source: 60 rows + a source summary of 40; 50 successes; 10 new
+# failures on one account and source (under the cap): 60 + 1 + 50 + 10 rows.
+REPLAY_ROWS = 121
+
+
+def _insert_items(ch: ClickHouse, items: list[WorkItem]) -> None:
+    for item in items:
+        ch.insert(item.table, item.columns, item.rows, dedup_token=item.token)
+
+
+def test_lane_drops_upstream_replays_before_the_cap() -> None:
+    """Replayed input offsets are dropped before the cap: weights add up to 160, not 230."""
+    lane = Lane.start("auth.audit", 0, "audit", None, [], RateCapConfig())
+    for offset, value in enumerate(_replay_workload(recent_minute())):
+        lane.add(decode_audit(offset, value), now_ms=0)
+    items = lane.plan_items(flush_rows=1000, now_ms=0, closing=True)
+    rows = [row for item in items for row in item.rows]
+    assert sum(row[12] for row in rows) == REPLAY_ATTEMPTS
+    assert len(rows) == REPLAY_ROWS
+    assert (lane.dropped_rows, lane.dropped_weight) == (70, 70)
+    assert sorted(row[18] for row in rows if not row[13]) == sorted(
+        [*range(60), *range(100, 160)]
+    )
+
+
+def test_replayed_audit_batch_after_a_sink_restart_is_counted_once_in_clickhouse(
+    ch: ClickHouse,
+) -> None:
+    """A lane restarted from its commit drops an upstream replay: exact counts, views too."""
+    messages = _replay_workload(recent_minute())
+    first = Lane.start("auth.audit", 0, "audit", None, [], RateCapConfig())
+    for offset, value in enumerate(messages[:2]):
+        first.add(decode_audit(offset, value), now_ms=0)
+    _insert_items(ch, first.plan_items(flush_rows=1000, now_ms=0, closing=True))
+    while first.pending:
+        first.confirm()
+    committed = first.commit_value()
+    assert committed is not None and committed[0] == 2
+
+    offset, metadata = committed
+    again = Lane.start(
+        "auth.audit", 0, "audit", offset, decode_plan(metadata), RateCapConfig(),
+        decode_marks(metadata),
+    )  # fmt: skip
+    again.add(decode_audit(2, messages[2]), now_ms=0)
+    _insert_items(ch, again.plan_items(flush_rows=1000, now_ms=0, closing=True))
+    assert (again.dropped_rows, again.dropped_weight) == (70, 70)
+
+    assert totals(ch) == (REPLAY_ATTEMPTS, REPLAY_ROWS, REPLAY_ROWS)
+    assert scalar(ch, "SELECT sum(attempts) FROM attempts_by_flow_minute") == REPLAY_ATTEMPTS
+    assert ch.query(
+        "SELECT outcome, toInt64(sum(attempts)) FROM attempts_by_flow_minute "
+        "GROUP BY outcome ORDER BY outcome"
+    ) == [("failure", 110), ("success", 50)]
+    assert ch.query(
+        "SELECT source, toInt64(sum(failures)), uniqMerge(accounts) "
+        "FROM attempts_by_source_minute GROUP BY source HAVING sum(failures) > 0 ORDER BY source"
+    ) == [("192.0.2.1", 10, 1), (SOURCE, 100, 60)]
+    assert ch.query(
+        "SELECT toInt64(sum(attempts)), toInt64(sum(failures)) FROM attempts_by_account_minute"
+    ) == [(60 + 50 + 10, 60 + 10)]  # the source summary has no account
 
 
 # -- end to end on the real broker -------------------------------------------------------
@@ -562,6 +681,34 @@ async def test_sigkill_between_insert_and_commit_writes_nothing_twice(
     assert scalar(ch, "SELECT sum(attempts) FROM attempts_by_flow_minute") == 191
 
 
+async def test_upstream_replay_after_a_sink_restart_is_written_once(
+    kafka_bootstrap: str, topics: Topics, ch: ClickHouse, sink: SinkProcess
+) -> None:
+    """Rows the worker sends again after its crash are dropped across a sink restart."""
+    await create_topics(kafka_bootstrap, topics)
+    messages = _replay_workload(recent_minute())
+    await produce(kafka_bootstrap, [(topics.audit, 0, b"0", m, None) for m in messages[:2]])
+    sink.start()
+    wait_until(
+        lambda: totals(ch)[0] == 150, SINK_TIMEOUT_S, description="the first 150 attempts"
+    )
+    assert sink.stop() == 0
+
+    await produce(kafka_bootstrap, [(topics.audit, 0, b"0", messages[2], None)])
+    sink.start()
+    wait_until(
+        lambda: totals(ch)[0] >= REPLAY_ATTEMPTS, SINK_TIMEOUT_S,
+        description="the 10 new attempts",
+    )  # fmt: skip
+    assert sink.stop() == 0
+    assert totals(ch) == (REPLAY_ATTEMPTS, REPLAY_ROWS, REPLAY_ROWS), sink.tail()
+    assert scalar(ch, "SELECT sum(attempts) FROM attempts_by_flow_minute") == REPLAY_ATTEMPTS
+    dropped = sink.events("sink.upstream_replay_dropped")
+    assert sum(event["rows"] for event in dropped) == 70
+    (_, stopped) = sink.events("sink.stopped")
+    assert stopped["upstream_replayed_rows"] == 70
+
+
 async def test_clickhouse_outage_mid_stream_loses_nothing(
     kafka_bootstrap: str,
     topics: Topics,
@@ -573,10 +720,12 @@ async def test_clickhouse_outage_mid_stream_loses_nothing(
     await create_topics(kafka_bootstrap, topics)
     minute = recent_minute()
     sink.start()
+    # Input offsets below those of the workload's rows on audit partition 1 (3000-3069):
+    # the worker's input offsets only grow per partition, and the sink drops lower ones.
     first = [
-        audit_row(5000 + i, minute, account=f"early-{i}", outcome="success") for i in range(30)
+        audit_row(2500 + i, minute, account=f"early-{i}", outcome="success") for i in range(30)
     ]
-    await produce(kafka_bootstrap, [(topics.audit, 0, b"0", audit_batch(first), None)])
+    await produce(kafka_bootstrap, [(topics.audit, 1, b"1", audit_batch(first), None)])
     wait_until(lambda: totals(ch)[0] == 30, SINK_TIMEOUT_S, description="the first 30 rows")
 
     chhttp.stop()

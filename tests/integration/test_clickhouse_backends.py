@@ -244,6 +244,23 @@ def test_another_dedup_token_inserts_again(clickhouse: ClickHouse) -> None:
     assert clickhouse.query("SELECT count() FROM attempts") == [(2,)]
 
 
+def test_insert_settings_reach_the_server_with_the_dedup_token(clickhouse: ClickHouse) -> None:
+    """optimize_on_insert=0 keeps both rows of one key in a block; the token still dedupes."""
+    clickhouse.command(
+        "CREATE TABLE replacing (k UInt8, v UInt8) ENGINE = ReplacingMergeTree ORDER BY k "
+        "SETTINGS non_replicated_deduplication_window = 10"
+    )
+    rows = [[1, 1], [1, 2]]
+    clickhouse.insert("replacing", ["k", "v"], rows, dedup_token="r1")
+    clickhouse.insert(
+        "replacing", ["k", "v"], rows, dedup_token="r2", settings={"optimize_on_insert": 0}
+    )
+    clickhouse.insert(
+        "replacing", ["k", "v"], rows, dedup_token="r2", settings={"optimize_on_insert": 0}
+    )
+    assert clickhouse.query("SELECT count() FROM replacing") == [(1 + 2,)]
+
+
 def test_minute_aggregates(clickhouse: ClickHouse) -> None:
     """The per-minute views count weight, failures and distinct accounts/sources exactly."""
     minute = recent_minute()
