@@ -48,6 +48,7 @@ from pipeline.contracts.models import Decision, ms_to_datetime
 from pipeline.core.decisions import applicable_keys
 from pipeline.core.engine import APPLIES_TO
 from pipeline.core.keys import Key, format_key
+from pipeline.edge.fastpath import EdgeSite
 from pipeline.edge.service import AlwaysReady, create_app
 from pipeline.edge.view import DecisionFeed, DecisionView, FeedConfig, settle_heap, wall_ms
 from pipeline.kafka_admin import TopicSpec, ensure_topics
@@ -321,7 +322,7 @@ async def _client(url: str, rate: int, duration_s: float, connections: int, seed
     load.latencies.clear()
     load.finished.clear()
     total = load.expected = int(rate * duration_s)
-    start = time.perf_counter()
+    start, cpu_started = time.perf_counter(), time.process_time()
     sent = 0
     while sent < total:
         now = time.perf_counter()
@@ -331,21 +332,23 @@ async def _client(url: str, rate: int, duration_s: float, connections: int, seed
         await asyncio.sleep(max(0.0, start + sent / rate - time.perf_counter()))
     await asyncio.wait_for(load.finished.wait(), 120)
     elapsed = time.perf_counter() - start
+    client_cpu_s = time.process_time() - cpu_started
     latencies = sorted(load.latencies)
     print(orjson.dumps({
         "requests": total, "errors": load.errors, "achieved_rps": round(total / elapsed),
         "p50_ms": round(latencies[len(latencies) // 2] * 1000, 3),
         "p99_ms": round(latencies[int(len(latencies) * 0.99)] * 1000, 3),
         "max_ms": round(latencies[-1] * 1000, 3),
+        "client_cpu_us_per_request": round(client_cpu_s / total * 1e6),
     }).decode())  # fmt: skip
 
 
 async def bench_http(view: DecisionView, rate: int, duration_s: float) -> dict[str, Any]:
     runner = web.AppRunner(create_app(view, AlwaysReady()), access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
+    site = EdgeSite(runner, "127.0.0.1", 0)  # as `authpipe edge serve` listens
     await site.start()
-    port = runner.addresses[0][1]
+    port = site.port
     cpu_started = time.process_time()
     try:
         process = await asyncio.create_subprocess_exec(
