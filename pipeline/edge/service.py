@@ -29,6 +29,10 @@ would allow attempts it should refuse. With ``edge.token`` set, every endpoint b
 ``/healthz`` needs ``Authorization: Bearer <token>`` (401 otherwise). Malformed input
 is a 400 naming the parameter, never a 500. Refusals are logged with the decision key
 and id (the key holds the account digest, never the account).
+
+``serve`` listens through ``EdgeSite`` (``pipeline.edge.fastpath``): plain ``GET
+/v1/check`` requests to a ready view are answered there (``Edge.quick_check``, the same
+answer, metrics and log as ``check_get``); everything else reaches this app unchanged.
 """
 
 from __future__ import annotations
