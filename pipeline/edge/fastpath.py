@@ -17,7 +17,8 @@ the latency tail. The fast path costs a few tens of microseconds.
 
 What the fast path reads, strictly (anything outside it is handed off, not refused):
 
-* a request line ``GET /v1/check?<query> HTTP/1.1``;
+* a head of at most ``HEAD_MAX_BYTES`` with at most ``HEADERS_MAX`` header lines;
+* a request line ``GET /v1/check?<query> HTTP/1.1``, the query printable ASCII;
 * header lines ``name: value`` with a token name, no folding, no ``Transfer-Encoding``,
   ``Upgrade`` or ``Expect``, ``Content-Length`` at most ``0``, at most one
   ``Authorization`` and ``Connection``; ``Connection: close`` closes after the answer;
@@ -45,7 +46,7 @@ if TYPE_CHECKING:
     from pipeline.edge.service import Edge
 
 HEAD_MAX_BYTES = 8190
-"""A request head longer than this (without its end) goes to aiohttp, which refuses it."""
+"""A request head longer than this goes to aiohttp (its line and field limits are 8190)."""
 HEADERS_MAX = 100
 KEEPALIVE_TIMEOUT_S = 75.0
 SWEEP_INTERVAL_S = 15.0
@@ -88,10 +89,9 @@ class _Head:
 
 _TOKEN = rb"[-!#$%&'*+.^_`|~0-9A-Za-z]+"
 _VALUE = rb"[^\x00-\x08\x0a-\x1f\x7f]*"
-_HEAD = re.compile(
-    rb"GET /v1/check\?([^\x00-\x20\x7f#]+) HTTP/1\.1((?:\r\n%s:%s)*)" % (_TOKEN, _VALUE)
-)
-"""The heads the fast path reads: the request line, then header lines of a token name, a
+_HEAD = re.compile(rb"GET /v1/check\?([!\x22$-~]+) HTTP/1\.1((?:\r\n%s:%s)*)" % (_TOKEN, _VALUE))
+"""The heads the fast path reads: the request line (a query of printable ASCII without
+'#'), then header lines of a token name, a
 colon and a value without control characters but tab (so no folded lines, no bare CR or
 LF); the query and the header lines are its groups."""
 _NOTABLE = re.compile(
@@ -109,10 +109,10 @@ def parse_head(head: bytes, known: frozenset[str]) -> _Head | None:
     if query is None:
         return None
     lines = match[2]
-    if _NOTABLE.search(lines) is None:
-        return _Head(query, None, False)  # the common case: nothing to look at
     if lines.count(b"\n") > HEADERS_MAX:
         return None
+    if _NOTABLE.search(lines) is None:
+        return _Head(query, None, False)  # the common case: nothing to look at
     authorization: bytes | None = None
     connection: bytes | None = None
     for line in lines.split(b"\r\n")[1:]:
@@ -239,11 +239,11 @@ class CheckConnection(asyncio.Protocol):
         edge = connections.edge
         while True:
             head_end = buffer.find(b"\r\n\r\n")
-            if head_end < 0:
-                if len(buffer) > HEAD_MAX_BYTES:
-                    self._hand_off(answers, buffer)
-                    return
+            if head_end < 0 and len(buffer) <= HEAD_MAX_BYTES:
                 break
+            if head_end < 0 or head_end > HEAD_MAX_BYTES:
+                self._hand_off(answers, buffer)
+                return
             head = parse_head(buffer[:head_end], connections.known)
             body = None
             if head is not None:

@@ -91,6 +91,9 @@ def test_head_takes_the_query_the_token_and_connection_close() -> None:
         b"GET /v1/check?account=a&ip=192.0.2.1 HTTP/1.1\r\nbad header: x",
         b"GET /v1/check?account=a&ip=192.0.2.1 HTTP/1.1\r\nX: a\nY: b",
         b"GET /v1/check?account=a&ip=192.0.2.1 HTTP/1.1\r\nAuthorization: a\r\nAuthorization: b",
+        "GET /v1/check?account=\u00e9&ip=192.0.2.1 HTTP/1.1".encode(),
+        b"GET /v1/check?account=a&ip=192.0.2.1#x HTTP/1.1",
+        b"GET /v1/check?account=a&ip=192.0.2.1 HTTP/1.1" + b"\r\nX: y" * 101,
     ],
 )
 def test_other_heads_are_handed_off(head: bytes) -> None:
@@ -204,6 +207,16 @@ async def test_a_head_split_over_writes_is_read_whole(served: Served) -> None:
         await writer.drain()
     assert (await _response(reader))[2] == b'{"allowed":false,"retry_after_ms":360000}'
     assert served.aiohttp_requests() == 0
+    writer.close()
+
+
+async def test_a_head_over_the_limit_is_aiohttps_to_refuse(served: Served) -> None:
+    """A check whose head is longer than aiohttp's limits is not answered by the fast path:
+    aiohttp refuses it with a 400."""
+    reader, writer = await served.connect()
+    writer.write(CHECK.replace("Host: edge", "Host: edge\r\nX-Long: " + "x" * 9000).encode())
+    status = await asyncio.wait_for(reader.readline(), WAIT_S)
+    assert status.endswith(b" 400 Bad Request\r\n"), status
     writer.close()
 
 
