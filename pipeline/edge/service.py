@@ -29,6 +29,10 @@ would allow attempts it should refuse. With ``edge.token`` set, every endpoint b
 ``/healthz`` needs ``Authorization: Bearer <token>`` (401 otherwise). Malformed input
 is a 400 naming the parameter, never a 500. Refusals are logged with the decision key
 and id (the key holds the account digest, never the account).
+
+``serve`` listens through ``EdgeSite`` (``pipeline.edge.fastpath``): plain ``GET
+/v1/check`` requests to a ready view are answered there (``Edge.quick_check``, the same
+answer, metrics and log as ``check_get``); everything else reaches this app unchanged.
 """
 
 from __future__ import annotations
@@ -65,6 +69,7 @@ from pipeline.edge.blocklist import (
     render,
     sse_event,
 )
+from pipeline.edge.fastpath import EdgeSite
 from pipeline.edge.view import FLOWS, CheckInputError, DecisionFeed, DecisionView, EdgeError
 from pipeline.logs import get_logger
 from pipeline.settings import Settings
@@ -83,6 +88,7 @@ SSE_HEARTBEAT_S = 15.0
 FEED_CACHE_ENTRIES = 64
 SHUTDOWN_TIMEOUT_S = 5.0
 ALLOWED_BODY = b'{"allowed":true,"retry_after_ms":0}'
+CHECK_PATH = "/v1/check"
 _NO_TOKEN_PATHS = frozenset({"/healthz"})
 _DIGITS = re.compile(r"[0-9]{1,5}")
 _TENANT_SYNTAX = re.compile(r"[^|\x00-\x1f\x7f]{1,64}")
@@ -187,16 +193,22 @@ def _required(value: str | None, parameter: str, what: str) -> str:
 def parse_check_query(query: MultiMapping[str]) -> CheckRequest:
     """A check from query parameters; raises BadRequest."""
     _reject_unknown(query.keys(), CHECK_FIELDS)
-    tenant = _single(query, "tenant")
+    return check_request(lambda name: _single(query, name))
+
+
+def check_request(field: Callable[[str], str | None]) -> CheckRequest:
+    """A check from ``field(name)``, a query parameter's value (None: not given); raises
+    BadRequest, naming the first bad parameter in the order read here."""
+    tenant = field("tenant")
     return CheckRequest(
         tenant="default" if tenant is None else tenant,
-        account=_required(_single(query, "account"), "account", "the identifier as typed"),
-        ip=_required(_single(query, "ip"), "ip", "the TCP peer address"),
-        forwarded_for=_single(query, "forwarded_for") or (),
-        device=_single(query, "device") or None,
-        session=_single(query, "session") or None,
-        trusted=_parse_trusted(_single(query, "trusted")),
-        flow=_parse_flow(_single(query, "flow")),
+        account=_required(field("account"), "account", "the identifier as typed"),
+        ip=_required(field("ip"), "ip", "the TCP peer address"),
+        forwarded_for=field("forwarded_for") or (),
+        device=field("device") or None,
+        session=field("session") or None,
+        trusted=_parse_trusted(field("trusted")),
+        flow=_parse_flow(field("flow")),
     )
 
 
@@ -476,6 +488,27 @@ class Edge:
             retry_after_ms=verdict.retry_after_ms,
         )
 
+    def quick_check(self, query: Mapping[str, str], authorization: bytes | None) -> bytes | None:
+        """The body of the 200 answer to ``GET /v1/check`` with these query parameters
+        (each given once, all in ``CHECK_FIELDS``) and Authorization header, counted and logged as ``check_get`` through the middleware would be; None
+        where that answer is not a 200 (no token, not ready, a bad parameter): the caller
+        then lets the aiohttp app answer, which counts the request instead."""
+        started = time.perf_counter()
+        token = self._token
+        if token is not None and (
+            authorization is None or not hmac.compare_digest(authorization, token)
+        ):
+            return None
+        if not self.health.ready():
+            return None
+        try:
+            verdict = self._check(check_request(query.get))
+        except BadRequest:
+            return None
+        body = ALLOWED_BODY if verdict.allowed else orjson.dumps(_verdict_body(verdict))
+        self.metrics.request(CHECK_PATH, 200, time.perf_counter() - started)
+        return body
+
     async def check_get(self, request: web.Request) -> web.Response:
         req = parse_check_query(request.query)
         self._require_ready()
@@ -611,8 +644,8 @@ def create_app(view: DecisionView, health: Health, *, token: str | None = None) 
     edge = Edge(view, health, token)
     app = web.Application(middlewares=[edge.middleware], client_max_size=BODY_MAX_BYTES)
     app[EDGE_KEY] = edge
-    app.router.add_get("/v1/check", edge.check_get, allow_head=False)
-    app.router.add_post("/v1/check", edge.check_post)
+    app.router.add_get(CHECK_PATH, edge.check_get, allow_head=False)
+    app.router.add_post(CHECK_PATH, edge.check_post)
     app.router.add_post("/v1/check/batch", edge.check_batch)
     app.router.add_get("/v1/blocklist", edge.blocklist, allow_head=False)
     app.router.add_get("/v1/blocklist/events", edge.blocklist_events, allow_head=False)
@@ -634,7 +667,7 @@ def _loopback(host: str) -> bool:
 
 
 async def _listen(runner: web.AppRunner, host: str, port: int) -> int:
-    site = web.TCPSite(runner, host, port)
+    site = EdgeSite(runner, host, port)
     try:
         await site.start()
     except OSError as exc:

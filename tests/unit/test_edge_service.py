@@ -7,16 +7,19 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import quote
 
 import orjson
 import pytest
-from aiohttp import ClientResponse
+from aiohttp import ClientResponse, web
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CONTENT_TYPE_LATEST
 from structlog.testing import capture_logs
+from yarl import URL
 
 from pipeline.core.keys import format_key
+from pipeline.edge.fastpath import EdgeSite
 from pipeline.edge.service import BATCH_MAX_CHECKS, create_app
 from pipeline.edge.view import DecisionView
 from tests.unit.test_edge_support import (
@@ -73,27 +76,47 @@ class Edge:
         return orjson.loads(await response.read())
 
 
-async def _start(token: str | None) -> Edge:
+class FastPathServer(TestServer):
+    """The test server listening through ``EdgeSite``, as ``authpipe edge serve`` does."""
+
+    async def start_server(self, loop: object = None, **kwargs: Any) -> None:
+        if self.runner:
+            return
+        self.runner = await self._make_runner(handler_cancellation=True, **kwargs)
+        await self.runner.setup()
+        assert isinstance(self.runner, web.AppRunner)
+        site = EdgeSite(self.runner, self.host, 0)
+        await site.start()
+        self.port, self.scheme = site.port, "http"
+        self._root = URL(f"http://{self.host}:{self.port}")
+
+
+SITES = {"aiohttp": TestServer, "fast_path": FastPathServer}
+
+
+async def _start(token: str | None, site: str) -> Edge:
     clock = Clock()
     view = new_view(clock)
     health = FakeHealth()
-    client = TestClient(TestServer(create_app(view, health, token=token)))
+    client = TestClient(SITES[site](create_app(view, health, token=token)))
     await client.start_server()
     return Edge(view, clock, health, client)
 
 
-@pytest.fixture
-async def edge() -> AsyncIterator[Edge]:
-    harness = await _start(None)
+# Every test runs against aiohttp's own site and against the fast path's (whose requests
+# other than plain checks are handed to the same aiohttp app).
+@pytest.fixture(params=sorted(SITES))
+async def edge(request: pytest.FixtureRequest) -> AsyncIterator[Edge]:
+    harness = await _start(None, request.param)
     try:
         yield harness
     finally:
         await harness.client.close()
 
 
-@pytest.fixture
-async def guarded() -> AsyncIterator[Edge]:
-    harness = await _start(TOKEN)
+@pytest.fixture(params=sorted(SITES))
+async def guarded(request: pytest.FixtureRequest) -> AsyncIterator[Edge]:
+    harness = await _start(TOKEN, request.param)
     try:
         yield harness
     finally:

@@ -4,17 +4,26 @@ check answering exactly as the core's shared check with the worker's normalisati
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 
 import orjson
 import pytest
+from aiokafka.structs import TopicPartition
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.contracts.codec import encode
 from pipeline.core.decisions import DecisionIndex, applicable_keys
 from pipeline.core.keys import Key, format_key
+from pipeline.edge import view as view_module
 from pipeline.edge.blocklist import BlockEntry
-from pipeline.edge.view import ChangeSignal, CheckInputError, DecisionView
+from pipeline.edge.view import (
+    ChangeSignal,
+    CheckInputError,
+    DecisionFeed,
+    DecisionView,
+    FeedConfig,
+)
 from pipeline.settings import Settings
 from tests.unit.test_edge_support import (
     ACCOUNT,
@@ -414,3 +423,50 @@ def test_view_check_always_equals_the_core_check_on_its_decisions(
                     expected = reference.check(keys, clock.now)
                     got = view.check(TENANT, account, peer, (), device, trusted, "login")
                     assert got == expected, (op, account, peer, device)
+
+
+class _OneBatchConsumer:
+    """Enough of an AIOKafkaConsumer for ``DecisionFeed._read``: one fetched batch, then
+    fetches that find nothing."""
+
+    def __init__(self, tp: TopicPartition, records: list[SimpleNamespace]) -> None:
+        self.tp = tp
+        self.batches = [{tp: records}]
+        self.offset = len(records)
+
+    async def getmany(self, *partitions: TopicPartition, **kw: object) -> object:
+        if self.batches:
+            return self.batches.pop()
+        await asyncio.sleep(0.01)
+        return {}
+
+    async def position(self, tp: TopicPartition) -> int:
+        return self.offset
+
+
+async def test_feed_yields_to_the_loop_within_a_large_batch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With a zero budget the feed yields after every chunk: the loop runs while a fetched
+    batch of 100 decisions is partly applied, and the whole batch ends applied."""
+    monkeypatch.setattr(view_module, "APPLY_BUDGET_S", 0.0)
+    clock = Clock()
+    view = new_view(clock)
+    records = [
+        SimpleNamespace(key=k, value=v)
+        for k, v in (message(account_key(f"user{i}"), T0 + MIN) for i in range(100))
+    ]
+    tp = TopicPartition("decisions", 0)
+    feed = DecisionFeed(view, FeedConfig("unused:9092", "decisions"))
+    seen: list[int] = []
+    reading = asyncio.create_task(feed._read(_OneBatchConsumer(tp, records), [tp]))  # type: ignore[arg-type]
+    try:
+        async with asyncio.timeout(5):
+            while len(view) < 100:
+                seen.append(len(view))
+                await asyncio.sleep(0)
+    finally:
+        reading.cancel()
+    assert sorted({n for n in seen if 0 < n < 100}) == [
+        view_module.APPLY_CHUNK * k for k in (1, 2, 3)
+    ]
