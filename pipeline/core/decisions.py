@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from pipeline.core.attempt import PASSWORD_FLOWS, Attempt
 from pipeline.core.keys import Key, decision_key
@@ -70,9 +71,11 @@ def keys_for(attempt: Attempt) -> tuple[Key, ...]:
     )  # fmt: skip
 
 
-@dataclass(frozen=True, slots=True)
-class Active:
-    """What the index keeps of a decision: enough to refuse, and the id for operators."""
+class Active(NamedTuple):
+    """What the index keeps of a decision: enough to refuse, and the id for operators.
+
+    A NamedTuple: mypyc leaves a frozen dataclass interpreted, and building one cost
+    2.3 us (40 % of decoding a decision on the edge's cold load)."""
 
     decision_id: str
     action: str
