@@ -93,7 +93,10 @@ class _Stage:
         self.policy = policy
         self.partitions = partitions
         self.dedupe_horizon_ms = dedupe_horizon_ms
-        self.dedupe_capacity = dedupe_capacity
+        # ``dedupe_capacity`` bounds the event ids a worker remembers, whatever partitions
+        # it owns: each partition's shard sees its share of the accounts (an event and its
+        # duplicates share a partition), so it remembers its share of the ids.
+        self.dedupe_capacity = max(1, dedupe_capacity // partitions)
         self.shards: dict[int, Any] = {}
         self.inputs: dict[int, dict[int, int]] = {}
         # Per partition: the offset of the next envelope of this stage's own input to
@@ -231,9 +234,17 @@ class AccountStage(_Stage):
 
 
 class SourceStage(_Stage):
-    """Forwarded failures partitioned by source: spray and credential stuffing."""
+    """Forwarded failures partitioned by source: spray and credential stuffing.
+
+    No event-id dedupe here (as in the core's ``Engine``): the account stage counted
+    each event once before forwarding it, and a replayed forward is skipped by its
+    upstream position. A second memory of every id seen would double the worker's
+    largest per-identifier structure under a flood."""
 
     shard_type = SourceShard
+
+    def __init__(self, policy: Policy, partitions: int) -> None:
+        super().__init__(policy, partitions, dedupe_horizon_ms=0)
 
     def process(self, partition: int, offset: int, rows: list[list[Any]]) -> StageOutput:
         shard: SourceShard = self.shards[partition]
