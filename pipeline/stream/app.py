@@ -295,7 +295,8 @@ class Worker:
         await self._emit(rebuilt, changelog.topic, partition)
 
     async def _restored(self, topic: str, partition: int) -> None:
-        """Until the stage of ``topic`` holds ``partition``'s state."""
+        """Until the stage of ``topic`` holds ``partition``'s state, or the partition is
+        revoked."""
         await self.restore.wait(TopicPartition(self.changelogs[topic], partition))
 
     async def _account_agent(self, stream: Any) -> None:
@@ -312,6 +313,8 @@ class Worker:
             changelog = changelog or self.changelogs[message.topic]
             if not stage.owns(partition):
                 await self._restored(message.topic, partition)
+                if not stage.owns(partition):
+                    continue  # revoked meanwhile: its next owner applies it
             if not await self._in_order(stage, message):
                 continue
             started = time.perf_counter()
@@ -349,6 +352,8 @@ class Worker:
             partition = message.partition
             if not self.rollup.owns(partition):
                 await self._restored(message.topic, partition)
+                if not self.rollup.owns(partition):
+                    continue  # revoked meanwhile: its next owner applies it
             result = self.rollup.process(partition, loads(message.value))
             await self._emit(result, changelog, partition)
 

@@ -126,11 +126,15 @@ class ChangelogRestore:
         task.add_done_callback(self.tasks.discard)
 
     async def wait(self, tp: TopicPartition) -> None:
-        """Until ``tp`` is installed (reading it back now if nobody is)."""
+        """Until ``tp`` is installed (reading it back now if nobody is), or revoked."""
         if tp not in self.pending:
             self.start([tp])
         future = self.pending[tp]
-        await asyncio.shield(future)
+        try:
+            await asyncio.shield(future)
+        except asyncio.CancelledError:
+            if not future.cancelled():
+                raise  # the waiter itself is being cancelled
 
     def restoring(self) -> int:
         """Partitions asked for and not yet installed."""

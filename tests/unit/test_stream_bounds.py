@@ -11,7 +11,7 @@ from pipeline.stream.partitioning import account_partition
 from pipeline.stream.stages import AccountStage, SourceStage
 
 PARTITIONS = 8
-CAP = 500
+CAP = 800
 DEDUPE_CAPACITY = 4_000
 T0_MS = 1_790_000_000_000
 
@@ -31,10 +31,18 @@ def flood_rows(start: int, count: int) -> dict[int, list[list[Any]]]:
     return rows
 
 
+def test_the_policy_cap_is_split_over_partitions_for_every_tenant() -> None:
+    """entry_cap 1,000 over 8 partitions is 125 per shard, in [defaults] and in a tenant."""
+    policy = policy_from_toml('[defaults]\nentry_cap = 1000\n[tenants.acme]\nentry_cap = 4000\n')
+    shard = AccountStage(policy, PARTITIONS, input_topic="in").shard_policy
+    assert (shard.defaults.entry_cap, shard.for_tenant("acme").entry_cap) == (125, 500)
+    assert shard.policy_version == policy.policy_version
+
+
 def test_a_flood_holds_at_most_dedupe_capacity_ids_and_capped_tables() -> None:
     """50,000 distinct accounts and event ids through both stages of a worker owning every
     partition: at most dedupe_capacity ids remembered in all, none in the source stage, and
-    every table at or under its cap."""
+    every table at or under its share of the cap."""
     policy = policy_from_toml(f'policy_version = "bounds"\n[defaults]\nentry_cap = {CAP}\n')
     accounts = AccountStage(policy, PARTITIONS, input_topic="in", dedupe_capacity=DEDUPE_CAPACITY)
     sources = SourceStage(policy, PARTITIONS)
@@ -56,6 +64,7 @@ def test_a_flood_holds_at_most_dedupe_capacity_ids_and_capped_tables() -> None:
     for stage in (accounts, sources):
         for shard in stage.shards.values():
             for tables in shard.tenants.values():
-                assert max(len(table) for table in tables.tables()) <= CAP
-    assert sum(s.entries() for s in accounts.shards.values()) == PARTITIONS * 2 * CAP
+                assert max(len(table) for table in tables.tables()) <= CAP // PARTITIONS
+    # The two account tables a flood fills hold the cap each, over all partitions.
+    assert sum(s.entries() for s in accounts.shards.values()) == 2 * CAP
     assert sum(s.metrics.counted for s in sources.shards.values()) == 50_000
