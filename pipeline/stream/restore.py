@@ -50,10 +50,14 @@ async def read_changelogs(
     live records; yielded as each partition completes (in no particular order)."""
     if not tps:
         return
+    # "earliest", not the default "latest": ``assign`` starts a position reset in the
+    # background with this strategy, and one that answers after ``seek_to_beginning``
+    # would leave the reader at the end, reading nothing (seen on this broker: an empty
+    # restore of a full changelog). The explicit seek below sets the position at once.
     consumer = AIOKafkaConsumer(
         bootstrap_servers=bootstrap_servers, group_id=None, enable_auto_commit=False,
-        max_partition_fetch_bytes=FETCH_PARTITION_BYTES, fetch_max_bytes=FETCH_TOTAL_BYTES,
-        fetch_max_wait_ms=100,
+        auto_offset_reset="earliest", max_partition_fetch_bytes=FETCH_PARTITION_BYTES,
+        fetch_max_bytes=FETCH_TOTAL_BYTES, fetch_max_wait_ms=100,
     )  # fmt: skip
     try:
         await consumer.start()
@@ -65,8 +69,10 @@ async def read_changelogs(
     try:
         wanted = list(tps)
         consumer.assign(wanted)
+        starts: dict[TopicPartition, int] = await consumer.beginning_offsets(wanted)
         ends: dict[TopicPartition, int] = await consumer.end_offsets(wanted)
-        await consumer.seek_to_beginning(*wanted)
+        for tp in wanted:
+            consumer.seek(tp, starts[tp])
         live: dict[TopicPartition, LiveRecords] = {tp: {} for tp in wanted}
         remaining: set[TopicPartition] = set()
         for tp in wanted:
