@@ -1,4 +1,4 @@
-"""The faust-streaming worker: ingest loop, agents over batch envelopes, tables, web.
+"""The faust-streaming worker: ingest loop, agents over batch envelopes, changelogs, web.
 
 Why batches: faust costs about 120 us per event it iterates and one changelog message
 per table write. So the input topic is read by an aiokafka ``getmany`` loop inside the
@@ -14,11 +14,13 @@ Flow inside one worker (every worker runs every stage; partitions spread the wor
     alerts, audit, attempts-by-source --source agent--> decisions, alerts
     shares from both agents --> tenant-shares --rollup agent--> spray_tenant alerts
 
-State lives in faust tables (changelog-backed, memory store, compacted changelogs):
-on assignment faust replays a partition's changelog, and the stage rebuilds its core
-shard from it at the partition's first envelope, expiring what was kept past its time
-(faust does not expire restored windows: faust-streaming issue 385). Two workers in one
-group own disjoint partitions, so a limit is enforced once, never twice.
+State lives in the stages' core shards, made durable by compacted changelog topics (one
+per stage, written as record batches after an envelope's outputs are acknowledged). On
+assignment the worker reads each assigned partition's changelog back with an aiokafka
+reader (``pipeline.stream.restore``; faust's own table recovery replayed it a record at a
+time, about 370 us each) and rebuilds the shard from it before the partition's first
+envelope, expiring what was kept past its time. Two workers in one group own disjoint
+partitions, so a limit is enforced once, never twice.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from pipeline.stream.chains import ChangelogChains
 from pipeline.stream.ingest import Ingest
 from pipeline.stream.metrics import WorkerMetrics
 from pipeline.stream.progress import Admit, InputOrder
+from pipeline.stream.restore import ChangelogRestore, LiveRecords
 from pipeline.stream.stages import (
     MAX_ROWS_PER_MESSAGE,
     AccountStage,
@@ -55,7 +58,7 @@ from pipeline.stream.stages import (
     chunks,
     latest_shares,
 )  # fmt: skip
-from pipeline.stream.topics import CHANGELOG_CONFIG, Topics
+from pipeline.stream.topics import Topics
 
 log = get_logger("worker")
 
@@ -120,7 +123,7 @@ class Worker:
             "dedupe_capacity": settings.ingest.dedupe_capacity,
         }
         self.accounts = AccountStage(policy, kafka.partitions, input_topic=kafka.input_topic, **dedupe)
-        self.sources = SourceStage(policy, kafka.partitions, **dedupe)
+        self.sources = SourceStage(policy, kafka.partitions)
         self.rollup = RollupStage(policy)
         self.ingest_ready = asyncio.Event()
         # Envelopes in offset order whatever faust delivers (pipeline.stream.progress);
@@ -134,6 +137,14 @@ class Worker:
                               merge=latest_shares)  # fmt: skip
         self.channels: dict[str, Any] = {}
         self.busy: dict[str, bool] = {}
+        t = self.topics
+        # Each agent topic's changelog: a partition's state lives in the same partition.
+        self.changelogs = {
+            t.by_account: t.changelog("account-state"),
+            t.by_source: t.changelog("source-state"),
+            t.shares: t.changelog("rollup-state"),
+        }
+        self.restore = ChangelogRestore(kafka.bootstrap_servers, self._install)
         self.app = self._build_app()
 
     # -- the faust app ------------------------------------------------------------------
@@ -143,10 +154,8 @@ class Worker:
         app = faust.App(
             s.kafka.app_id,
             broker=[f"kafka://{host}" for host in s.kafka.bootstrap_servers.split(",")],
-            store="memory://",
             topic_partitions=self.partitions,
             topic_replication_factor=s.kafka.replication_factor,
-            table_standby_replicas=0,
             consumer_auto_offset_reset="earliest",
             broker_commit_interval=1.0,
             # A crashed worker's partitions move after the session timeout: keep it short
@@ -171,17 +180,8 @@ class Worker:
         self.alerts = app.topic(t.alerts, partitions=self.partitions, **RAW)
         self.dlq = app.topic(t.dlq, partitions=self.partitions, **RAW)
         self.audit = app.topic(t.audit, partitions=self.partitions, **RAW)
-        table: dict[str, Any] = {
-            "partitions": self.partitions,
-            "key_type": bytes,
-            "value_type": bytes,
-            "recovery_buffer_size": 10_000,
-            # Compacted changelogs keep recovery bounded by the live keys, not history.
-            "extra_topic_configs": CHANGELOG_CONFIG,
-        }
-        self.account_table = app.Table("account-state", **table)
-        self.source_table = app.Table("source-state", **table)
-        self.rollup_table = app.Table("rollup-state", **table)
+        # No faust tables: the changelog topics are created with the others
+        # (pipeline.stream.topics, compacted) and read back by pipeline.stream.restore.
         app.agent(self.by_account, name="account-stage")(self._account_agent)
         app.agent(self.by_source, name="source-stage")(self._source_agent)
         app.agent(self.shares, name="rollup-stage")(self._rollup_agent)
@@ -189,6 +189,7 @@ class Worker:
         app.task(self._ingest_loop)
         app.timer(1.0)(self._expire_tick)
         app.on_partitions_revoked.connect(self._on_revoked)  # type: ignore[arg-type]
+        app.on_partitions_assigned.connect(self._on_assigned)  # type: ignore[arg-type]
         app.on_before_shutdown.connect(self._on_shutdown)  # type: ignore[arg-type]
         self._add_views(app)
         return app
@@ -296,35 +297,44 @@ class Worker:
 
     # -- agents -------------------------------------------------------------------------
 
-    def _partition_records(self, table: Any, partition: int) -> list[tuple[bytes, bytes]]:
-        """A partition's recovered changelog records, removed from faust's store: the
-        shard keeps the state from here on (one copy in memory, not two)."""
-        prefix = b"[%d," % partition
-        store = table.data
-        records = [(k, v) for k, v in list(store.items()) if k.startswith(prefix)]
-        for key, _ in records:
-            del store[key]
-        return records
+    async def _install(self, changelog: TopicPartition, live: LiveRecords) -> None:
+        """Rebuild a stage's shard from its partition's live changelog records (called by
+        ``ChangelogRestore`` once it has read the partition back)."""
+        partition = changelog.partition
+        if changelog.topic == self.changelogs[self.topics.shares]:
+            self.rollup.rebuild(partition, live.items())
+            return
+        stage = self.accounts if changelog.topic == self.changelogs[self.topics.by_account] else self.sources
+        rebuilt = stage.rebuild(partition, live.items())
+        await self._emit(rebuilt, changelog.topic, partition)
+
+    async def _restored(self, topic: str, partition: int) -> None:
+        """Until the stage of ``topic`` holds ``partition``'s state, or the partition is
+        revoked."""
+        await self.restore.wait(TopicPartition(self.changelogs[topic], partition))
 
     async def _account_agent(self, stream: Any) -> None:
-        await self._run_stage(stream, "account", self.accounts, self.account_table)
+        await self._run_stage(stream, "account", self.accounts)
 
     async def _source_agent(self, stream: Any) -> None:
-        await self._run_stage(stream, "source", self.sources, self.source_table)
+        await self._run_stage(stream, "source", self.sources)
 
-    async def _run_stage(self, stream: Any, name: str, stage: AccountStage | SourceStage, table: Any) -> None:
+    async def _run_stage(self, stream: Any, name: str, stage: AccountStage | SourceStage) -> None:
         """Apply envelopes to ``stage`` strictly in offset order per partition."""
+        changelog = ""
         async for message in self._messages(stream):
             partition = message.partition
+            changelog = changelog or self.changelogs[message.topic]
             if not stage.owns(partition):
-                rebuilt = stage.rebuild(partition, self._partition_records(table, partition))
-                await self._emit(rebuilt, table, partition)
+                await self._restored(message.topic, partition)
+                if not stage.owns(partition):
+                    continue  # revoked meanwhile: its next owner applies it
             if not await self._in_order(stage, message):
                 continue
             started = time.perf_counter()
             rows = loads(message.value)["rows"]
             result = stage.process(partition, message.offset, rows)
-            await self._emit(result, table, partition)
+            await self._emit(result, changelog, partition)
             self.metrics.stage(name, len(rows), result, time.perf_counter() - started)
 
     async def _in_order(self, stage: AccountStage | SourceStage, message: Any) -> bool:
@@ -355,12 +365,15 @@ class Worker:
         await self.app.consumer.seek_wait({tp: offset})
 
     async def _rollup_agent(self, stream: Any) -> None:
+        changelog = self.changelogs[self.topics.shares]
         async for message in self._messages(stream):
             partition = message.partition
             if not self.rollup.owns(partition):
-                self.rollup.rebuild(partition, self._partition_records(self.rollup_table, partition))
+                await self._restored(message.topic, partition)
+                if not self.rollup.owns(partition):
+                    continue  # revoked meanwhile: its next owner applies it
             result = self.rollup.process(partition, loads(message.value))
-            await self._emit(result, self.rollup_table, partition)
+            await self._emit(result, changelog, partition)
 
     async def _messages(self, stream: Any) -> AsyncIterator[Any]:
         """The agent's messages, marking the agent busy while its body runs (for the
@@ -374,7 +387,7 @@ class Worker:
             finally:
                 self.busy[topic] = False
 
-    async def _emit(self, result: StageOutput, table: Any, partition: int) -> None:
+    async def _emit(self, result: StageOutput, changelog: str, partition: int) -> None:
         """Send a stage's outputs; once they are acknowledged, its changelog."""
         pending: list[Awaitable[Any]] = []
         for key, value in result.decisions:
@@ -394,8 +407,8 @@ class Worker:
         if result.changelog:
             records = result.changelog
             await self.chains.add(
-                (table.name, partition), pending,
-                lambda: self._send_changelog(table, partition, records),
+                (changelog, partition), pending,
+                lambda: self._send_changelog(changelog, partition, records),
             )  # fmt: skip
         self.metrics.emitted(result)
 
@@ -407,19 +420,16 @@ class Worker:
         return await self.shares.send(key=shares[0][0].encode(), value=dumps(shares), partition=target)
 
     async def _send_changelog(
-        self, table: Any, partition: int, records: list[tuple[bytes, bytes | None]]
+        self, topic: str, partition: int, records: list[tuple[bytes, bytes | None]]
     ) -> None:
-        """An envelope's changed keys as whole record batches on the table's changelog.
+        """An envelope's changed keys as whole record batches on the stage's changelog.
 
-        ``table.send_changelog`` costs one trip through faust's producer buffer and one
-        produce future per key (tens of microseconds each); a record batch costs about a
-        microsecond per key. faust still owns the topic and its recovery, and flushes this
-        same producer before it commits input offsets; the per-key callback it would have
-        attached only records a persisted offset for RocksDB stores (a no-op for memory).
-        """
+        A faust table's ``send_changelog`` cost one trip through faust's producer buffer
+        and one produce future per key (tens of microseconds each); a record batch costs
+        about a microsecond per key. The producer is faust's (it flushes it before it
+        commits input offsets)."""
         faust_producer: Any = self.app.producer
         producer = faust_producer._ensure_producer()  # the aiokafka producer faust flushes
-        topic = table.changelog_topic.get_topic_name()
         batch = producer.create_batch()
         for key, value in records:
             if batch.append(key=key, value=value, timestamp=None) is None:
@@ -431,29 +441,35 @@ class Worker:
     # -- timers, rebalances, web ----------------------------------------------------------
 
     async def _expire_tick(self) -> None:
-        await self._rebuild_assigned()
+        self._restore_assigned()
         await self._seek_stranded()
         now = wall_ms()
         for key, value in [*self.accounts.expire(now), *self.sources.expire(now)]:
             await self.decisions.send(key=key, value=value)
             self.metrics.decisions_total.labels(kind="tombstone").inc()
 
-    async def _rebuild_assigned(self) -> None:
-        """Rebuild shards of newly assigned partitions as soon as recovery is done, so a
-        restarted worker holds its counters and decisions before the first new event."""
-        if not self.ready():
-            return
-        stages = (
-            (self.topics.by_account, self.accounts, self.account_table),
-            (self.topics.by_source, self.sources, self.source_table),
-        )
-        for tp in self.app.consumer.assignment():
-            for topic, stage, table in stages:
-                if tp.topic == topic and not stage.owns(tp.partition):
-                    rebuilt = stage.rebuild(tp.partition, self._partition_records(table, tp.partition))
-                    await self._emit(rebuilt, table, tp.partition)
-            if tp.topic == self.topics.shares and not self.rollup.owns(tp.partition):
-                self.rollup.rebuild(tp.partition, self._partition_records(self.rollup_table, tp.partition))
+    def _unrestored(self, assigned: Iterable[TopicPartition]) -> list[TopicPartition]:
+        """The changelog partitions of ``assigned`` whose stage does not hold them yet."""
+        owners = {
+            self.topics.by_account: self.accounts.owns, self.topics.by_source: self.sources.owns,
+            self.topics.shares: self.rollup.owns,
+        }  # fmt: skip
+        return [
+            TopicPartition(self.changelogs[tp.topic], tp.partition)
+            for tp in assigned
+            if tp.topic in owners and not owners[tp.topic](tp.partition)
+        ]
+
+    async def _on_assigned(self, sender: Any, *args: Any, **kwargs: Any) -> None:
+        """Read the assigned partitions' changelogs back at once, in the background, so
+        a restarted worker holds its counters and decisions before the first new event."""
+        assigned: Iterable[TopicPartition] = args[0] if args else kwargs.get("assigned", ())
+        self.restore.start(self._unrestored(assigned))
+
+    def _restore_assigned(self) -> None:
+        """Start reading back any assigned partition nobody is restoring (a safety net:
+        ``_on_assigned`` starts them all)."""
+        self.restore.start(self._unrestored(self.app.consumer.assignment()))
 
     async def _seek_stranded(self) -> None:
         """Seek partitions whose last messages faust dropped (nothing later arrives to
@@ -476,6 +492,7 @@ class Worker:
 
     async def _on_shutdown(self, sender: Any, *args: Any, **kwargs: Any) -> None:
         """Write every changelog still waiting for acknowledgements before faust stops."""
+        await self.restore.stop()
         await self._drain_chains(None)
 
     async def _drain_chains(self, keys: Iterable[Any] | None) -> None:
@@ -490,11 +507,10 @@ class Worker:
     async def _on_revoked(self, sender: Any, *args: Any, **kwargs: Any) -> None:
         revoked: Iterable[TopicPartition] = args[0] if args else kwargs.get("revoked", ())
         # The next owner rebuilds from the changelog: write what is waiting first.
-        tables = {self.topics.by_account: self.account_table, self.topics.by_source: self.source_table,
-                  self.topics.shares: self.rollup_table}  # fmt: skip
-        await self._drain_chains(
-            [(tables[tp.topic].name, tp.partition) for tp in revoked if tp.topic in tables]
-        )
+        revoked = list(revoked)
+        changelogs = [(self.changelogs[tp.topic], tp.partition) for tp in revoked if tp.topic in self.changelogs]
+        await self._drain_chains(changelogs)
+        self.restore.cancel([TopicPartition(topic, partition) for topic, partition in changelogs])
         for tp in revoked:
             self.order.forget(tp)
             if tp.topic == self.topics.by_account:
@@ -511,6 +527,7 @@ class Worker:
             and recovery.completed.is_set()
             and not recovery.in_recovery
             and not self.app.rebalancing
+            and not self._unrestored(self.app.consumer.assignment())
         )
 
 

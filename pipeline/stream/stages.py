@@ -27,7 +27,7 @@ from pipeline.contracts.codec import dumps, encode, loads
 from pipeline.contracts.models import AUDIT_COLUMNS
 from pipeline.core.attempt import Attempt
 from pipeline.core.engine import AccountShard, Outbox, SourceShard, TenantRollup
-from pipeline.core.policy import Policy
+from pipeline.core.policy import Policy, TenantPolicy
 from pipeline.stream.partitioning import source_partition
 
 ROWS_PER_ENVELOPE = 1 << 16  # seq = offset * this + row index; envelopes never hold more
@@ -87,6 +87,24 @@ def _collect(out: Outbox, result: StageOutput) -> None:
     out.alerts.clear()
 
 
+def partition_share(policy: Policy, partitions: int) -> Policy:
+    """``policy`` with every tenant's ``entry_cap`` split evenly over ``partitions``.
+
+    The cap bounds a table per tenant, not per partition: a worker owning every partition
+    holds at most ``entry_cap`` entries per table and tenant, as the policy says, and not
+    ``partitions`` times that (8 x 100,000 entries per table at the defaults). Keys are
+    spread evenly over partitions (account digests, CRC-32 of sources), so each shard
+    holds its share."""
+
+    def share(rules: TenantPolicy) -> TenantPolicy:
+        return rules.model_copy(update={"entry_cap": max(1, rules.entry_cap // partitions)})
+
+    return policy.model_copy(update={
+        "defaults": share(policy.defaults),
+        "tenants": {name: share(rules) for name, rules in policy.tenants.items()},
+    })  # fmt: skip
+
+
 def _changelog_key(partition: int, key: list[Any]) -> bytes:
     return dumps([partition, *key])
 
@@ -102,8 +120,12 @@ class _Stage:
     ) -> None:  # fmt: skip
         self.policy = policy
         self.partitions = partitions
+        self.shard_policy = partition_share(policy, partitions)
         self.dedupe_horizon_ms = dedupe_horizon_ms
-        self.dedupe_capacity = dedupe_capacity
+        # ``dedupe_capacity`` bounds the event ids a worker remembers, whatever partitions
+        # it owns: each partition's shard sees its share of the accounts (an event and its
+        # duplicates share a partition), so it remembers its share of the ids.
+        self.dedupe_capacity = max(1, dedupe_capacity // partitions)
         self.shards: dict[int, Any] = {}
         self.inputs: dict[int, dict[int, int]] = {}
         # Per partition: the offset of the next envelope of this stage's own input to
@@ -118,7 +140,7 @@ class _Stage:
     def rebuild(self, partition: int, records: Iterable[tuple[bytes, bytes]]) -> StageOutput:
         """Build the shard of ``partition`` from its changelog records (key, value)."""
         shard = self.shard_type(
-            self.policy, part=partition, dedupe_horizon_ms=self.dedupe_horizon_ms,
+            self.shard_policy, part=partition, dedupe_horizon_ms=self.dedupe_horizon_ms,
             dedupe_capacity=self.dedupe_capacity,
         )  # fmt: skip
         inputs: dict[int, int] = {}
@@ -241,9 +263,17 @@ class AccountStage(_Stage):
 
 
 class SourceStage(_Stage):
-    """Forwarded failures partitioned by source: spray and credential stuffing."""
+    """Forwarded failures partitioned by source: spray and credential stuffing.
+
+    No event-id dedupe here (as in the core's ``Engine``): the account stage counted
+    each event once before forwarding it, and a replayed forward is skipped by its
+    upstream position. A second memory of every id seen would double the worker's
+    largest per-identifier structure under a flood."""
 
     shard_type = SourceShard
+
+    def __init__(self, policy: Policy, partitions: int) -> None:
+        super().__init__(policy, partitions, dedupe_horizon_ms=0)
 
     def process(self, partition: int, offset: int, rows: list[list[Any]]) -> StageOutput:
         shard: SourceShard = self.shards[partition]

@@ -11,8 +11,9 @@
 | ``auth.login-attempts.dlq`` | P | delete, 30 days | dead letters, bytes untouched |
 | ``auth.audit`` | P | delete, 7 days | audit batches for the ClickHouse sink |
 
-The changelog topics of faust's tables (``<app>-{account,source,rollup}-state-changelog``,
-compacted, P partitions) are created here too, before faust starts.
+The stages' changelog topics (``<app>-{account,source,rollup}-state-changelog``, compacted,
+P partitions; written and read back by the worker itself, not through faust tables) are
+created here too, before faust starts.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ DECISIONS_CONFIG = {
 }
 
 
-# faust tables' changelogs: compacted so recovery reads the live keys, not the history.
+# The stages' changelogs: compacted so a restore reads the live keys, not the history.
 CHANGELOG_CONFIG = {
     "cleanup.policy": "compact",
     "segment.ms": str(10 * 60_000),
