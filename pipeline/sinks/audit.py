@@ -663,8 +663,7 @@ class Lane:
         for index, row in enumerate(rows):
             if row[_TOPIC] != topic:
                 topic = row[_TOPIC]
-                held = marks.get(topic)
-                found = held if held is not None else marks.setdefault(topic, {})
+                found = marks.setdefault(topic, {})
             partition, offset = row[_PARTITION], row[_OFFSET]
             if offset > found.get(partition, -1):
                 found[partition] = offset

@@ -314,17 +314,17 @@ class Worker:
         await self.restore.wait(TopicPartition(self.changelogs[topic], partition))
 
     async def _account_agent(self, stream: Any) -> None:
-        await self._run_stage(stream, "account", self.accounts)
+        await self._run_stage(stream, "account", self.accounts, self.changelogs[self.topics.by_account])
 
     async def _source_agent(self, stream: Any) -> None:
-        await self._run_stage(stream, "source", self.sources)
+        await self._run_stage(stream, "source", self.sources, self.changelogs[self.topics.by_source])
 
-    async def _run_stage(self, stream: Any, name: str, stage: AccountStage | SourceStage) -> None:
+    async def _run_stage(
+        self, stream: Any, name: str, stage: AccountStage | SourceStage, changelog: str
+    ) -> None:
         """Apply envelopes to ``stage`` strictly in offset order per partition."""
-        changelog = ""
         async for message in self._messages(stream):
             partition = message.partition
-            changelog = changelog or self.changelogs[message.topic]
             if not stage.owns(partition):
                 await self._restored(message.topic, partition)
                 if not stage.owns(partition):

@@ -27,6 +27,8 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from pipeline.stream.stages import chunks
+
 Send = Callable[[int, list[Any]], Awaitable[Awaitable[Any]]]
 Merge = Callable[[list[Any]], list[Any]]
 
@@ -91,9 +93,7 @@ class Batcher:
     async def _flush(self, target: int, rows: list[Any], ack: asyncio.Future[None]) -> None:
         try:
             async with self.locks.setdefault(target, asyncio.Lock()):
-                merged = self.merge(rows)
-                sent = [await self.send(target, merged[i : i + self.max_rows])
-                        for i in range(0, len(merged), self.max_rows)]  # fmt: skip
+                sent = [await self.send(target, part) for part in chunks(self.merge(rows), self.max_rows)]
             await asyncio.gather(*sent)
         except BaseException as exc:  # the envelopes waiting on ``ack`` fail with it
             if not ack.done():

@@ -146,12 +146,6 @@ class ChangelogRestore:
         """Partitions asked for and not yet installed."""
         return sum(1 for future in self.pending.values() if not future.done())
 
-    def done(self, tp: TopicPartition) -> None:
-        """Forget ``tp``'s finished restore (the next assignment reads it again)."""
-        future = self.pending.get(tp)
-        if future is not None and future.done():
-            del self.pending[tp]
-
     def cancel(self, tps: Collection[TopicPartition]) -> None:
         """``tps`` were revoked: their state must not be installed any more."""
         for tp in tps:
