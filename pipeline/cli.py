@@ -1,8 +1,9 @@
-"""The ``authpipe`` console script: one subcommand per role.
+"""The authpipe console script: one subcommand per role.
 
-Each handler imports its module lazily, so ``authpipe stack status`` does not pay for
-faust or chdb imports. Bad flags exit 2 with argparse's message; an AuthpipeError
-exits 1 with its message; nothing prints a traceback for a user mistake.
+Each handler imports its module lazily, so `authpipe stack status` does not pay for
+faust or chdb imports. Bad flags exit 2 with argparse's message and the usage of the
+subcommand they were given to; an AuthpipeError exits 1 with its message; nothing prints
+a traceback for a user mistake.
 """
 
 from __future__ import annotations
@@ -17,6 +18,9 @@ from pipeline.logs import configure_logging
 from pipeline.settings import Settings, load_settings
 
 Handler = Callable[[argparse.Namespace, Settings], int]
+# Long-running services log JSON to stdout for collectors; every other command prints its
+# result for people on stdout and its log events on stderr (pipeline.logs).
+SERVICES = frozenset({"worker", "sink", "edge", "alerts"})
 
 
 def _stack(args: argparse.Namespace, settings: Settings) -> int:
@@ -344,15 +348,30 @@ def build_parser() -> argparse.ArgumentParser:
     alerts.set_defaults(handler=_alerts)
 
     _add_sim_commands(sub)
+    _remember_parsers(parser)
     return parser
+
+
+def _remember_parsers(parser: argparse.ArgumentParser) -> None:
+    """Give every (sub)command its own parser as ``args.parser``, so that an unknown flag is
+    reported with the usage of the subcommand it was given to (argparse reports unknown
+    arguments from the top-level parser, with the top-level usage)."""
+    parser.set_defaults(parser=parser)
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                _remember_parsers(child)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        args.parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         settings = load_settings()
-        configure_logging(settings.log.level, settings.log.format)
+        configure_logging(settings.log.level, settings.log.format,
+                          one_shot=args.command not in SERVICES)  # fmt: skip
         handler: Handler = args.handler
         return handler(args, settings)
     except AuthpipeError as exc:

@@ -194,11 +194,13 @@ async def ensure_topics(
             # A topic created concurrently by someone else may have other partitions.
             _check_partitions(specs, _topic_partitions(await admin.describe_topics()))
             await _wait_for_leaders(admin, [spec.name for spec in missing], request_timeout_ms)
-        for spec in missing:
+        if missing:
+            # One line for the lot (a worker creates about eleven at its first start).
             log.info(
-                "kafka_topic_created",
-                topic=spec.name,
-                partitions=spec.partitions,
+                "kafka_topics_created",
+                count=len(missing),
+                topics=",".join(spec.name for spec in missing),
+                partitions=sorted({spec.partitions for spec in missing}),
                 replication_factor=replication_factor,
             )
     except KafkaError as exc:

@@ -116,6 +116,8 @@ class Health(Protocol):
 
     def ready(self) -> bool: ...
 
+    def not_ready_reason(self) -> str | None: ...
+
     def lag_messages(self) -> int: ...
 
     def staleness_ms(self) -> int | None: ...
@@ -126,6 +128,9 @@ class AlwaysReady:
 
     def ready(self) -> bool:
         return True
+
+    def not_ready_reason(self) -> str | None:
+        return None
 
     def lag_messages(self) -> int:
         return 0
@@ -456,10 +461,8 @@ class Edge:
 
     def _require_ready(self) -> None:
         if not self.health.ready():
-            raise NotReady(
-                f"the decision view is catching up ({self.health.lag_messages()} messages "
-                "behind); retry shortly"
-            )
+            reason = self.health.not_ready_reason() or "catching up"
+            raise NotReady(f"the decision view is not ready: {reason}; retry shortly")
 
     # -- checks --------------------------------------------------------------------------
 
@@ -620,12 +623,14 @@ class Edge:
 
     async def readyz(self, request: web.Request) -> web.Response:
         ready = self.health.ready()
-        body = {
+        body: dict[str, object] = {
             "ready": ready,
             "lag_messages": self.health.lag_messages(),
             "staleness_ms": self.health.staleness_ms(),
             "decisions": len(self.view),
         }
+        if not ready:
+            body["reason"] = self.health.not_ready_reason() or "catching up"
         return _json(body, status=200 if ready else 503)
 
     async def metrics_text(self, request: web.Request) -> web.Response:

@@ -72,6 +72,8 @@ CACHE_ENTRIES = 65_536
 APPLY_CHUNK = 32
 """Messages applied between two looks at the clock (about 0.5 ms of work here)."""
 APPLY_BUDGET_S = 0.001
+# While the decisions topic is missing, the warning is repeated this often.
+TOPIC_MISSING_LOG_S = 60.0
 """The longest the feed applies messages before it yields to the event loop."""
 OUTCOMES = ("put", "lift", "expired", "bad")
 
@@ -551,6 +553,7 @@ class DecisionFeed:
         self._targets: dict[TopicPartition, int] = {}
         self._positions: dict[TopicPartition, int] = {}
         self._ready = asyncio.Event()
+        self._waiting: str | None = f"connecting to the broker at {config.bootstrap_servers}"
         self._started_wall_ms = 0
         self.load_ms: int | None = None
         self.errors = 0
@@ -607,6 +610,14 @@ class DecisionFeed:
     def ready(self) -> bool:
         return self._ready.is_set()
 
+    def not_ready_reason(self) -> str | None:
+        """Why the view is not ready (None once it is): what it waits for, in words."""
+        if self._ready.is_set():
+            return None
+        if self._waiting is not None:
+            return self._waiting
+        return f"catching up with topic {self.config.topic!r} ({self.lag_messages()} messages behind)"
+
     def lag_messages(self) -> int:
         """Messages on the broker not applied yet (end offsets as last seen)."""
         consumer = self._consumer
@@ -639,6 +650,9 @@ class DecisionFeed:
                 raise
             except (KafkaError, OSError, EdgeError) as exc:
                 self.errors += 1
+                self._waiting = (
+                    f"the broker at {self.config.bootstrap_servers} failed: {exc!r}"[:300]
+                )
                 log.warning("edge_feed_error", topic=self.config.topic, error=repr(exc)[:300])
             except Exception:
                 # A bug must not end enforcement: log it, then read the topic again.
@@ -669,12 +683,18 @@ class DecisionFeed:
 
     async def _assign(self, consumer: AIOKafkaConsumer) -> list[TopicPartition]:
         topic = self.config.topic
-        warned = False
+        warned_at: float | None = None
         while not (ids := await self._partition_ids()):
-            if not warned:
-                log.warning("edge_topic_missing", topic=topic)
-                warned = True
+            self._waiting = (
+                f"topic {topic!r} does not exist on {self.config.bootstrap_servers}: start the "
+                "worker that creates it, or set AUTHPIPE_KAFKA_DECISIONS_TOPIC to the topic "
+                "your worker writes decisions to"
+            )
+            if warned_at is None or time.monotonic() - warned_at >= TOPIC_MISSING_LOG_S:
+                log.warning("edge_topic_missing", topic=topic, reason=self._waiting)
+                warned_at = time.monotonic()
             await asyncio.sleep(self.config.retry_backoff_s)
+        self._waiting = None
         partitions = [TopicPartition(topic, pid) for pid in ids]
         consumer.assign(partitions)
         await consumer.seek_to_beginning(*partitions)

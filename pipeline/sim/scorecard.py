@@ -21,8 +21,11 @@ Per attack (the attacker events of one scenario): the first block (a ``block`` d
 whose key applies to one of its attempts, issued during the attack) and the first
 matching alert; time from the attack's first attempt to the earlier of the two; attacker
 attempts that got through before it; refused and allowed totals; attacker successes
-allowed (account takeovers). ``stopped`` = a block refused some of its attempts,
-``detected`` = an alert or a decision (block or observe) matched it, else ``missed``.
+allowed (account takeovers). Status: ``stopped`` = blocks refused its attempts, no
+account was taken over, and at most 10 % of its attempts after the first response got
+through; ``slowed`` = blocks refused some attempts but more got through, or an account was
+taken over; ``detected_only`` = an alert or a decision (block or observe) matched it but
+nothing was refused; else ``missed``. The closing line never says more than that.
 
 Alerts are matched by subject: a source or account alert to the attacks whose attempts
 have that source or account, raised between the attack's start and its end plus the
@@ -432,12 +435,18 @@ class AttackScore:
         return f"alert:{self.first_alert_type}"
 
     @property
+    def allowed_after_response(self) -> int:
+        return self.allowed - self.allowed_before_response
+
+    @property
     def status(self) -> str:
         if self.refused:
-            return "stopped"
+            after = self.allowed_after_response
+            leaked = after * 100 > STOPPED_LEAK_PERCENT * (after + self.refused)
+            return SLOWED if self.successes_allowed or leaked else STOPPED
         if self.response_ms is not None or self.observes:
-            return "detected"
-        return "missed"
+            return DETECTED_ONLY
+        return MISSED
 
     def as_json(self) -> dict[str, Any]:
         response = self.response_ms
@@ -465,6 +474,12 @@ class AttackScore:
         }
 
 
+STOPPED, SLOWED, DETECTED_ONLY, MISSED = "stopped", "slowed", "detected_only", "missed"
+STATUSES = (STOPPED, SLOWED, DETECTED_ONLY, MISSED)
+# "stopped" allows at most this share of the attempts after the first response through.
+STOPPED_LEAK_PERCENT = 10
+
+
 def ts(ms: int | None) -> str | None:
     return None if ms is None else format_utc_ms(ms_to_datetime(ms))
 
@@ -488,7 +503,29 @@ class Scorecard:
 
     @property
     def all_caught(self) -> bool:
-        return all(a.status != "missed" for a in self.attacks)
+        """No attack missed (each was at least detected); says nothing about stopping it."""
+        return all(a.status != MISSED for a in self.attacks)
+
+    @property
+    def takeovers(self) -> int:
+        return sum(a.successes_allowed for a in self.attacks)
+
+    def closing_line(self) -> str:
+        """One honest sentence: how many attacks were stopped, slowed, only detected, missed."""
+        counts = Counter(a.status for a in self.attacks)
+        total = len(self.attacks)
+        allowed = sum(a.allowed for a in self.attacks)
+        if counts[STOPPED] == total and not self.takeovers:
+            head = f"{total} of {total} attacks stopped, no account taken over"
+        else:
+            parts = [f"{counts[s]} {s.replace('_', ' ')}" for s in STATUSES if counts[s]]
+            head = f"{counts[STOPPED]} of {total} attacks stopped ({', '.join(parts)})"
+            if self.takeovers:
+                by = ", ".join(f"{a.attack} {a.successes_allowed}" for a in self.attacks
+                               if a.successes_allowed)  # fmt: skip
+                head += f"; {self.takeovers} ACCOUNT TAKEOVERS ({by})"
+        return (f"{head}; {allowed:,} attacker attempts allowed; "
+                f"{self.legit_refused_total} legitimate attempts refused")  # fmt: skip
 
     @property
     def legit_refused_total(self) -> int:
@@ -500,6 +537,9 @@ class Scorecard:
             "policy_version": self.policy_version,
             "events": self.events,
             "all_attacks_caught": self.all_caught,
+            "status_counts": {s: sum(a.status == s for a in self.attacks) for s in STATUSES},
+            "account_takeovers": self.takeovers,
+            "summary": self.closing_line(),
             "attacks": [a.as_json() for a in self.attacks],
             "legitimate": {
                 "attempts": sum(self.legit_attempts.values()),
@@ -789,7 +829,8 @@ def render(card: Scorecard) -> str:
         lines.append(
             f"{a.attack:<24} {a.tenant:<8} {a.attempts:>8} {_duration(took):>9}  "
             f"{a.response_by or '-':<26}{a.allowed_before_response:>7} {a.refused:>8} "
-            f"{a.allowed:>8} {a.successes_allowed:>4}  {a.status}"
+            f"{a.allowed:>8} {a.successes_allowed:>4}  {a.status.replace('_', ' ')}"
+            + ("  <- ACCOUNTS TAKEN OVER" if a.successes_allowed else "")
         )
     cohorts = ", ".join(
         f"{c} {card.legit_refused.get(c, 0)}/{n}" for c, n in sorted(card.legit_attempts.items())
@@ -811,7 +852,9 @@ def render(card: Scorecard) -> str:
         lines.append(f"  {un['type']} {subject} at {un['at']} ({un['count']}): {un['note']}")
     lines.append(
         "responded: time from the attack's first attempt to its first block or alert; "
-        "through: its attempts allowed until then; ATO: its successes allowed"
+        "through: its attempts allowed until then; ATO: its successes allowed (account "
+        "takeovers); status: stopped (refused, no takeover, <= 10 % through after the response), "
+        "slowed (refused, but more through or a takeover), detected only (nothing refused), missed"
     )
     if card.missing_decision_records:
         lines.append(
@@ -819,7 +862,7 @@ def render(card: Scorecard) -> str:
             "away before this read: decisions superseded or lifted by then are missing, so "
             "refusals and first blocks are under-counted (score a fresher read, or files)"
         )
-    lines.append("all attacks caught" if card.all_caught else "SOME ATTACKS MISSED")
+    lines.append(card.closing_line())
     return "\n".join(lines)
 
 
@@ -857,7 +900,8 @@ def run_scorecard_command(
         write_outputs(outputs, save_outputs / "decisions.jsonl", save_outputs / "alerts.jsonl")
         print(f"decisions and alerts: {save_outputs}/decisions.jsonl, {save_outputs}/alerts.jsonl")
     log.info("scorecard_finished", events=card.events, attacks=len(card.attacks),
-             all_caught=card.all_caught, legit_refused=card.legit_refused_total)  # fmt: skip
+             statuses=",".join(a.status for a in card.attacks), takeovers=card.takeovers,
+             legit_refused=card.legit_refused_total)  # fmt: skip
     if strict and (not card.all_caught or card.legit_refused_total):
         return 3
     return 0

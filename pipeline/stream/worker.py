@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 from pathlib import Path
 
 from pipeline.core.policy import DEFAULT_POLICY, Policy, policy_from_toml
 from pipeline.kafka_admin import ensure_topics, wait_for_broker
-from pipeline.logs import get_logger
+from pipeline.logs import get_logger, stdlib_logging_config
 from pipeline.runtime import tune_gc
 from pipeline.settings import Settings
 from pipeline.stream.topics import Topics
@@ -43,7 +44,11 @@ def run_worker(settings: Settings) -> int:
     log.info("worker_starting", policy_version=policy.policy_version,
              partitions=settings.kafka.partitions, web_port=settings.worker.web_port)  # fmt: skip
     faust_worker = FaustWorker(
-        worker.app, loglevel="WARNING", quiet=True, redirect_stdouts=False, logging_config=None
-    )
+        worker.app, loglevel="WARNING", quiet=True, redirect_stdouts=False,
+        logging_config=stdlib_logging_config(settings.log.level, settings.log.format),
+    )  # fmt: skip
+    if not sys.stdout.isatty():
+        # faust's startup spinner writes cursor escape codes even into a log file.
+        faust_worker.spinner = None
     faust_worker.execute_from_commandline()
     return 0

@@ -73,7 +73,13 @@ def test_report_renders_every_chart_without_errors(report: Path, tmp_path: Path)
     assert 'data-series="attempts"' in dom and 'data-series="refused"' in dom
     assert dom.count("data-decision=") >= 5
     assert dom.count("data-alert=") >= 5
-    assert dom.count('class="status-stopped"') == 4 and dom.count('class="status-detected"') == 3
+    statuses = re.findall(r'class="status-([a-z_]+)"', dom)
+    assert len(statuses) == 7 and set(statuses) <= {"stopped", "slowed", "detected_only", "missed"}
+    assert 'data-summary="1"' in dom and "all attacks caught" not in dom
+    assert 'data-legend="roles"' in dom and "mostly attacker" in dom
+    assert 'data-note="overlap"' in dom
+    ticks = [int(t) for t in re.findall(r'data-tick="(\d+)"', dom)]
+    assert ticks and all(t % 60_000 == 0 for t in ticks), ticks  # round minutes
     assert not re.search(r"CONSOLE|Uncaught|SyntaxError", done.stderr), done.stderr[-2000:]
 
 
