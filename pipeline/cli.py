@@ -370,7 +370,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         settings = load_settings()
-        configure_logging(settings.log.level, settings.log.format,
+        level = settings.log.level
+        if args.command == "demo" and level == "info":
+            level = "warning"  # the demo narrates its steps itself; its services log to files
+        configure_logging(level, settings.log.format,
                           one_shot=args.command not in SERVICES)  # fmt: skip
         handler: Handler = args.handler
         return handler(args, settings)

@@ -181,7 +181,7 @@ def run_demo(settings: Settings, options: DemoOptions) -> int:
         truth = demo_dir / "truth.jsonl"
         say(f"simulating a mixed attack scenario ({options.duration_s:g} s of traffic at "
             f"{options.rate:g} logins/s, replayed as fast as the broker takes it)")  # fmt: skip
-        print(_run_showing_progress([
+        _show(_run_showing_progress([
             "simulate", "--scenario", "mixed", "--rate", str(options.rate),
             "--duration-s", str(options.duration_s), "--seed", str(options.seed),
             "--speedup", "0", "--truth", str(truth),
@@ -192,7 +192,7 @@ def run_demo(settings: Settings, options: DemoOptions) -> int:
         _wait(lambda: _drained(port, produced), 900, worker, "every event through every stage")
         _wait(_quiet_checker(port), 60, worker, "the stages to settle")
         say("scoring the decisions on the topic against the ground truth")
-        print(_run([
+        _show(_run([
             "scorecard", "--truth", str(truth), "--decisions-from-topic",
             "--out", str(demo_dir / "scorecard.json"), "--save-outputs", str(demo_dir),
         ], env, demo_dir, "scorecard"))  # fmt: skip
@@ -280,6 +280,10 @@ def _show_blocklist(edge: Service, env: dict[str, str], decisions: Path) -> None
         print(f"  {line}")
     for line in blocklist_note(load_source_decisions(decisions), len(listed), wall_ms()):
         print(f"  {line}")
+
+
+def _show(output: str) -> None:
+    print(output.rstrip("\n"), flush=True)
 
 
 def _audit_summary(settings: Settings, env: dict[str, str], run_id: str) -> None:

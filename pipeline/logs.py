@@ -31,6 +31,7 @@ TRANSIENT_KAFKA_ERRORS = (
     "CoordinatorLoadInProgressError",
     "NotLeaderForPartitionError",
     "LeaderNotAvailableError",
+    "Marking the coordinator dead",  # a warning that follows the errors above
 )
 STARTUP_GRACE_S = 60.0
 

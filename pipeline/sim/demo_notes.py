@@ -61,7 +61,10 @@ def _at(ms: int) -> str:
 
 
 def blocklist_note(decisions: Iterable[SourceDecision], listed: int, now_ms: int) -> list[str]:
-    """Lines explaining the feed's count against the run's source-scope decisions."""
+    """Lines explaining the feed's count against the run's source-scope decisions. A
+    decision has ended when its expiry passed on the wall clock or a tombstone came (the
+    worker tombstones a decision when its expires_at passes on the wall clock, or when a
+    success lifts it)."""
     decisions = list(decisions)
     production = ("In production events arrive in real time, and the feed lists each source "
                   "for as long as its decision is active (until its expires_at).")  # fmt: skip
@@ -74,17 +77,18 @@ def blocklist_note(decisions: Iterable[SourceDecision], listed: int, now_ms: int
             production,
         ]
     blocks = sum(d.action == "block" for d in decisions)
-    lifted = sum(d.lifted for d in decisions)
-    expired = [d for d in decisions if not d.lifted and d.expires_ms <= now_ms]
+    ended = [d for d in decisions if d.lifted or d.expires_ms <= now_ms]
     made = (f"this run made {len(decisions)} source-level decision(s) ({blocks} block, "
             f"{len(decisions) - blocks} observe-only)")  # fmt: skip
-    if listed >= len(decisions) - lifted - len(expired) and expired:
-        last = max(d.expires_ms for d in expired)
-        return [
-            f"why: {made}; {len(expired)} expired before now (the last at {_at(last)}), "
-            f"{lifted} lifted. Decisions expire in event time, and the demo plays its simulated "
-            "hour in about a minute with event times ending now, so the ones made early in "
-            "simulated time have lapsed on the wall clock by the time the feed is read.",
-            production,
-        ]
-    return [f"{made}; {len(expired)} expired, {lifted} lifted."]
+    if not ended:
+        return [f"{made}; all active."]
+    last = max(d.expires_ms for d in ended)
+    why = "why" if listed < len(decisions) else "note"
+    return [
+        f"{why}: {made}; {len(ended)} ended before the feed was read (latest expiry "
+        f"{_at(last)}). Decisions expire in event time and the worker tombstones them when that "
+        "time passes on the wall clock; the demo plays its simulated hour in about a minute "
+        "with event times ending now, so decisions made early in simulated time have ended "
+        "by the time the feed is read.",
+        production,
+    ]

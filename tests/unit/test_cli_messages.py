@@ -69,3 +69,15 @@ def test_help_has_no_markup() -> None:
     assert done.returncode == 0
     assert "``" not in done.stdout
     assert "The authpipe console script: one subcommand per role." in done.stdout.splitlines()
+
+
+def test_stack_status_is_human_text_off_a_terminal(tmp_path: Path) -> None:
+    """`stack status` piped (not a terminal): human lines, no JSON, no escape codes; exit 3
+    when the broker is not running."""
+    env = {**os.environ, "AUTHPIPE_STATE_DIR": str(tmp_path), "AUTHPIPE_LOG_LEVEL": "info"}
+    env.pop("AUTHPIPE_LOG_FORMAT", None)
+    done = subprocess.run([sys.executable, "-m", "pipeline.cli", "stack", "status"], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    assert done.returncode == 3
+    assert done.stdout.splitlines()[:2] == ["kafka: stopped", "pid: -"]
+    assert "{" not in done.stdout + done.stderr and "\x1b" not in done.stdout + done.stderr

@@ -13,18 +13,18 @@ MIN = 60_000
 
 
 def test_all_expired_says_why_and_what_production_shows() -> None:
-    """Source decisions that expired on the wall clock are named as the reason (simulated
-    time), with what a user sees in production."""
+    """Source decisions that expired on the wall clock, or were tombstoned, are named as the
+    reason (simulated time), with what a user sees in production."""
     decisions = [SourceDecision("198.51.100.7", "observe", NOW - 20 * MIN, False),
                  SourceDecision("198.51.100.8", "block", NOW - 5 * MIN, False),
                  SourceDecision("198.51.100.9", "block", NOW + 5 * MIN, True)]  # fmt: skip
     lines = blocklist_note(decisions, 0, NOW)
     assert lines[0] == (
-        "why: this run made 3 source-level decision(s) (2 block, 1 observe-only); 2 expired "
-        "before now (the last at 2027-01-15T07:55:00.000Z), 1 lifted. Decisions expire in "
-        "event time, and the demo plays its simulated hour in about a minute with event times "
-        "ending now, so the ones made early in simulated time have lapsed on the wall clock by "
-        "the time the feed is read."
+        "why: this run made 3 source-level decision(s) (2 block, 1 observe-only); 3 ended "
+        "before the feed was read (latest expiry 2027-01-15T08:05:00.000Z). Decisions expire "
+        "in event time and the worker tombstones them when that time passes on the wall clock; "
+        "the demo plays its simulated hour in about a minute with event times ending now, so "
+        "decisions made early in simulated time have ended by the time the feed is read."
     )
     assert lines[1].startswith("In production events arrive in real time")
 
@@ -37,10 +37,10 @@ def test_no_source_decision_says_the_feed_lists_only_source_scope() -> None:
 
 
 def test_feed_showing_what_is_active_gets_a_plain_count() -> None:
-    """When the feed lists every active decision, the note only counts."""
+    """When every decision is still active, the note only counts."""
     decisions = [SourceDecision("198.51.100.7", "observe", NOW + MIN, False)]
     assert blocklist_note(decisions, 1, NOW) == [
-        "this run made 1 source-level decision(s) (0 block, 1 observe-only); 0 expired, 0 lifted."
+        "this run made 1 source-level decision(s) (0 block, 1 observe-only); all active."
     ]
 
 
