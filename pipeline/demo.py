@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 import urllib.request
 from collections.abc import Callable
@@ -279,7 +280,7 @@ def _show_blocklist(edge: Service, env: dict[str, str], decisions: Path) -> None
     for line in listed[:10]:
         print(f"  {line}")
     for line in blocklist_note(load_source_decisions(decisions), len(listed), wall_ms()):
-        print(f"  {line}")
+        print(textwrap.fill(line, 98, initial_indent="  ", subsequent_indent="  "))
 
 
 def _show(output: str) -> None:

@@ -141,8 +141,9 @@
     return svg;
   }
 
-  // Alerts of one lane closer than this many pixels are drawn as one mark with a count.
-  var CLUSTER_PX = 14;
+  // Alerts of one lane less than this many pixels after the previous one join its group,
+  // drawn as one mark (a band when the group spans time) with a count: room for the label.
+  var CLUSTER_PX = 40;
   function clusters(alerts, x) {
     var byLane = {};
     alerts.forEach(function (a) { (byLane[a.type] = byLane[a.type] || []).push(a); });
@@ -150,7 +151,7 @@
     Object.keys(byLane).forEach(function (type) {
       var group = null;
       byLane[type].sort(function (a, b) { return a.t - b.t; }).forEach(function (a) {
-        if (group && x(a.t) - x(group.first) < CLUSTER_PX) {
+        if (group && x(a.t) - x(group.last) < CLUSTER_PX) {
           group.items.push(a); group.last = a.t;
         } else {
           group = { type: type, first: a.t, last: a.t, items: [a] };
@@ -166,7 +167,7 @@
     var W = 1100, L = 235, R = 16, T = 8, ROW = 24, B = 40;
     var H = T + Math.max(lanes.length, 1) * ROW + B;
     legend(container, [["block (issued to expiry)", COLORS.block], ["observe-only decision", COLORS.observe],
-                       ["alert (a number: that many alerts close together)", COLORS.alert]]);
+                       ["alert (\u00d7n: n alerts close together, the band spans them)", COLORS.alert]]);
     var svg = svgRoot(container, W, H, "timeline");
     var t0 = data.range.start_ms, t1 = Math.max(data.range.end_ms, t0 + 1);
     var x = function (t) { return L + (W - L - R) * (Math.min(Math.max(t, t0), t1) - t0) / (t1 - t0); };
@@ -189,12 +190,17 @@
     });
     clusters(data.alerts, x).forEach(function (g) {
       var cx = x(g.first), cy = laneY["alert: " + g.type] + ROW / 2, n = g.items.length;
+      var end = x(g.last);
+      if (end - cx >= 1) {
+        el("rect", { x: cx, y: cy - 3, width: end - cx, height: 6, rx: 3, fill: COLORS.alert,
+          "fill-opacity": 0.45, "data-alert-span": g.type }, svg);
+      }
       var mark = el("path", { d: "M" + cx + "," + (cy - 6) + " l6,6 l-6,6 l-6,-6 Z", fill: COLORS.alert,
         stroke: "#9c640c", "stroke-width": 0.6, "data-alert": g.type, "data-alerts": n }, svg);
       var first = g.items[0];
       tip(mark, n === 1 ? g.type + " " + clock(g.first) + " " + (first.subject || "") + " count " + first.count
                         : n + " " + g.type + " alerts " + clock(g.first) + " to " + clock(g.last));
-      if (n > 1) { label(svg, cx + 8, cy + 4, "\u00d7" + n, { "class": "count" }); }
+      if (n > 1) { label(svg, end + 8, cy + 4, "\u00d7" + n, { "class": "count" }); }
     });
     html("p", { "class": "note", "data-note": "overlap" }, container,
          "Each bar is one decision, from issue to expiry (the lane's count in brackets). Bars are " +
