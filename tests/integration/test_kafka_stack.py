@@ -161,7 +161,7 @@ async def test_stack_cli_up_twice_status_down_keeps_data(tmp_path: Path) -> None
 
         second = run_cli(tmp_path, env, "stack", "up")
         assert second.returncode == 0, second.stderr + second.stdout
-        assert '"event": "kafka_already_running"' in second.stdout
+        assert '"event": "kafka_already_running"' in second.stderr  # log events: stderr
         assert int((kafka_dir / "broker.pid").read_text()) == pid
 
         status = run_cli(tmp_path, env, "stack", "status")
