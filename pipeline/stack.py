@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import AuthpipeError
-from pipeline.logs import get_logger
+from pipeline.logs import configure_logging, get_logger
 from pipeline.settings import Settings
 
 log = get_logger("stack")
@@ -622,6 +622,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if len(args) != 2 or args[0] != "fetch-libs":
         print("usage: python -m pipeline.stack fetch-libs <libs-dir>", file=sys.stderr)
         return 2
+    configure_logging(one_shot=True)  # like `authpipe stack`: console lines on stderr
     try:
         fetch_libs(Path(args[1]).absolute())
     except AuthpipeError as exc:
