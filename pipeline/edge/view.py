@@ -72,9 +72,9 @@ CACHE_ENTRIES = 65_536
 APPLY_CHUNK = 32
 """Messages applied between two looks at the clock (about 0.5 ms of work here)."""
 APPLY_BUDGET_S = 0.001
-# While the decisions topic is missing, the warning is repeated this often.
-TOPIC_MISSING_LOG_S = 60.0
 """The longest the feed applies messages before it yields to the event loop."""
+TOPIC_MISSING_LOG_S = 60.0
+"""While the decisions topic is missing, the warning is repeated this often."""
 OUTCOMES = ("put", "lift", "expired", "bad")
 
 
@@ -657,6 +657,7 @@ class DecisionFeed:
             except Exception:
                 # A bug must not end enforcement: log it, then read the topic again.
                 self.errors += 1
+                self._waiting = "the decision feed failed; see edge_feed_crashed in the edge's log"
                 log.exception("edge_feed_crashed", topic=self.config.topic)
             await asyncio.sleep(self.config.retry_backoff_s)
 
