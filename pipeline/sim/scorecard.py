@@ -401,6 +401,12 @@ def replay(events: Sequence[TruthEvent], records: Sequence[DecisionRecord]) -> l
 # -- scoring ------------------------------------------------------------------------------
 
 
+STOPPED, SLOWED, DETECTED_ONLY, MISSED = "stopped", "slowed", "detected_only", "missed"
+STATUSES = (STOPPED, SLOWED, DETECTED_ONLY, MISSED)
+# "stopped" allows at most this share of the attempts after the first response through.
+STOPPED_LEAK_PERCENT = 10
+
+
 @dataclass
 class AttackScore:
     attack: str
@@ -472,12 +478,6 @@ class AttackScore:
             "blocks": dict(sorted(self.blocks.items())),
             "observes": dict(sorted(self.observes.items())),
         }
-
-
-STOPPED, SLOWED, DETECTED_ONLY, MISSED = "stopped", "slowed", "detected_only", "missed"
-STATUSES = (STOPPED, SLOWED, DETECTED_ONLY, MISSED)
-# "stopped" allows at most this share of the attempts after the first response through.
-STOPPED_LEAK_PERCENT = 10
 
 
 def ts(ms: int | None) -> str | None:
