@@ -55,3 +55,22 @@ def test_load_keeps_the_last_record_per_source_key(tmp_path: Path) -> None:
     assert load_source_decisions(path) == [
         SourceDecision("198.51.100.7", "observe", NOW, True)
     ]
+
+
+def test_demo_passes_simulate_progress_lines_to_its_narration(tmp_path: Path) -> None:
+    """The demo forwards simulate's progress lines (stderr) as they come and returns its
+    stdout (the summary); everything goes to the step's log file."""
+    import os
+
+    from pipeline.demo import _run_showing_progress
+
+    said: list[str] = []
+    env = {**os.environ, "AUTHPIPE_LOG_FORMAT": "json"}
+    out = _run_showing_progress(
+        ["simulate", "--dry-run", "--out", str(tmp_path / "e.jsonl"), "--scenario", "baseline",
+         "--rate", "1", "--duration-s", "60"], env, tmp_path, "simulate", said.append,
+    )  # fmt: skip
+    assert said and said[-1].startswith("simulate: 100 % ")
+    assert out.splitlines()[0].split() == ["scenario", "role", "events"]
+    log = (tmp_path / "simulate.log").read_text()
+    assert '"event": "simulate_finished"' in log and said[-1] in log
