@@ -23,8 +23,9 @@ import structlog
 
 _configured = False
 
-# Retriable errors a Kafka client reports while the broker, a group coordinator or a
-# partition leader is still being set up; aiokafka logs them at ERROR and retries.
+# Retriable errors a Kafka client reports while the broker, a group coordinator, a
+# partition leader or faust's own leader topic is still being set up; aiokafka logs them at
+# ERROR and retries. Matched in the message (or the exception's name).
 TRANSIENT_KAFKA_ERRORS = (
     "GroupCoordinatorNotAvailableError",
     "NotCoordinatorForGroupError",
@@ -32,6 +33,9 @@ TRANSIENT_KAFKA_ERRORS = (
     "NotLeaderForPartitionError",
     "LeaderNotAvailableError",
     "Marking the coordinator dead",  # a warning that follows the errors above
+    # faust's leader-election topic, looked up (ERROR "not found in cluster metadata") in
+    # the seconds before faust has created it:
+    "-__assignor-__leader",
 )
 STARTUP_GRACE_S = 60.0
 

@@ -21,14 +21,19 @@ def record(name: str, message: str, level: int = logging.ERROR) -> logging.LogRe
 
 
 def test_startup_noise_dropped_only_during_grace_and_only_transient_kafka_errors() -> None:
-    """GroupCoordinatorNotAvailableError / NotLeaderForPartitionError from aiokafka are dropped
-    while starting; other errors, other loggers and anything after the grace period pass."""
+    """GroupCoordinatorNotAvailableError / NotLeaderForPartitionError from aiokafka, and faust's
+    leader topic not found yet, are dropped while starting; other errors (another topic not
+    found), other loggers and anything after the grace period pass."""
     noise = StartupNoise(grace_s=60.0)
     coordinator = record("aiokafka.consumer.group_coordinator",
                          "Group Coordinator Request failed: [Error 15] GroupCoordinatorNotAvailableError")  # fmt: skip
     leader = record("aiokafka.producer.sender", "NotLeaderForPartitionError for tp")
+    assigner = record("aiokafka.cluster",
+                      "Topic demo-1-__assignor-__leader not found in cluster metadata")  # fmt: skip
     assert not noise.filter(coordinator) and not noise.filter(leader)
-    assert noise.dropped == 2
+    assert not noise.filter(assigner)
+    assert noise.dropped == 3
+    assert noise.filter(record("aiokafka.cluster", "Topic auth.alerts not found in cluster metadata"))
     assert noise.filter(record("aiokafka.consumer.fetcher", "Unexpected error in fetcher routine"))
     assert noise.filter(record("pipeline.x", "NotLeaderForPartitionError"))
     later = StartupNoise(grace_s=0.0)
