@@ -59,6 +59,9 @@ class IngestSettings(_Section):
     )
     max_event_bytes: int = Field(16384, ge=256, description="larger events are dead-lettered")
     max_future_skew_ms: int = Field(300_000, ge=0, description="events further ahead: dead-lettered")
+    max_past_skew_ms: int = Field(
+        604_800_000, ge=0, description="events older (or before 1970): dead-lettered"
+    )
     dedupe_horizon_ms: int = Field(3_600_000, ge=0, description="event_id duplicates within: once")
     dedupe_capacity: int = Field(1_000_000, ge=1, description="event ids a worker remembers, at most")
 
