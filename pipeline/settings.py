@@ -48,6 +48,9 @@ class ClickHouseSettings(_Section):
     database: str = Field("authpipe", description="database that holds every authpipe table")
     ttl_days: int = Field(90, ge=1, description="TTL of raw attempt rows")
     store_plain_account: bool = Field(False, description="also store the typed account in plain")
+    cluster: str | None = Field(
+        None, description="ClickHouse cluster name: migrate writes ON CLUSTER DDL (replicated)"
+    )
 
 
 class IngestSettings(_Section):
