@@ -112,7 +112,6 @@ from pipeline.sinks.clickhouse import (
     open_clickhouse,
 )
 from pipeline.sinks.cluster import CLUSTER_INSERT_SETTINGS
-from pipeline.sinks.columnar import to_columns
 from pipeline.sinks.partitions import MAX_DAYS_PER_INSERT, PARTITION_COLUMN, split_by_day
 from pipeline.sinks.quarantine import DEAD_LETTERS_COLUMNS, Quarantine, Quarantined
 from pipeline.sinks.ratecap import MINUTE_MS, TS_MS, RateCap, RateCapConfig
@@ -1184,8 +1183,8 @@ class AuditSink:
             ch = await self._handle()
             try:
                 await asyncio.to_thread(
-                    ch.insert, item.table, item.columns, to_columns(rows), dedup_token=token,
-                    settings=self.insert_settings, column_oriented=True,
+                    ch.insert, item.table, item.columns, rows, dedup_token=token,
+                    settings=self.insert_settings,
                 )  # fmt: skip
             except BatchRefused as exc:
                 refused = Quarantined(

@@ -140,7 +140,7 @@ class ClickHouse(Protocol):
 
         ``settings`` are query settings for this insert (and the views it feeds). With
         ``column_oriented``, ``rows`` is one sequence of values per column instead (the
-        client then skips its row-to-column pivot; see pipeline.sinks.columnar).
+        client then skips its row-to-column pivot; bench/README.md, B5).
         """
         ...
 

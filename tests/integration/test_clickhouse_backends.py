@@ -526,3 +526,15 @@ def test_too_many_parts_stays_transient(clickhouse: ClickHouse) -> None:
             clickhouse.insert("busy", ["x"], [[x]])
     assert busy.value.code == 252
     assert not isinstance(busy.value, BatchRefused)
+
+
+def test_column_oriented_insert_stores_the_same_rows(clickhouse: ClickHouse) -> None:
+    """column_oriented=True takes one sequence per column and stores the same rows."""
+    minute = recent_minute()
+    rows = [attempt_row(minute, f"ev-{i}", offset=i) for i in range(3)]
+    clickhouse.insert("attempts", ATTEMPT_COLUMNS, list(zip(*rows, strict=True)), column_oriented=True)
+    assert clickhouse.query("SELECT event_id, kafka_offset FROM attempts ORDER BY kafka_offset") == [
+        ("ev-0", 0), ("ev-1", 1), ("ev-2", 2),
+    ]  # fmt: skip
+    with pytest.raises(ClickHouseError, match="one sequence of values per column"):
+        clickhouse.insert("attempts", ATTEMPT_COLUMNS, [("x",)], column_oriented=True)
