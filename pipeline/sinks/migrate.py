@@ -27,7 +27,7 @@ from pathlib import Path
 from pipeline.logs import get_logger
 from pipeline.settings import ClickHouseSettings, Settings
 from pipeline.sinks.clickhouse import ClickHouse, ClickHouseError, check_identifier, open_clickhouse
-from pipeline.sinks.cluster import create_database, for_cluster
+from pipeline.sinks.cluster import CLUSTER_INSERT_SETTINGS, create_database, for_cluster
 
 _log = get_logger("clickhouse.migrate")
 
@@ -206,6 +206,7 @@ def _apply_one(ch: ClickHouse, settings: ClickHouseSettings, migration: Migratio
         MIGRATIONS_TABLE,
         ["version", "name", "checksum", "applied_at"],
         [[migration.version, migration.name, migration.checksum, datetime.now(UTC)]],
+        settings=CLUSTER_INSERT_SETTINGS if settings.cluster else None,  # stored on return
     )
     _log.info(
         "clickhouse.migration_applied",
