@@ -32,7 +32,10 @@ def _stack(args: argparse.Namespace, settings: Settings) -> int:
 def _clickhouse(args: argparse.Namespace, settings: Settings) -> int:
     from pipeline.sinks.migrate import run_migrate_command
 
-    return run_migrate_command(settings)
+    if args.cluster is not None:
+        clickhouse = settings.clickhouse.model_copy(update={"cluster": args.cluster})
+        settings = settings.model_copy(update={"clickhouse": clickhouse})
+    return run_migrate_command(settings, print_only=args.print_sql)
 
 
 def _worker(args: argparse.Namespace, settings: Settings) -> int:
@@ -311,6 +314,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     ch = sub.add_parser("clickhouse", help="ClickHouse schema")
     ch.add_argument("action", choices=["migrate"])
+    ch.add_argument("--cluster", default=None, metavar="NAME",
+                    help="ON CLUSTER DDL for cluster NAME: replicated tables, Distributed in "
+                         "front (default: clickhouse.cluster)")  # fmt: skip
+    ch.add_argument("--print", dest="print_sql", action="store_true",
+                    help="print every statement instead of applying (no connection)")  # fmt: skip
     ch.set_defaults(handler=_clickhouse)
 
     demo = sub.add_parser("demo", help="the main job: a mixed attack end to end on the local stack")

@@ -48,6 +48,9 @@ class ClickHouseSettings(_Section):
     database: str = Field("authpipe", description="database that holds every authpipe table")
     ttl_days: int = Field(90, ge=1, description="TTL of raw attempt rows")
     store_plain_account: bool = Field(False, description="also store the typed account in plain")
+    cluster: str | None = Field(
+        None, description="ClickHouse cluster name: migrate writes ON CLUSTER DDL (replicated)"
+    )
 
 
 class IngestSettings(_Section):
@@ -59,6 +62,9 @@ class IngestSettings(_Section):
     )
     max_event_bytes: int = Field(16384, ge=256, description="larger events are dead-lettered")
     max_future_skew_ms: int = Field(300_000, ge=0, description="events further ahead: dead-lettered")
+    max_past_skew_ms: int = Field(
+        604_800_000, ge=0, description="events older (or before 1970): dead-lettered"
+    )
     dedupe_horizon_ms: int = Field(3_600_000, ge=0, description="event_id duplicates within: once")
     dedupe_capacity: int = Field(1_000_000, ge=1, description="event ids a worker remembers, at most")
 

@@ -116,6 +116,7 @@ class Worker:
             partitions=kafka.partitions,
             max_event_bytes=settings.ingest.max_event_bytes,
             max_future_skew_ms=settings.ingest.max_future_skew_ms,
+            max_past_skew_ms=settings.ingest.max_past_skew_ms,
             keep_plain_account=settings.clickhouse.store_plain_account,
         )
         dedupe = {

@@ -1,7 +1,8 @@
 """Ingest: raw input records in, normalised rows (by account partition) and dead letters out.
 
 Pure apart from ``now_ms``, which the shell passes in (the wall clock decides only the
-future-skew check). Every record ends in exactly one of the two outputs, so
+skew checks: ``future_timestamp`` beyond ``max_future_skew_ms`` ahead, ``past_timestamp``
+beyond ``max_past_skew_ms`` behind or before 1970, which the tables cannot hold). Every record ends in exactly one of the two outputs, so
 ``rows + dead letters == records`` for every batch: nothing is dropped silently.
 """
 
@@ -85,12 +86,14 @@ class Ingest:
     partitions: int
     max_event_bytes: int = 16384
     max_future_skew_ms: int = 300_000
+    max_past_skew_ms: int = 604_800_000
     keep_plain_account: bool = False
 
     def process(self, records: Iterable[RawRecord], now_ms: int) -> IngestResult:
         result = IngestResult()
         rows = result.rows
         limit_ms = now_ms + self.max_future_skew_ms
+        oldest_ms = max(0, now_ms - self.max_past_skew_ms)
         partitions = self.partitions
         keep_plain = self.keep_plain_account
         max_bytes = self.max_event_bytes
@@ -101,6 +104,12 @@ class Ingest:
                 attempt = normalise(event)
                 if attempt.occurred_ms > limit_ms:
                     raise DecodeError("future_timestamp", "occurred_at is beyond the allowed skew")
+                if attempt.occurred_ms < oldest_ms:
+                    raise DecodeError(
+                        "past_timestamp",
+                        "occurred_at is before 1970" if attempt.occurred_ms < 0
+                        else "occurred_at is older than ingest.max_past_skew_ms",
+                    )  # fmt: skip
             except (DecodeError, InvalidAttempt) as exc:
                 result.dead.append(DeadLetter(record, exc.reason, exc.detail))
                 result.reasons[exc.reason] += 1
