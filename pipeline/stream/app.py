@@ -41,8 +41,9 @@ from pipeline.core.keys import Digester
 from pipeline.core.normalise import NetworkSet, SourceRules
 from pipeline.core.policy import Policy
 from pipeline.errors import ConfigError
+from pipeline.kafka_client import client_kwargs, security_kwargs
 from pipeline.logs import get_logger
-from pipeline.settings import Settings
+from pipeline.settings import KafkaSettings, Settings, require_digest_key
 from pipeline.stream.batching import Batcher
 from pipeline.stream.chains import ChangelogChains
 from pipeline.stream.ingest import Ingest
@@ -90,7 +91,7 @@ def build_normaliser(settings: Settings, policy: Policy | None = None) -> Normal
         )
     ingest = settings.ingest
     return Normaliser(
-        digester=Digester(settings.identity.digest_key),
+        digester=Digester(require_digest_key(settings)),
         sources=SourceRules(
             trusted_proxies=NetworkSet(ingest.trusted_proxies),
             ipv4_prefix=ingest.ipv4_prefix,
@@ -99,6 +100,23 @@ def build_normaliser(settings: Settings, policy: Policy | None = None) -> Normal
         case_sensitive_tenants=frozenset(ingest.case_sensitive_tenants)
         | policy.case_sensitive_tenants(),
     )
+
+
+def broker_credentials(kafka: KafkaSettings) -> Any:
+    """faust's form of ``security_kwargs``: None for PLAINTEXT, else SSL or SASL credentials
+    (faust passes them to its consumer, producer and admin client)."""
+    security = security_kwargs(kafka)
+    if not security:
+        return None
+    if kafka.security_protocol == "SSL":
+        return faust.SSLCredentials(security["ssl_context"])
+    credentials = faust.SASLCredentials(
+        username=security["sasl_plain_username"],
+        password=security["sasl_plain_password"],
+        mechanism=security["sasl_mechanism"],
+        ssl_context=security.get("ssl_context"),
+    )
+    return credentials
 
 
 class Worker:
@@ -144,7 +162,7 @@ class Worker:
             t.by_source: t.changelog("source-state"),
             t.shares: t.changelog("rollup-state"),
         }
-        self.restore = ChangelogRestore(kafka.bootstrap_servers, self._install)
+        self.restore = ChangelogRestore(kafka.bootstrap_servers, self._install, security_kwargs(kafka))
         self.app = self._build_app()
 
     # -- the faust app ------------------------------------------------------------------
@@ -154,6 +172,7 @@ class Worker:
         app = faust.App(
             s.kafka.app_id,
             broker=[f"kafka://{host}" for host in s.kafka.bootstrap_servers.split(",")],
+            broker_credentials=broker_credentials(s.kafka),
             topic_partitions=self.partitions,
             topic_replication_factor=s.kafka.replication_factor,
             consumer_auto_offset_reset="earliest",
@@ -228,7 +247,7 @@ class Worker:
         s = self.settings
         consumer = AIOKafkaConsumer(
             self.topics.input,
-            bootstrap_servers=s.kafka.bootstrap_servers,
+            **client_kwargs(s.kafka),
             group_id=f"{s.kafka.app_id}-ingest",
             enable_auto_commit=False,
             auto_offset_reset="earliest",
