@@ -1,0 +1,114 @@
+"""A worker and the edge through the broker's SASL/SCRAM listener (issue 15, item 1); a
+client without credentials, or with a wrong password, is refused there."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import urllib.request
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from pipeline.kafka_admin import BrokerUnavailableError, wait_for_broker
+from pipeline.kafka_client import security_kwargs
+from pipeline.settings import KafkaSettings
+from tests.integration.test_worker import as_messages, event
+from tests.plugins.kafka import REPO_ROOT, SaslBroker, free_ports
+from tests.plugins.waiting import wait_until
+from tests.plugins.worker import StreamNames, produce, read_topic, start_worker
+
+pytestmark = pytest.mark.integration
+
+WORKER, GATEWAY = "authpipe-worker", "authpipe-gateway"
+
+
+def kafka_settings(sasl: SaslBroker, user: str, password: str | None = None) -> KafkaSettings:
+    return KafkaSettings(
+        bootstrap_servers=sasl.bootstrap, security_protocol="SASL_PLAINTEXT",
+        sasl_mechanism="SCRAM-SHA-256", sasl_username=user,
+        sasl_password=password if password is not None else sasl.users[user],  # type: ignore[arg-type]
+    )  # fmt: skip
+
+
+def test_client_without_credentials_or_with_a_wrong_password_is_refused(kafka_sasl: SaslBroker) -> None:
+    """Plaintext and a wrong SCRAM password get no metadata; the right password does."""
+    with pytest.raises(BrokerUnavailableError):
+        asyncio.run(wait_for_broker(kafka_sasl.bootstrap, 3.0))
+    wrong = kafka_settings(kafka_sasl, GATEWAY, password="not-the-password")
+    with pytest.raises(BrokerUnavailableError):
+        asyncio.run(wait_for_broker(wrong.bootstrap_servers, 3.0, security=security_kwargs(wrong)))
+    right = kafka_settings(kafka_sasl, GATEWAY)
+    asyncio.run(wait_for_broker(right.bootstrap_servers, 10.0, security=security_kwargs(right)))
+
+
+
+
+def _check(port: int, account: str, ip: str) -> dict[str, Any] | None:
+    try:
+        with urllib.request.urlopen(
+            f"http://127.0.0.1:{port}/v1/check?account={account}&ip={ip}", timeout=2
+        ) as response:
+            body: dict[str, Any] = orjson.loads(response.read())
+            return body
+    except OSError:
+        return None
+
+
+def test_worker_and_edge_run_through_the_sasl_listener(
+    kafka_sasl: SaslBroker, stream_names: StreamNames, workers: list[Any], tmp_path: Path
+) -> None:
+    """The worker creates its topics, reads five failures and writes a block, and the edge
+    enforces it, each connected only to the SASL/SCRAM listener with its own user."""
+    env = {
+        **stream_names.env(),
+        **kafka_sasl.env(WORKER),
+        "AUTHPIPE_KAFKA_PARTITIONS": "2",
+        "AUTHPIPE_STATE_DIR": str(tmp_path / "state"),
+        "AUTHPIPE_LOG_FORMAT": "json",
+        "AUTHPIPE_LOG_LEVEL": "warning",
+    }
+    start_worker(workers, env, tmp_path).wait_ready()
+    login_service = kafka_settings(kafka_sasl, WORKER)
+    now = datetime.now(UTC)
+    attempts = [event(i, now + timedelta(milliseconds=i), "sasl-alice", "203.0.113.77") for i in range(5)]
+    security = security_kwargs(login_service)
+    produce(kafka_sasl.bootstrap, stream_names.input, as_messages(attempts), security)
+    decisions = wait_until(lambda: read_topic(kafka_sasl.bootstrap, stream_names.decisions, security), 60,
+                           interval_s=0.5, description="a decision over SASL")  # fmt: skip
+    decision = orjson.loads(decisions[0].value)
+    assert (decision["scope"], decision["action"], decision["count"]) == ("account_source", "block", 5)
+
+    (port,) = free_ports(1)
+    edge_env = {k: v for k, v in os.environ.items() if not k.startswith("AUTHPIPE_")}
+    edge_env.update({
+        **kafka_sasl.env(GATEWAY, mechanism="SCRAM-SHA-256"),
+        "AUTHPIPE_KAFKA_DECISIONS_TOPIC": stream_names.decisions,
+        "AUTHPIPE_IDENTITY_DIGEST_KEY": os.environ["AUTHPIPE_IDENTITY_DIGEST_KEY"],
+        "AUTHPIPE_STATE_DIR": str(tmp_path / "edge-state"),
+    })  # fmt: skip
+    log_path = tmp_path / "edge.log"
+    with log_path.open("wb") as log:
+        edge = subprocess.Popen(
+            [sys.executable, "-m", "pipeline.cli", "edge", "serve", "--port", str(port)],
+            cwd=REPO_ROOT, env=edge_env, stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+
+        def refused() -> dict[str, Any] | None:
+            assert edge.poll() is None, log_path.read_text()
+            body = _check(port, "sasl-alice", "203.0.113.77")
+            return body if body is not None and body["allowed"] is False else None
+
+        body = wait_until(refused, 60, interval_s=0.25, description="the edge to refuse sasl-alice")
+        assert body["retry_after_ms"] > 0
+        other = _check(port, "sasl-bob", "203.0.113.77")
+        assert other is not None and other["allowed"] is True
+    finally:
+        edge.terminate()
+        edge.wait(15)
