@@ -46,7 +46,7 @@ from pipeline.logs import get_logger
 from pipeline.settings import KafkaSettings, Settings, require_digest_key
 from pipeline.stream.batching import Batcher
 from pipeline.stream.chains import ChangelogChains
-from pipeline.stream.ingest import Ingest
+from pipeline.stream.ingest import DeadLetter, Ingest
 from pipeline.stream.metrics import WorkerMetrics
 from pipeline.stream.progress import Admit, InputOrder
 from pipeline.stream.restore import ChangelogRestore, LiveRecords
@@ -60,6 +60,7 @@ from pipeline.stream.stages import (
     latest_shares,
 )  # fmt: skip
 from pipeline.stream.topics import Topics
+from pipeline.stream.undecodable import DECODE_ERRORS, salvage
 
 log = get_logger("worker")
 
@@ -258,13 +259,16 @@ class Worker:
         self.ingest_ready.set()
         try:
             while True:
-                batch = await self._gather_batch(consumer)
-                if batch:
-                    await self._ingest_batch(consumer, batch)
+                undecodable: list[DeadLetter] = []
+                batch = await self._gather_batch(consumer, undecodable)
+                if batch or undecodable:
+                    await self._ingest_batch(consumer, batch, undecodable)
         finally:
             await consumer.stop()
 
-    async def _gather_batch(self, consumer: AIOKafkaConsumer) -> dict[Any, list[Any]]:
+    async def _gather_batch(
+        self, consumer: AIOKafkaConsumer, undecodable: list[DeadLetter]
+    ) -> dict[Any, list[Any]]:
         """Records until ``batch_max_events`` or ``batch_max_wait_ms`` after the first one.
 
         ``getmany`` returns whatever the fetcher holds, a handful of records under light
@@ -272,28 +276,61 @@ class Worker:
         forwards per source partition from each): lingering keeps a trickle from turning
         into thousands of tiny envelopes a second, at a bounded cost in latency."""
         worker = self.settings.worker
-        batch: dict[Any, list[Any]] = await consumer.getmany(
-            timeout_ms=worker.batch_max_wait_ms, max_records=worker.batch_max_events
+        batch = await self._getmany(
+            consumer, undecodable, timeout_ms=worker.batch_max_wait_ms, max_records=worker.batch_max_events
         )
         count = sum(len(messages) for messages in batch.values())
-        if not count:
+        if not count or undecodable:
             return batch
         deadline = time.monotonic() + worker.batch_max_wait_ms / 1000
         while count < worker.batch_max_events:
             left_ms = int((deadline - time.monotonic()) * 1000)
             if left_ms <= 0:
                 break
-            more = await consumer.getmany(timeout_ms=left_ms, max_records=worker.batch_max_events - count)
+            more = await self._getmany(
+                consumer, undecodable, timeout_ms=left_ms, max_records=worker.batch_max_events - count
+            )
             for tp, messages in more.items():
                 batch.setdefault(tp, []).extend(messages)
                 count += len(messages)
+            if undecodable:
+                break
         return batch
 
-    async def _ingest_batch(self, consumer: AIOKafkaConsumer, batch: dict[Any, Any]) -> None:
+    async def _getmany(
+        self, consumer: AIOKafkaConsumer, undecodable: list[DeadLetter], *, timeout_ms: int, max_records: int
+    ) -> dict[Any, list[Any]]:
+        """``consumer.getmany``; a batch it cannot decode goes to ``undecodable`` (and the
+        consumer past it), the records it had drained are kept (pipeline.stream.undecodable)."""
+        try:
+            got: dict[Any, list[Any]] = await consumer.getmany(timeout_ms=timeout_ms, max_records=max_records)
+            return got
+        except DECODE_ERRORS as exc:
+            found = salvage(exc)
+            if found is None:
+                raise
+            consumer.seek(found.tp, found.next_offset)
+            dead = found.dead_letter(exc)
+            undecodable.append(dead)
+            log.error("ingest_undecodable_batch", topic=found.tp.topic, partition=found.tp.partition,
+                      first_offset=found.first_offset, last_offset=found.next_offset - 1,
+                      codec=found.codec, error=dead.detail)  # fmt: skip
+            return found.records
+
+    async def _ingest_batch(
+        self, consumer: AIOKafkaConsumer, batch: dict[Any, Any], undecodable: list[DeadLetter]
+    ) -> None:
         # aiokafka's ConsumerRecords carry what ingest reads (topic, partition, offset,
         # key, value): no copy into Record objects.
         records = [m for messages in batch.values() for m in messages]
         result = self.ingest.process(records, wall_ms())
+        commits = {tp: messages[-1].offset + 1 for tp, messages in batch.items() if messages}
+        for dead in undecodable:
+            # Committed past, once its dead letter is acknowledged: never read again.
+            tp = TopicPartition(dead.record.topic, dead.record.partition)
+            commits[tp] = max(commits.get(tp, 0), dead.record.offset + dead.offsets)
+            result.dead.append(dead)
+            result.reasons[dead.reason] += dead.offsets
         pending: list[Awaitable[Any]] = []
         for partition, rows in result.rows.items():
             for part in chunks(rows):
@@ -301,17 +338,17 @@ class Worker:
                 pending.append(await self.by_account.send(key=str(partition).encode(), value=envelope, partition=partition))
         for dead in result.dead:
             pending.append(await self.dlq.send(
-                key=dead.record.key, value=dead.record.value, headers=dead.headers(),
+                key=dead.record.key, value=dead.record.value or b"", headers=dead.headers(),
             ))  # fmt: skip
         # Offsets are committed only once every envelope and dead letter is acknowledged:
         # a crash before that re-reads the batch, and the account stage skips what it
         # already applied (it remembers the highest input offset per input partition).
         await asyncio.gather(*pending)
-        await consumer.commit({tp: messages[-1].offset + 1 for tp, messages in batch.items()})
+        await consumer.commit(commits)
         self.metrics.ingested(result.valid, result.reasons)
         for tp, messages in batch.items():
             highwater = consumer.highwater(tp)
-            if highwater is not None:
+            if highwater is not None and messages:
                 self.metrics.lag(tp.partition, highwater - messages[-1].offset - 1)
 
     # -- agents -------------------------------------------------------------------------
