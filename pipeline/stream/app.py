@@ -183,6 +183,14 @@ class Worker:
             broker_session_timeout=10.0,
             broker_heartbeat_interval=1.0,
             web_enabled=True,
+            # Only /healthz, /readyz and /metrics (_add_views), plus faust's plain index at
+            # / ({"status": "OK"}): none of its pages that show or reroute internal state
+            # (/router, /table, /stats, /graph, /performance), which have no auth.
+            web_router_enabled=False,
+            web_tables_enabled=False,
+            web_stats_enabled=False,
+            web_graph_enabled=False,
+            web_metrics_enabled=False,
             web_port=s.worker.web_port,
             web_bind=s.worker.web_host,
             web_host=s.worker.web_host,
