@@ -1,5 +1,6 @@
-"""A worker and the edge through the broker's SASL/SCRAM listener (issue 15, item 1); a
-client without credentials, or with a wrong password, is refused there."""
+"""A worker and the edge through the broker's SASL/SCRAM listener, each as its own user
+under the ACLs docs/security.md lists (issue 15, item 1): a client without credentials, or
+with a wrong password, is refused; a gateway can read decisions and nothing else."""
 
 from __future__ import annotations
 
@@ -14,18 +15,33 @@ from typing import Any
 
 import orjson
 import pytest
+from aiokafka.errors import TopicAuthorizationFailedError
 
 from pipeline.kafka_admin import BrokerUnavailableError, wait_for_broker
 from pipeline.kafka_client import security_kwargs
 from pipeline.settings import KafkaSettings
 from tests.integration.test_worker import as_messages, event
-from tests.plugins.kafka import REPO_ROOT, SaslBroker, free_ports
+from tests.plugins.kafka import REPO_ROOT, Acl, SaslBroker, free_ports, grant
 from tests.plugins.waiting import wait_until
 from tests.plugins.worker import StreamNames, produce, read_topic, start_worker
 
 pytestmark = pytest.mark.integration
 
-WORKER, GATEWAY = "authpipe-worker", "authpipe-gateway"
+WORKER, GATEWAY, LOGIN = "authpipe-worker", "authpipe-gateway", "login-service"
+
+
+def documented_acls(names: StreamNames) -> list[Acl]:
+    """The ACLs of docs/security.md ("Kafka ACLs") for one test's topic names."""
+    outputs = (names.decisions, names.alerts, names.dlq, names.audit)
+    return [
+        Acl(LOGIN, "write", "topic", names.input),
+        Acl(WORKER, "read", "topic", names.input),
+        Acl(WORKER, "create", "topic", names.input),
+        *[Acl(WORKER, op, "topic", topic) for topic in outputs for op in ("write", "create")],
+        Acl(WORKER, "all", "topic", names.app_id, "prefixed"),
+        Acl(WORKER, "read", "group", names.app_id, "prefixed"),
+        Acl(GATEWAY, "read", "topic", names.decisions),
+    ]
 
 
 def kafka_settings(sasl: SaslBroker, user: str, password: str | None = None) -> KafkaSettings:
@@ -63,8 +79,11 @@ def _check(port: int, account: str, ip: str) -> dict[str, Any] | None:
 def test_worker_and_edge_run_through_the_sasl_listener(
     kafka_sasl: SaslBroker, stream_names: StreamNames, workers: list[Any], tmp_path: Path
 ) -> None:
-    """The worker creates its topics, reads five failures and writes a block, and the edge
-    enforces it, each connected only to the SASL/SCRAM listener with its own user."""
+    """Under the documented ACLs, the worker creates its topics, reads five failures from a
+    login service and writes a block, and the edge enforces it, each connected only to the
+    SASL/SCRAM listener as its own user; the gateway user may not write a decision (lift or
+    plant a block) nor read the input."""
+    grant(kafka_sasl.admin_bootstrap, documented_acls(stream_names))
     env = {
         **stream_names.env(),
         **kafka_sasl.env(WORKER),
@@ -74,12 +93,11 @@ def test_worker_and_edge_run_through_the_sasl_listener(
         "AUTHPIPE_LOG_LEVEL": "warning",
     }
     start_worker(workers, env, tmp_path).wait_ready()
-    login_service = kafka_settings(kafka_sasl, WORKER)
     now = datetime.now(UTC)
     attempts = [event(i, now + timedelta(milliseconds=i), "sasl-alice", "203.0.113.77") for i in range(5)]
-    security = security_kwargs(login_service)
-    produce(kafka_sasl.bootstrap, stream_names.input, as_messages(attempts), security)
-    decisions = wait_until(lambda: read_topic(kafka_sasl.bootstrap, stream_names.decisions, security), 60,
+    login = security_kwargs(kafka_settings(kafka_sasl, LOGIN))
+    produce(kafka_sasl.bootstrap, stream_names.input, as_messages(attempts), login)
+    decisions = wait_until(lambda: read_topic(kafka_sasl.admin_bootstrap, stream_names.decisions), 60,
                            interval_s=0.5, description="a decision over SASL")  # fmt: skip
     decision = orjson.loads(decisions[0].value)
     assert (decision["scope"], decision["action"], decision["count"]) == ("account_source", "block", 5)
@@ -109,6 +127,12 @@ def test_worker_and_edge_run_through_the_sasl_listener(
         assert body["retry_after_ms"] > 0
         other = _check(port, "sasl-bob", "203.0.113.77")
         assert other is not None and other["allowed"] is True
+        gateway = security_kwargs(kafka_settings(kafka_sasl, GATEWAY))
+        with pytest.raises(TopicAuthorizationFailedError):  # a tombstone would lift the block
+            produce(kafka_sasl.bootstrap, stream_names.decisions, [(decisions[0].key, b"")], gateway)
+        # The input is not even visible to the gateway (metadata leaves it out).
+        assert len(read_topic(kafka_sasl.admin_bootstrap, stream_names.input)) == 5
+        assert read_topic(kafka_sasl.bootstrap, stream_names.input, gateway) == []
     finally:
         edge.terminate()
         edge.wait(15)

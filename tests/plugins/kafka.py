@@ -93,10 +93,12 @@ def _fail(what: str, exc: BaseException) -> None:
 
 @dataclass(frozen=True)
 class SaslBroker:
-    """The SASL/SCRAM listener of a test broker and the users it knows (name: password)."""
+    """The SASL/SCRAM listener of a test broker, the users it knows (name: password), and
+    its plaintext listener, where the principal is the administrator (sets ACLs)."""
 
     bootstrap: str
     users: dict[str, str]
+    admin_bootstrap: str
 
     def env(self, user: str, mechanism: str = "SCRAM-SHA-512") -> dict[str, str]:
         """AUTHPIPE_KAFKA_* variables of a service connecting as ``user``."""
@@ -110,7 +112,52 @@ class SaslBroker:
 
 
 # SCRAM users of every test broker's SASL listener (dev secrets of a throwaway broker).
-SCRAM_USERS = {"authpipe-worker": "worker-secret-0123", "authpipe-gateway": "gateway-secret-0123"}
+SCRAM_USERS = {
+    "authpipe-worker": "worker-secret-0123",
+    "authpipe-gateway": "gateway-secret-0123",
+    "login-service": "login-secret-0123",
+}
+
+# Kafka's ACL codes (org.apache.kafka.common.acl / resource), as CreateAcls takes them.
+RESOURCE = {"topic": 2, "group": 3, "cluster": 4}
+PATTERN = {"literal": 3, "prefixed": 4}
+OPERATION = {"all": 2, "read": 3, "write": 4, "create": 5, "describe": 8}
+ALLOW = 3
+
+
+@dataclass(frozen=True)
+class Acl:
+    """One ALLOW binding: ``operation`` on ``resource`` ``name`` (``pattern``) for ``user``."""
+
+    user: str
+    operation: str
+    resource: str
+    name: str
+    pattern: str = "literal"
+
+
+def grant(admin_bootstrap: str, acls: list[Acl]) -> None:
+    """Create ``acls`` through the plaintext (administrator) listener, one CreateAcls each
+    (aiokafka has no ACL API; its protocol module has the request)."""
+    from aiokafka.admin import AIOKafkaAdminClient
+    from aiokafka.protocol.admin import CreateAclsRequest
+
+    async def run() -> None:
+        admin = AIOKafkaAdminClient(bootstrap_servers=admin_bootstrap)
+        await admin.start()
+        try:
+            for acl in acls:
+                request = CreateAclsRequest(
+                    RESOURCE[acl.resource], acl.name, PATTERN[acl.pattern], f"User:{acl.user}",
+                    "*", OPERATION[acl.operation], ALLOW,
+                )  # fmt: skip
+                response = await admin._send_request(request)
+                errors = [e for e in response.creation_responses if e[0] != 0]
+                assert not errors, f"CreateAcls {acl}: {errors}"
+        finally:
+            await admin.close()
+
+    asyncio.run(run())
 
 
 def _start_local(kafka: LocalKafka) -> None:
@@ -168,7 +215,7 @@ def kafka_sasl(local_kafka: LocalKafka | None) -> Iterator[SaslBroker]:
     with ExitStack() as stack:
         kafka = local_kafka or stack.enter_context(_local_broker())
         assert kafka.sasl_bootstrap is not None
-        yield SaslBroker(kafka.sasl_bootstrap, dict(SCRAM_USERS))
+        yield SaslBroker(kafka.sasl_bootstrap, dict(SCRAM_USERS), kafka.bootstrap)
 
 
 @pytest.fixture
