@@ -90,10 +90,14 @@ async def wait_for_broker(
     while True:
         remaining_s = deadline - time.monotonic()
         if remaining_s <= 0:
+            hint = (
+                "check kafka.security_protocol and the SASL user and password or TLS files "
+                "(a refused login is logged by aiokafka just above)"
+                if security else "start one with `authpipe stack up` or fix AUTHPIPE_KAFKA_BOOTSTRAP_SERVERS"
+            )
             raise BrokerUnavailableError(
                 f"no Kafka broker answered at {bootstrap} within {timeout_s:.0f}s "
-                f"(last problem: {last_problem}); start one with `authpipe stack up` "
-                "or fix AUTHPIPE_KAFKA_BOOTSTRAP_SERVERS"
+                f"(last problem: {last_problem}); {hint}"
             )
         request_timeout_ms = max(500, int(min(remaining_s, 5.0) * 1000))
         try:

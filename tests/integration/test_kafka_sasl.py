@@ -19,15 +19,18 @@ from aiokafka.errors import TopicAuthorizationFailedError
 
 from pipeline.kafka_admin import BrokerUnavailableError, wait_for_broker
 from pipeline.kafka_client import security_kwargs
-from pipeline.settings import KafkaSettings
+from pipeline.settings import ClickHouseSettings, KafkaSettings
+from pipeline.sinks.clickhouse import open_clickhouse
+from pipeline.sinks.migrate import apply_migrations
 from tests.integration.test_worker import as_messages, event
+from tests.plugins.clickhouse import ChHttpEndpoint
 from tests.plugins.kafka import REPO_ROOT, Acl, SaslBroker, free_ports, grant
 from tests.plugins.waiting import wait_until
 from tests.plugins.worker import StreamNames, produce, read_topic, start_worker
 
 pytestmark = pytest.mark.integration
 
-WORKER, GATEWAY, LOGIN = "authpipe-worker", "authpipe-gateway", "login-service"
+WORKER, GATEWAY, LOGIN, SINK = "authpipe-worker", "authpipe-gateway", "login-service", "authpipe-sink"
 
 
 def documented_acls(names: StreamNames) -> list[Acl]:
@@ -41,6 +44,8 @@ def documented_acls(names: StreamNames) -> list[Acl]:
         Acl(WORKER, "all", "topic", names.app_id, "prefixed"),
         Acl(WORKER, "read", "group", names.app_id, "prefixed"),
         Acl(GATEWAY, "read", "topic", names.decisions),
+        *[Acl(SINK, "read", "topic", topic) for topic in outputs],
+        Acl(SINK, "read", "group", f"{names.app_id}-sink"),
     ]
 
 
@@ -57,7 +62,7 @@ def test_client_without_credentials_or_with_a_wrong_password_is_refused(kafka_sa
     with pytest.raises(BrokerUnavailableError):
         asyncio.run(wait_for_broker(kafka_sasl.bootstrap, 3.0))
     wrong = kafka_settings(kafka_sasl, GATEWAY, password="not-the-password")
-    with pytest.raises(BrokerUnavailableError):
+    with pytest.raises(BrokerUnavailableError, match=r"check kafka\.security_protocol and the SASL user"):
         asyncio.run(wait_for_broker(wrong.bootstrap_servers, 3.0, security=security_kwargs(wrong)))
     right = kafka_settings(kafka_sasl, GATEWAY)
     asyncio.run(wait_for_broker(right.bootstrap_servers, 10.0, security=security_kwargs(right)))
@@ -76,13 +81,14 @@ def _check(port: int, account: str, ip: str) -> dict[str, Any] | None:
         return None
 
 
-def test_worker_and_edge_run_through_the_sasl_listener(
-    kafka_sasl: SaslBroker, stream_names: StreamNames, workers: list[Any], tmp_path: Path
-) -> None:
+def test_worker_edge_and_sink_run_through_the_sasl_listener(
+    kafka_sasl: SaslBroker, stream_names: StreamNames, workers: list[Any], tmp_path: Path,
+    chhttp: ChHttpEndpoint, chdb_path: Path,
+) -> None:  # fmt: skip
     """Under the documented ACLs, the worker creates its topics, reads five failures from a
-    login service and writes a block, and the edge enforces it, each connected only to the
-    SASL/SCRAM listener as its own user; the gateway user may not write a decision (lift or
-    plant a block) nor read the input."""
+    login service and writes a block, the edge enforces it and the sink writes the audit rows
+    and the decision to ClickHouse, each connected only to the SASL/SCRAM listener as its own
+    user; the gateway user may not write a decision (lift or plant a block) nor see the input."""
     grant(kafka_sasl.admin_bootstrap, documented_acls(stream_names))
     env = {
         **stream_names.env(),
@@ -136,3 +142,25 @@ def test_worker_and_edge_run_through_the_sasl_listener(
     finally:
         edge.terminate()
         edge.wait(15)
+
+    clickhouse = ClickHouseSettings(url=chhttp.url, path=chdb_path)
+    with open_clickhouse(clickhouse, create_database=True) as ch:
+        apply_migrations(ch, clickhouse)
+    sink_env = {**edge_env, **stream_names.env(), **kafka_sasl.env(SINK),
+                "AUTHPIPE_KAFKA_PARTITIONS": "2", "AUTHPIPE_CLICKHOUSE_URL": chhttp.url,
+                "AUTHPIPE_AUDIT_FLUSH_INTERVAL_MS": "200"}  # fmt: skip
+    with (tmp_path / "sink.log").open("wb") as log:
+        sink = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "sink"], cwd=REPO_ROOT,
+                                env=sink_env, stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+    try:
+        def written() -> tuple[int, int] | None:
+            assert sink.poll() is None, (tmp_path / "sink.log").read_text()
+            with open_clickhouse(clickhouse) as ch:
+                counts = (int(ch.query("SELECT count() FROM attempts")[0][0]),
+                          int(ch.query("SELECT count() FROM decisions")[0][0]))  # fmt: skip
+            return counts if counts == (5, 1) else None
+
+        wait_until(written, 60, interval_s=0.5, description="5 audit rows and the decision in ClickHouse")
+    finally:
+        sink.terminate()
+        sink.wait(30)

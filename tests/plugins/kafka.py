@@ -116,6 +116,7 @@ SCRAM_USERS = {
     "authpipe-worker": "worker-secret-0123",
     "authpipe-gateway": "gateway-secret-0123",
     "login-service": "login-secret-0123",
+    "authpipe-sink": "sink-secret-0123",
 }
 
 # Kafka's ACL codes (org.apache.kafka.common.acl / resource), as CreateAcls takes them.
