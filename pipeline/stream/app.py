@@ -111,13 +111,12 @@ def broker_credentials(kafka: KafkaSettings) -> Any:
         return None
     if kafka.security_protocol == "SSL":
         return faust.SSLCredentials(security["ssl_context"])
-    credentials = faust.SASLCredentials(
+    return faust.SASLCredentials(
         username=security["sasl_plain_username"],
         password=security["sasl_plain_password"],
         mechanism=security["sasl_mechanism"],
         ssl_context=security.get("ssl_context"),
     )
-    return credentials
 
 
 class Worker:
@@ -317,6 +316,8 @@ class Worker:
             found = salvage(exc)
             if found is None:
                 raise
+            if found.tp not in consumer.assignment():  # revoked meanwhile: its next owner meets it
+                return found.records
             consumer.seek(found.tp, found.next_offset)
             dead = found.dead_letter(exc)
             undecodable.append(dead)
@@ -346,7 +347,7 @@ class Worker:
                 pending.append(await self.by_account.send(key=str(partition).encode(), value=envelope, partition=partition))
         for dead in result.dead:
             pending.append(await self.dlq.send(
-                key=dead.record.key, value=dead.record.value or b"", headers=dead.headers(),
+                key=dead.record.key, value=dead.record.value, headers=dead.headers(),
             ))  # fmt: skip
         # Offsets are committed only once every envelope and dead letter is acknowledged:
         # a crash before that re-reads the batch, and the account stage skips what it

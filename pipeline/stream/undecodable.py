@@ -49,13 +49,13 @@ class Salvage:
     records: dict[TopicPartition, list[Any]] = field(default_factory=dict)
 
     def dead_letter(self, error: BaseException) -> DeadLetter:
-        """The batch's dead letter: no value (the bytes stay in the topic until retention);
+        """The batch's dead letter: an empty value (the bytes stay in the topic until retention);
         headers name the partition, the offset range and the codec."""
         message = str(error)
         if type(error).__name__ not in message:
             message = f"{type(error).__name__}: {message}"
         detail = f"offsets {self.first_offset}..{self.next_offset - 1} (codec {self.codec}): {message}"
-        record = Record(self.tp.topic, self.tp.partition, self.first_offset, None, None)
+        record = Record(self.tp.topic, self.tp.partition, self.first_offset, None, b"")
         return DeadLetter(record, REASON, detail, last_offset=self.next_offset - 1)
 
 

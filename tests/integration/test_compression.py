@@ -89,6 +89,7 @@ def test_a_batch_the_worker_cannot_decode_is_dead_lettered_not_a_crash(
     headers = dict(dlq[0].headers)
     partition = int(headers["source_partition"])
     assert (headers["error"], headers["stage"]) == (b"undecodable_batch", b"ingest")
+    assert (dlq[0].key, dlq[0].value) == (None, b"")  # the bytes stay in the input topic
     assert (headers["source_topic"], headers["source_offset"], headers["source_offset_last"]) == (
         stream_names.input.encode(), b"2", b"4")
     assert headers["error_detail"].startswith(
