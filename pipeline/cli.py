@@ -15,7 +15,7 @@ from pathlib import Path
 
 from pipeline.errors import AuthpipeError
 from pipeline.logs import configure_logging
-from pipeline.settings import Settings, load_settings
+from pipeline.settings import Settings, load_settings, require_digest_key
 
 Handler = Callable[[argparse.Namespace, Settings], int]
 # Long-running services log JSON to stdout for collectors; every other command prints its
@@ -333,17 +333,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     worker = sub.add_parser("worker", help="the stream processors (faust-streaming)")
     worker.add_argument("--policy", type=_existing_file, help="policy TOML (default: built-in)")
-    worker.set_defaults(handler=_worker)
+    worker.set_defaults(handler=_worker, service=True)
 
     edge = sub.add_parser("edge", help="the gateway edge: decision view, check, block-list")
     edge_sub = edge.add_subparsers(dest="edge_action", required=True)
     serve = edge_sub.add_parser("serve", help="serve /v1/check and /v1/blocklist over HTTP")
     serve.add_argument("--host", help="bind address (default: edge.host, 127.0.0.1)")
     serve.add_argument("--port", type=_port, help="HTTP port (default: edge.port, 8080)")
-    serve.set_defaults(handler=_edge)
+    serve.set_defaults(handler=_edge, service=True)
 
     sink = sub.add_parser("sink", help="the ClickHouse sink: audit, decisions, alerts, DLQ")
-    sink.set_defaults(handler=_sink)
+    sink.set_defaults(handler=_sink, service=True)
 
     alerts = sub.add_parser("alerts", help="alert rules over ClickHouse (dashboards/alerts)")
     alerts.add_argument("action", choices=["run"])
@@ -353,7 +353,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     alerts.add_argument("--webhook", metavar="URL", help="also POST each new alert as JSON")
     alerts.add_argument("--stdout", action="store_true", help="also print each new alert")
-    alerts.set_defaults(handler=_alerts)
+    alerts.set_defaults(handler=_alerts, service=True)
 
     _add_sim_commands(sub)
     _remember_parsers(parser)
@@ -383,6 +383,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             level = "warning"  # the demo narrates its steps itself; its services log to files
         configure_logging(level, settings.log.format,
                           one_shot=args.command not in SERVICES)  # fmt: skip
+        if getattr(args, "service", False):
+            require_digest_key(settings)  # before connecting anywhere: no guessable default
         handler: Handler = args.handler
         return handler(args, settings)
     except AuthpipeError as exc:

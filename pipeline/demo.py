@@ -24,7 +24,7 @@ from pathlib import Path
 
 from pipeline.errors import AuthpipeError
 from pipeline.logs import get_logger
-from pipeline.settings import Settings
+from pipeline.settings import Settings, ensure_digest_key_file
 from pipeline.sim.demo_notes import blocklist_note, load_source_decisions, wall_ms
 from pipeline.stack import LocalKafka
 
@@ -172,6 +172,8 @@ def run_demo(settings: Settings, options: DemoOptions) -> int:
     broker = LocalKafka.from_settings(settings)
     say(f"starting the Kafka broker ({broker.bootstrap}, data in {broker.data_dir})")
     broker.up()
+    if settings.identity.digest_key is None:
+        say(f"account digests keyed by {ensure_digest_key_file(settings.state_dir)} (generated once)")
     env = _env(settings, run_id, broker.bootstrap)
     say("migrating embedded ClickHouse (chdb)")
     _run(["clickhouse", "migrate"], env, demo_dir, "migrate")

@@ -35,7 +35,7 @@ import contextlib
 import gc
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, get_args
@@ -540,6 +540,8 @@ class FeedConfig:
     fetch_max_bytes: int = 64 << 20
     retry_backoff_s: float = 1.0
     request_timeout_ms: int = 30_000
+    # TLS/SASL options of every client the feed opens (pipeline.kafka_client.security_kwargs).
+    security: Mapping[str, Any] = field(default_factory=dict)
 
 
 class DecisionFeed:
@@ -567,7 +569,10 @@ class DecisionFeed:
         from pipeline.stream.app import build_normaliser
 
         view = DecisionView(build_normaliser(settings), now_ms=now_ms)
-        config = FeedConfig(settings.kafka.bootstrap_servers, settings.kafka.decisions_topic)
+        from pipeline.kafka_client import security_kwargs
+
+        kafka = settings.kafka
+        config = FeedConfig(kafka.bootstrap_servers, kafka.decisions_topic, security=security_kwargs(kafka))
         return cls(view, config)
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -672,6 +677,7 @@ class DecisionFeed:
             request_timeout_ms=cfg.request_timeout_ms,
             max_partition_fetch_bytes=cfg.max_partition_fetch_bytes,
             fetch_max_bytes=cfg.fetch_max_bytes,
+            **cfg.security,
         )
         await consumer.start()
         self._consumer = consumer
@@ -715,6 +721,7 @@ class DecisionFeed:
             bootstrap_servers=self.config.bootstrap_servers,
             client_id=self.config.client_id,
             request_timeout_ms=self.config.request_timeout_ms,
+            **self.config.security,
         )
         await admin.start()
         try:

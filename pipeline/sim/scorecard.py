@@ -263,13 +263,15 @@ async def assign_whole_topic(
     return tps
 
 
-async def read_topic(bootstrap: str, topic: str, timeout_s: float) -> TopicRead:
+async def read_topic(
+    bootstrap: str, topic: str, timeout_s: float, security: dict[str, Any] | None = None
+) -> TopicRead:
     """Every record of ``topic`` up to its end offsets at the call; no consumer group, no
-    commits."""
+    commits. ``security``: ``pipeline.kafka_client.security_kwargs``."""
     from aiokafka import AIOKafkaConsumer
 
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None
+        bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None, **(security or {})
     )
     await consumer.start()
     try:
@@ -300,17 +302,18 @@ async def read_topic(bootstrap: str, topic: str, timeout_s: float) -> TopicRead:
 
 
 async def read_outputs_from_topics(
-    bootstrap: str, decisions_topic: str, alerts_topic: str, timeout_s: float = 60.0
-) -> Outputs:
+    bootstrap: str, decisions_topic: str, alerts_topic: str, timeout_s: float = 60.0,
+    security: dict[str, Any] | None = None,
+) -> Outputs:  # fmt: skip
     """The decision topic from the beginning (tombstones included) and the alerts topic."""
     outputs = Outputs(origin=f"topics:{decisions_topic},{alerts_topic}")
-    decisions = await read_topic(bootstrap, decisions_topic, timeout_s)
+    decisions = await read_topic(bootstrap, decisions_topic, timeout_s, security)
     for key, value in decisions.records:
         if key is None:
             continue
         outputs.decisions.append(DecisionRecord(key.decode(), parse_decision(value)))
     outputs.missing_decision_records = decisions.gaps
-    for _, value in (await read_topic(bootstrap, alerts_topic, timeout_s)).records:
+    for _, value in (await read_topic(bootstrap, alerts_topic, timeout_s, security)).records:
         if value is not None:
             outputs.alerts.append(AlertRecord(parse_alert(value)))
     if decisions.gaps:
@@ -886,9 +889,12 @@ def run_scorecard_command(
     elif decisions is not None:
         outputs = load_outputs(decisions, alerts)
     else:
+        from pipeline.kafka_client import security_kwargs
+
         kafka = settings.kafka
         outputs = asyncio.run(read_outputs_from_topics(
-            kafka.bootstrap_servers, kafka.decisions_topic, kafka.alerts_topic, timeout_s
+            kafka.bootstrap_servers, kafka.decisions_topic, kafka.alerts_topic, timeout_s,
+            security_kwargs(kafka),
         ))  # fmt: skip
     card = score(events, outputs)
     print(render(card))

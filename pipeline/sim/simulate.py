@@ -156,14 +156,18 @@ async def produce(options: SimulateOptions, settings: Settings) -> Summary:
     from aiokafka import AIOKafkaProducer
 
     from pipeline.kafka_admin import ensure_topics, wait_for_broker
+    from pipeline.kafka_client import client_kwargs, security_kwargs
     from pipeline.stream.topics import Topics
 
     kafka = settings.kafka
-    await wait_for_broker(kafka.bootstrap_servers, 30.0)
+    security = security_kwargs(kafka)
+    await wait_for_broker(kafka.bootstrap_servers, 30.0, security=security)
     specs = Topics.from_settings(kafka).specs(kafka.partitions)
-    await ensure_topics(kafka.bootstrap_servers, specs, replication_factor=kafka.replication_factor)
+    await ensure_topics(
+        kafka.bootstrap_servers, specs, replication_factor=kafka.replication_factor, security=security
+    )
     producer = AIOKafkaProducer(
-        bootstrap_servers=kafka.bootstrap_servers, acks="all", linger_ms=20,
+        **client_kwargs(kafka), acks="all", linger_ms=20,
         max_batch_size=512 * 1024, max_request_size=4 * 1024 * 1024,
     )  # fmt: skip
     summary = Summary()

@@ -862,25 +862,28 @@ class AuditSink:
         from aiokafka.admin import AIOKafkaAdminClient
 
         from pipeline.kafka_admin import TopicSpec, ensure_topics, wait_for_broker
+        from pipeline.kafka_client import client_kwargs, security_kwargs
         from pipeline.stream.topics import Topics
 
         kafka = self.settings.kafka
+        security = security_kwargs(kafka)
         try:
-            await wait_for_broker(kafka.bootstrap_servers, 30.0)
+            await wait_for_broker(kafka.bootstrap_servers, 30.0, security=security)
             specs: list[TopicSpec] = [
                 spec
                 for spec in Topics.from_settings(kafka).specs(kafka.partitions)
                 if spec.name in self.kinds
             ]
             await ensure_topics(
-                kafka.bootstrap_servers, specs, replication_factor=kafka.replication_factor
-            )
+                kafka.bootstrap_servers, specs, replication_factor=kafka.replication_factor,
+                security=security,
+            )  # fmt: skip
         except AuthpipeError as exc:
             raise SinkError(f"the sink cannot start: {exc}") from exc
-        self._admin = AIOKafkaAdminClient(bootstrap_servers=kafka.bootstrap_servers)
+        self._admin = AIOKafkaAdminClient(**client_kwargs(kafka))
         await self._admin.start()
         self._consumer = AIOKafkaConsumer(
-            bootstrap_servers=kafka.bootstrap_servers,
+            **client_kwargs(kafka),
             group_id=self.group_id,
             client_id=self.group_id,
             enable_auto_commit=False,

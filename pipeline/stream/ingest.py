@@ -53,9 +53,15 @@ class DeadLetter:
     reason: str
     detail: str
     stage: str = "ingest"
+    last_offset: int | None = None  # a range of offsets (an undecodable batch) ends here
+
+    @property
+    def offsets(self) -> int:
+        """Input offsets this dead letter stands for (more than one for a batch)."""
+        return 1 if self.last_offset is None else self.last_offset - self.record.offset + 1
 
     def headers(self) -> list[tuple[str, bytes]]:
-        return [
+        headers = [
             ("error", self.reason.encode()),
             ("error_detail", self.detail[:1000].encode("utf-8", "replace")),
             ("stage", self.stage.encode()),
@@ -63,6 +69,9 @@ class DeadLetter:
             ("source_partition", str(self.record.partition).encode()),
             ("source_offset", str(self.record.offset).encode()),
         ]
+        if self.last_offset is not None:
+            headers.append(("source_offset_last", str(self.last_offset).encode()))
+        return headers
 
 
 @dataclass

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from pipeline.core.policy import DEFAULT_POLICY, Policy, policy_from_toml
 from pipeline.kafka_admin import ensure_topics, wait_for_broker
+from pipeline.kafka_client import security_kwargs
 from pipeline.logs import get_logger, stdlib_logging_config
 from pipeline.runtime import tune_gc
 from pipeline.settings import Settings
@@ -25,9 +26,12 @@ def load_policy(path: Path | None) -> Policy:
 
 async def prepare_topics(settings: Settings, timeout_s: float = 30.0) -> None:
     kafka = settings.kafka
-    await wait_for_broker(kafka.bootstrap_servers, timeout_s)
+    security = security_kwargs(kafka)
+    await wait_for_broker(kafka.bootstrap_servers, timeout_s, security=security)
     specs = Topics.from_settings(kafka).specs(kafka.partitions)
-    await ensure_topics(kafka.bootstrap_servers, specs, replication_factor=kafka.replication_factor)
+    await ensure_topics(
+        kafka.bootstrap_servers, specs, replication_factor=kafka.replication_factor, security=security
+    )
 
 
 def run_worker(settings: Settings) -> int:

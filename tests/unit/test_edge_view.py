@@ -166,7 +166,7 @@ def test_normalisation_matches_the_worker() -> None:
 
 def test_other_digest_key_means_other_digests() -> None:
     """An edge configured with another digest key does not match the worker's decisions."""
-    view = new_view(settings=Settings(identity={"digest_key": "another-key-0123456789"}))
+    view = new_view(settings=Settings(identity={"digest_key": "another-key-0123456789-0123456789"}))
     view.apply(*message(account_key(), UNTIL))
     assert view.check(TENANT, ACCOUNT, PEER).allowed is True
 
