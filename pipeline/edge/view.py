@@ -273,6 +273,13 @@ def _handle(parameter: str, value: object) -> str:
     return value
 
 
+def _chars(forwarded_for: str | tuple[str, ...]) -> int:
+    """The length of ``forwarded_for`` as text (a tuple counted as joined by commas)."""
+    if isinstance(forwarded_for, str):
+        return len(forwarded_for)
+    return sum(map(len, forwarded_for)) + max(0, len(forwarded_for) - 1)
+
+
 def split_forwarded(forwarded_for: str | Sequence[str]) -> tuple[str, ...]:
     """``forwarded_for`` as hops: a comma-separated header value or a sequence of strings;
     at most ``FORWARDED_MAX_HOPS`` hops of ``FORWARDED_MAX_HOP_CHARS`` characters each and
@@ -285,7 +292,7 @@ def split_forwarded(forwarded_for: str | Sequence[str]) -> tuple[str, ...]:
         hops = tuple(forwarded_for)
         if not all(isinstance(hop, str) for hop in hops):
             raise CheckInputError("forwarded_for", "forwarded_for entries must be strings")
-        total = sum(len(hop) for hop in hops) + max(0, len(hops) - 1)
+        total = _chars(hops)
     if total > FORWARDED_MAX_CHARS:
         raise CheckInputError(
             "forwarded_for", f"forwarded_for is longer than {FORWARDED_MAX_CHARS} characters"
@@ -473,8 +480,8 @@ class DecisionView:
             flow,
         )
         entry = (keys, account_digest, source)
-        if isinstance(forwarded_for, str | tuple) and (
-            sum(map(len, hops)) + len(hops) <= FORWARDED_CACHED_MAX_CHARS
+        if isinstance(forwarded_for, str | tuple) and _chars(forwarded_for) <= (
+            FORWARDED_CACHED_MAX_CHARS
         ):
             memo_cache = self._keys
             if len(memo_cache) >= self._capacity:
@@ -503,7 +510,7 @@ class DecisionView:
             raise CheckInputError(
                 "ip", f"ip {source_ip!r} is not an IPv4 or IPv6 address"
             ) from None
-        if sum(map(len, hops)) + len(hops) > FORWARDED_CACHED_MAX_CHARS:
+        if _chars(hops) > FORWARDED_CACHED_MAX_CHARS:
             return source
         return _remember(self._addresses, (source_ip, hops), sys.intern(source), self._capacity)
 

@@ -83,6 +83,8 @@ def test_sources_are_cached_by_normalised_hops_and_long_chains_not_at_all() -> N
         chain = f"198.51.100.{i}, " + ", ".join(["10.0.0.2"] * 30) + ", 203.0.113.5"
         assert len(chain) > 256
         assert view.check(TENANT, ACCOUNT, PROXY, chain).allowed is False
+    padded = "203.0.113.5," + " " * 300 + "10.0.0.2"  # short once normalised, long as sent
+    assert view.check(TENANT, ACCOUNT, PROXY, padded).allowed is False
     assert len(view._addresses) == 1
     assert len(view._keys) == keys_before
 
