@@ -114,6 +114,12 @@ _NOTABLE = re.compile(
 )
 """The header lines the fast path must look at: those it hands off, those it reads, and
 aiohttp's singleton headers (RFC 9110; aiohttp answers 400 to a duplicate)."""
+_RARE = re.compile(
+    rb"\r\n(?:transfer-encoding|upgrade|expect|proxy-connection|content-length|authorization"
+    rb"|connection|content-location|content-range|content-type|etag|max-forwards|server):"
+)
+"""The notable headers but Host and User-Agent, in lower-cased header lines: a head with
+none of them, one Host and at most one User-Agent (the common case) needs no more look."""
 _SINGLETONS = frozenset(
     {b"content-length", b"content-location", b"content-range", b"content-type", b"etag",
      b"host", b"max-forwards", b"server", b"user-agent"}
@@ -134,6 +140,13 @@ def parse_head(head: bytes, known: frozenset[str]) -> _Head | None:
     lines = match[2]
     if lines.count(b"\n") > HEADERS_MAX:
         return None
+    low = lines.lower()
+    if (
+        low.count(b"\r\nhost:") == 1
+        and low.count(b"\r\nuser-agent:") <= 1
+        and _RARE.search(low) is None
+    ):
+        return _Head(query, None, False)
     authorization: bytes | None = None
     connection: bytes | None = None
     seen: set[bytes] = set()
