@@ -19,9 +19,12 @@ What the fast path reads, strictly (anything outside it is handed off, not refus
 
 * a head of at most ``HEAD_MAX_BYTES`` with at most ``HEADERS_MAX`` header lines;
 * a request line ``GET /v1/check?<query> HTTP/1.1``, the query printable ASCII;
-* header lines ``name: value`` with a token name, no folding, no ``Transfer-Encoding``,
-  ``Upgrade`` or ``Expect``, ``Content-Length`` at most ``0``, at most one
-  ``Authorization`` and ``Connection``; ``Connection: close`` closes after the answer;
+* header lines ``name: value`` with a token name, no folding, exactly one ``Host``, no
+  ``Transfer-Encoding``, ``Upgrade``, ``Expect`` or ``Proxy-Connection``,
+  ``Content-Length`` at most ``0``, at most one ``Authorization`` and ``Connection``
+  and at most one of each of aiohttp's singleton headers (it answers 400 to a repeat);
+  ``Connection`` is ``close`` or ``keep-alive``, and ``close`` closes after the answer
+  (a request following it in the same read is aiohttp's to refuse);
 * a query of ``name=value`` pairs joined by ``&``, names without escapes, values
   percent-decoded as UTF-8 (no ``+``: aiohttp reads it as a space, so it is handed off).
 

@@ -95,3 +95,19 @@ def test_a_tenant_reusing_event_ids_does_not_hide_another_tenants_attempts() -> 
     engine = Engine()
     engine.step_batch([att(0, tenant="acme", event_id="x"), att(1, tenant="globex", event_id="x")])
     assert (engine.accounts.metrics.counted, engine.accounts.metrics.duplicates) == (2, 0)
+
+
+def test_the_worker_builds_its_ingest_with_the_tenant_settings() -> None:
+    """ingest.tenants and ingest.max_tenants reach the worker's ingest (its in-memory twin
+    builds it the same way): a refused tenant's events are dead letters, never decisions."""
+    from pipeline.core.policy import DEFAULT_POLICY
+    from pipeline.settings import Settings
+    from pipeline.stream.memory import MemoryPipeline
+
+    twin = MemoryPipeline(Settings(ingest={"max_tenants": 1}), DEFAULT_POLICY)
+    twin.feed([_record(i, "acme" if i < 20 else "globex") for i in range(40)], NOW_MS)
+    assert [d.reason for d in twin.out.dead] == ["tenant_cap"] * 20
+    assert {key.split(b"|")[1] for key, _ in twin.out.decisions} <= {b"acme"}
+    twin = MemoryPipeline(Settings(ingest={"tenants": ["globex"]}), DEFAULT_POLICY)
+    twin.feed([_record(0, "acme")], NOW_MS)
+    assert [d.reason for d in twin.out.dead] == ["unknown_tenant"]
