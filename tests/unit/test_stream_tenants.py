@@ -111,3 +111,13 @@ def test_the_worker_builds_its_ingest_with_the_tenant_settings() -> None:
     twin = MemoryPipeline(Settings(ingest={"tenants": ["globex"]}), DEFAULT_POLICY)
     twin.feed([_record(0, "acme")], NOW_MS)
     assert [d.reason for d in twin.out.dead] == ["unknown_tenant"]
+
+
+def test_a_policy_tenant_table_outside_the_syntax_is_refused() -> None:
+    """[tenants.<name>] uses the same validator: a name no event could carry is an error."""
+    from pipeline.core.errors import PolicyError
+    from pipeline.core.policy import policy_from_toml
+
+    with pytest.raises(PolicyError, match="tenant must match"):
+        policy_from_toml('[tenants."Acme"]\nentry_cap = 1000\n')
+    assert "acme" in policy_from_toml("[tenants.acme]\nentry_cap = 1000\n").tenants
