@@ -200,9 +200,11 @@ def client_address(
 
     Only hops appended by trusted proxies are believed: walking from the right, the first
     untrusted address is the client, and anything to its left is the client's own claim.
-    Hops are read by ``parse_hop`` (``ip:port`` and ``[v6]:port`` too). A hop that still
-    does not parse stops the walk, failing closed: the trusted proxy that appended it
-    (the hop to its right, or the peer) is the source, never a claim further left. If
+    Hops are read by ``parse_hop`` (``ip:port`` and ``[v6]:port`` too); empty entries
+    are no hops (proxies append an address, ``unknown`` or ``_hidden``, never nothing,
+    and the edge's header split drops them too). A hop that still does not parse stops
+    the walk, failing closed: the trusted proxy that appended it (the hop to its right,
+    or the peer) is the source, never a claim further left. If
     every hop is a trusted proxy, the left-most one is the source. Raises InvalidAttempt
     for a bad ``peer_ip``. The worker and the edge both call this one function.
     """
@@ -215,6 +217,8 @@ def client_address(
     for hop_text in reversed(forwarded_for):
         hop = parse_hop(hop_text)
         if hop is None:
+            if not hop_text.strip():
+                continue  # an empty entry ("a,,b", a trailing comma) is no hop
             return last_trusted
         if hop not in trusted_proxies:
             return hop

@@ -89,6 +89,17 @@ def test_sources_are_cached_by_normalised_hops_and_long_chains_not_at_all() -> N
     assert len(view._keys) == keys_before
 
 
+def test_an_empty_entry_is_no_hop_in_the_header_and_in_the_workers_list() -> None:
+    """"6.6.6.6,,10.0.0.2" at the edge and ["6.6.6.6", "", "10.0.0.2"] in the worker give one
+    source: the empty entry is skipped (no proxy appends nothing), 6.6.6.6 is read."""
+    norm = build_normaliser(SETTINGS)
+    assert norm.sources.source_of(PROXY, ["6.6.6.6", "", "10.0.0.2"]) == "6.6.6.6"
+    view = new_view()
+    view.apply(*message(source_key("6.6.6.6"), T0 + MIN))
+    assert view.check(TENANT, ACCOUNT, PROXY, "6.6.6.6,,10.0.0.2").allowed is False
+    assert view.check(TENANT, ACCOUNT, PROXY, ("6.6.6.6", "", "10.0.0.2")).allowed is False
+
+
 def test_view_refuses_long_forwarded_for_as_check_input_error() -> None:
     """The view's own check raises CheckInputError('forwarded_for') past the caps."""
     view = new_view()
