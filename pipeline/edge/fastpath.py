@@ -30,8 +30,9 @@ What the fast path reads, strictly (anything outside it is handed off, not refus
 
 Idle connections (no byte for ``KEEPALIVE_TIMEOUT_S``, as aiohttp's keep-alive timeout)
 are closed by a sweep every ``SWEEP_INTERVAL_S``. Hostile clients are bounded on both
-paths: a request head must be complete ``head_timeout_s`` (10 s) after its first byte
-(a trickle of bytes does not extend it), and at most ``max_connections`` connections are
+paths: a request head must be complete ``head_timeout_s`` (10 s) after its first byte,
+or after the connection opened for its first request (a trickle of bytes does not extend
+it; idle time between requests does not count), and at most ``max_connections`` connections are
 open at once (fast path and handed off together; further ones are closed at once). A
 connection handed off keeps its write flow control: aiohttp's protocol is installed
 before the answers already made are written.
@@ -355,6 +356,7 @@ class CheckConnection(asyncio.Protocol):
             return
         self._transport = transport  # type: ignore[assignment]
         self._connections.live.add(self)
+        self._deadline.start(transport)  # the first head is due from the connection's start
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._deadline.cancel()

@@ -22,7 +22,7 @@ the topic's ``delete.retention.ms`` misses tombstones, never expiries). A messag
 is not a valid decision is logged and counted, and changes nothing: the key keeps its
 last good decision until a tombstone or its expiry (a malformed value must not lift a
 block; a restarted edge that finds only the malformed value after compaction has no
-decision for that key, as the decision's expiry would soon have given anyway). The feed is ready once it has read up to the end offsets it saw at
+decision for that key). The feed is ready once it has read up to the end offsets it saw at
 start; it exposes lag (messages not yet read) and staleness (time since the broker last
 answered a fetch of every partition).
 

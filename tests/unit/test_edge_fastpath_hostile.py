@@ -123,6 +123,29 @@ async def test_a_slow_head_on_the_fast_path_is_closed_at_the_deadline(slow_heads
     writer.close()
 
 
+async def test_a_connection_that_sends_nothing_is_closed_at_the_deadline(
+    slow_heads: Site,
+) -> None:
+    """Issue 15 #8: the first head is due head_timeout_s after the connection opened."""
+    reader, writer = await slow_heads.connect()
+    assert await asyncio.wait_for(reader.read(), WAIT_S) == b""
+    assert slow_heads.metric("authpipe_edge_head_timeouts_total") == 1.0
+    writer.close()
+
+
+async def test_idle_time_between_requests_is_not_a_slow_head(slow_heads: Site) -> None:
+    """After an answer, the connection may idle past head_timeout_s (the keep-alive timeout
+    governs that); the next head is timed from its first byte."""
+    reader, writer = await slow_heads.connect()
+    writer.write(CHECK.encode())
+    assert (await _response(reader))[1] == REFUSED
+    await asyncio.sleep(0.8)  # twice the head deadline, idle
+    writer.write(CHECK.encode())
+    assert (await _response(reader))[1] == REFUSED
+    assert slow_heads.metric("authpipe_edge_head_timeouts_total") == 0.0
+    writer.close()
+
+
 async def test_a_slow_head_after_a_hand_off_is_closed_at_the_deadline(slow_heads: Site) -> None:
     """Issue 15 #8: on a connection aiohttp serves (after /healthz), a trickled head is
     closed at the deadline too."""
