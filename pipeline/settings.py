@@ -30,6 +30,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from pipeline.contracts.models import TENANT_RULE, valid_tenant
 from pipeline.errors import ConfigError
 
 MIN_DIGEST_KEY_BYTES = 32
@@ -110,6 +111,20 @@ class IngestSettings(_Section):
     )
     dedupe_horizon_ms: int = Field(3_600_000, ge=0, description="event_id duplicates within: once")
     dedupe_capacity: int = Field(1_000_000, ge=1, description="event ids a worker remembers, at most")
+    tenants: tuple[str, ...] = Field(
+        (), description="allow-list of tenants; others are dead-lettered unknown_tenant (empty: any)"
+    )
+    max_tenants: int = Field(
+        1000, ge=1, description="tenants a worker tracks; further ones are dead-lettered tenant_cap"
+    )
+
+    @field_validator("tenants", "case_sensitive_tenants")
+    @classmethod
+    def _tenant_names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        bad = [name for name in value if not valid_tenant(name)]
+        if bad:
+            raise ValueError(f"{bad[0]!r}: {TENANT_RULE}")
+        return value
 
 
 class IdentitySettings(_Section):
@@ -151,6 +166,15 @@ class EdgeSettings(_Section):
     host: str = Field("127.0.0.1", description="bind address; loopback unless told otherwise")
     port: int = Field(8080, ge=0, le=65535, description="HTTP port")
     token: str | None = Field(None, description="bearer token required when set")
+    head_timeout_s: float = Field(
+        10.0, gt=0, le=300, description="a request head must be complete this long after its first byte"
+    )
+    max_connections: int = Field(
+        10_000, ge=1, description="open HTTP connections at most; further ones are closed at once"
+    )
+    refusal_logs_per_s: int = Field(
+        20, ge=1, description="refused-check log lines per second at most; the rest are counted"
+    )
 
 
 class AuditSettings(_Section):

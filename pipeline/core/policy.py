@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from pipeline.contracts.models import TENANT_RULE, valid_tenant
 from pipeline.core.errors import PolicyError
 from pipeline.core.normalise import NetworkSet, parse_network
 
@@ -185,6 +186,8 @@ def policy_from_mapping(document: Mapping[str, Any]) -> Policy:
     for name, override in tenants_doc.items():
         if not isinstance(override, Mapping):
             raise PolicyError(f"invalid policy: [tenants.{name}] must be a table")
+        if not valid_tenant(name):
+            raise PolicyError(f"invalid policy: [tenants.{name!r}]: {TENANT_RULE}")
         try:
             tenants[name] = TenantPolicy.model_validate(_merge(base, override))
         except (ValidationError, ValueError) as exc:

@@ -19,9 +19,10 @@ come: a decision replaces its key, a tombstone lifts it, and a decision whose
 ``expires_at`` has passed is dropped at once (and an active one stops counting at its
 ``expires_at`` even if no tombstone ever arrives: a gateway offline for longer than
 the topic's ``delete.retention.ms`` misses tombstones, never expiries). A message that
-is not a valid decision is logged and counted, and lifts its key if the key parses (the
-latest value of a key is what the compacted topic keeps, so a restarted edge converges
-on the same view). The feed is ready once it has read up to the end offsets it saw at
+is not a valid decision is logged and counted, and changes nothing: the key keeps its
+last good decision until a tombstone or its expiry (a malformed value must not lift a
+block; a restarted edge that finds only the malformed value after compaction has no
+decision for that key). The feed is ready once it has read up to the end offsets it saw at
 start; it exposes lag (messages not yet read) and staleness (time since the broker last
 answered a fetch of every partition).
 
@@ -46,10 +47,10 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 from aiokafka.structs import TopicPartition
 
-from pipeline.contracts.models import Flow, Scope, datetime_to_ms
+from pipeline.contracts.models import TENANT_RULE, Flow, Scope, datetime_to_ms, valid_tenant
 from pipeline.core.decisions import ALLOWED, Active, DecisionIndex, Verdict, applicable_keys
 from pipeline.core.errors import InvalidAttempt
-from pipeline.core.keys import NONE, Key, parse_key
+from pipeline.core.keys import Key, format_key, parse_key
 from pipeline.edge.blocklist import BlockEntry, valid_source
 from pipeline.errors import AuthpipeError
 from pipeline.logs import get_logger
@@ -67,6 +68,11 @@ TENANT_MAX_CHARS = 64
 ACCOUNT_MAX_CHARS = 320
 HANDLE_MAX_CHARS = 256
 FORWARDED_MAX_HOPS = 64
+FORWARDED_MAX_CHARS = 2048
+FORWARDED_MAX_HOP_CHARS = 64
+FORWARDED_CACHED_MAX_CHARS = 256
+"""Checks whose ``forwarded_for`` is longer are answered without caching (a proxy chain
+is a few hops of 7 to 45 characters; longer text is a client's to vary at will)."""
 IP_MAX_CHARS = 64
 CACHE_ENTRIES = 65_536
 APPLY_CHUNK = 32
@@ -259,13 +265,8 @@ def _remember(cache: dict[Any, str], key: Any, value: str, capacity: int) -> str
 
 
 def _check_tenant(tenant: object) -> None:
-    if (
-        not isinstance(tenant, str)
-        or not 1 <= len(tenant) <= TENANT_MAX_CHARS
-        or tenant == NONE
-        or "|" in tenant
-    ):
-        raise CheckInputError("tenant", "tenant must be 1 to 64 characters, not '-', without '|'")
+    if not valid_tenant(tenant):
+        raise CheckInputError("tenant", TENANT_RULE)
 
 
 def _handle(parameter: str, value: object) -> str:
@@ -274,16 +275,37 @@ def _handle(parameter: str, value: object) -> str:
     return value
 
 
-def split_forwarded(forwarded_for: str | Sequence[str]) -> tuple[str, ...]:
-    """``forwarded_for`` as hops: a comma-separated header value or a sequence of strings."""
+def _chars(forwarded_for: str | tuple[str, ...]) -> int:
+    """The length of ``forwarded_for`` as text (a tuple counted as joined by commas)."""
     if isinstance(forwarded_for, str):
-        hops = tuple(hop.strip() for hop in forwarded_for.split(",") if hop.strip())
+        return len(forwarded_for)
+    return sum(map(len, forwarded_for)) + max(0, len(forwarded_for) - 1)
+
+
+def split_forwarded(forwarded_for: str | Sequence[str]) -> tuple[str, ...]:
+    """``forwarded_for`` as hops: a comma-separated header value or a sequence of strings;
+    at most ``FORWARDED_MAX_HOPS`` hops of ``FORWARDED_MAX_HOP_CHARS`` characters each and
+    ``FORWARDED_MAX_CHARS`` in all (a caller cannot make the edge keep or parse more)."""
+    if isinstance(forwarded_for, str):
+        total = len(forwarded_for)
+        if total <= FORWARDED_MAX_CHARS:
+            hops = tuple(hop.strip() for hop in forwarded_for.split(",") if hop.strip())
     else:
         hops = tuple(forwarded_for)
         if not all(isinstance(hop, str) for hop in hops):
             raise CheckInputError("forwarded_for", "forwarded_for entries must be strings")
+        total = _chars(hops)
+    if total > FORWARDED_MAX_CHARS:
+        raise CheckInputError(
+            "forwarded_for", f"forwarded_for is longer than {FORWARDED_MAX_CHARS} characters"
+        )
     if len(hops) > FORWARDED_MAX_HOPS:
         raise CheckInputError("forwarded_for", "forwarded_for has more than 64 addresses")
+    if any(len(hop) > FORWARDED_MAX_HOP_CHARS for hop in hops):
+        raise CheckInputError(
+            "forwarded_for",
+            f"a forwarded_for entry is longer than {FORWARDED_MAX_HOP_CHARS} characters",
+        )
     return hops
 
 
@@ -304,9 +326,11 @@ class DecisionView:
         self.changes = ChangeSignal()
         self.blocklist_changes = ChangeSignal()
         self._sources: dict[Key, Active] = {}
+        self.tenants: set[str] = {"default"}
+        """Tenants a decision has named (and ``default``): the feed serves these."""
         self._capacity = cache_entries
         self._accounts: dict[tuple[str, str], str] = {}
-        self._addresses: dict[tuple[str, str | tuple[str, ...]], str] = {}
+        self._addresses: dict[tuple[str, tuple[str, ...]], str] = {}
         self._devices: dict[tuple[str, str], str] = {}
         self._sessions: dict[tuple[str, str], str] = {}
         self._keys: dict[tuple[Any, ...], _Memo] = {}
@@ -322,8 +346,8 @@ class DecisionView:
     def apply(self, key: bytes | None, value: bytes | None) -> str:
         """Apply one message of the topic; returns the outcome (one of ``OUTCOMES``).
 
-        Raises nothing: a bad message is counted by reason, and lifts its key if the key
-        itself is valid.
+        Raises nothing: a bad message is counted by reason and logged; the key keeps its
+        last good decision.
         """
         return self._apply(key, value, self.now_ms())
 
@@ -353,6 +377,7 @@ class DecisionView:
             self._lift(decision_key)
             return self._count("expired")
         self.index.put(decision_key, active)
+        self.tenants.add(decision_key[1])
         if decision_key[0] == "source":
             self._sources[decision_key] = active
             self.blocklist_changes.bump()
@@ -364,11 +389,17 @@ class DecisionView:
         return outcome
 
     def _bad(self, exc: BadDecision, key: Key | None) -> str:
+        """Count and log a bad message; the key's last good decision stays (a malformed
+        value must never lift a block: only a tombstone or the expiry does)."""
         reasons = self.stats.bad_reasons
         reasons[exc.reason] = reasons.get(exc.reason, 0) + 1
-        log.warning("edge_bad_decision", reason=exc.reason, detail=exc.detail)
-        if key is not None:
-            self._lift(key)
+        log.warning(
+            "edge_bad_decision",
+            reason=exc.reason,
+            detail=exc.detail,
+            key=None if key is None else format_key(key),
+            kept=key is not None and self.index.get(key) is not None,
+        )
         return self._count("bad")
 
     def _lift(self, key: Key) -> None:
@@ -433,7 +464,7 @@ class DecisionView:
         if trusted.__class__ is not bool:
             raise CheckInputError("trusted", "trusted must be true or false")
         account_digest = self._accounts.get((tenant, account)) or self._account(tenant, account)
-        hops = forwarded_for if isinstance(forwarded_for, str | tuple) else tuple(forwarded_for)
+        hops = split_forwarded(forwarded_for)
         source = self._addresses.get((source_ip, hops)) or self._source(source_ip, hops)
         device = None
         if device_id:
@@ -451,7 +482,9 @@ class DecisionView:
             flow,
         )
         entry = (keys, account_digest, source)
-        if hops is forwarded_for:
+        if isinstance(forwarded_for, str | tuple) and _chars(forwarded_for) <= (
+            FORWARDED_CACHED_MAX_CHARS
+        ):
             memo_cache = self._keys
             if len(memo_cache) >= self._capacity:
                 del memo_cache[next(iter(memo_cache))]
@@ -468,19 +501,20 @@ class DecisionView:
             raise CheckInputError("account", "account is blank after normalisation") from None
         return _remember(self._accounts, (tenant, account), sys.intern(digest), self._capacity)
 
-    def _source(self, source_ip: str, forwarded_for: str | tuple[str, ...]) -> str:
+    def _source(self, source_ip: str, hops: tuple[str, ...]) -> str:
+        """The source of a peer and its normalised hops (``split_forwarded``), cached by
+        both unless the hops are longer than ``FORWARDED_CACHED_MAX_CHARS``."""
         if not isinstance(source_ip, str) or not source_ip or len(source_ip) > IP_MAX_CHARS:
             raise CheckInputError("ip", "ip must be an IPv4 or IPv6 address")
-        hops = split_forwarded(forwarded_for)
         try:
             source = self.normaliser.sources.source_of(source_ip, hops)
         except InvalidAttempt:
             raise CheckInputError(
                 "ip", f"ip {source_ip!r} is not an IPv4 or IPv6 address"
             ) from None
-        return _remember(
-            self._addresses, (source_ip, forwarded_for), sys.intern(source), self._capacity
-        )
+        if _chars(hops) > FORWARDED_CACHED_MAX_CHARS:
+            return source
+        return _remember(self._addresses, (source_ip, hops), sys.intern(source), self._capacity)
 
     def _device(self, tenant: str, device_id: str) -> str:
         digest = self.normaliser.digester.device(tenant, _handle("device", device_id))

@@ -135,6 +135,7 @@ class Worker:
             max_event_bytes=settings.ingest.max_event_bytes,
             max_future_skew_ms=settings.ingest.max_future_skew_ms,
             max_past_skew_ms=settings.ingest.max_past_skew_ms,
+            tenants=frozenset(settings.ingest.tenants), max_tenants=settings.ingest.max_tenants,
             keep_plain_account=settings.clickhouse.store_plain_account,
         )
         dedupe = {

@@ -349,6 +349,7 @@ async def test_blocklist_formats(edge: Edge) -> None:
         b'# authpipe source block-list: 2 sources, tenant="default", block\n'
         b"deny 2001:db8:1:2::/64;\ndeny 203.0.113.7;\n"
     )
+    edge.view.apply(*message(account_key(tenant="acme"), T0 + 5 * MIN))  # acme is now known
     response = await edge.client.get("/v1/blocklist?format=nginx-geo&tenant=acme")
     assert (
         await response.read() == b'# authpipe source block-list: 0 sources, tenant="acme", block\n'
