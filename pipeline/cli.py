@@ -229,9 +229,10 @@ def _report(args: argparse.Namespace, settings: Settings) -> int:
 def _add_sim_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     simulate = sub.add_parser("simulate", help="produce simulated login traffic with ground truth")
     simulate.add_argument("--scenario", type=_scenario_list, default="mixed",
-                          help="mixed (default: baseline and every attack) or a comma list of "
+                          help="mixed (default: baseline and every attack but the two slow ones) or a comma list of "
                                "baseline, brute_force, distributed_brute_force, spray, "
-                               "low_and_slow_spray, credential_stuffing, lockout_dos, uia_bruteforce")
+                               "low_and_slow_spray, credential_stuffing, lockout_dos, uia_bruteforce, "
+                               "low_and_slow_bruteforce, low_and_slow_bruteforce_rotating")
     simulate.add_argument("--rate", type=_positive, default=20.0,
                           help="ordinary events per simulated second in the main tenant (default 20); "
                                "office, small tenant and attacks come on top")

@@ -102,7 +102,8 @@ EXPECTED_ATTACKS = [
         "first_alert": None, "first_alert_type": None,
         "response": "2026-09-21T14:00:14.000Z", "response_by": "block:account_source",
         "time_to_response_ms": 4000, "allowed_before_response": 5, "refused": 2, "allowed": 5,
-        "successes_allowed": 0, "alerts": {}, "blocks": {"account_source": 1}, "observes": {},
+        "successes_allowed": 0, "guesses_per_account_24h": 5, "account_takeovers": 0,
+        "alerts": {}, "blocks": {"account_source": 1, "lockout": 1}, "observes": {},
     },
     {
         "attack": "spray", "tenant": "acme", "status": "detected", "attempts": 4,
@@ -111,7 +112,8 @@ EXPECTED_ATTACKS = [
         "first_alert": "2026-09-21T14:00:04.000Z", "first_alert_type": "spray_tenant",
         "response": "2026-09-21T14:00:04.000Z", "response_by": "alert:spray_tenant",
         "time_to_response_ms": 1000, "allowed_before_response": 2, "refused": 0, "allowed": 4,
-        "successes_allowed": 0, "alerts": {"spray_tenant": 1}, "blocks": {}, "observes": {},
+        "successes_allowed": 0, "guesses_per_account_24h": 1, "account_takeovers": 0,
+        "alerts": {"spray_tenant": 1}, "blocks": {}, "observes": {},
     },
 ]  # fmt: skip
 
@@ -120,18 +122,19 @@ def check_hand_card(card: dict[str, Any]) -> None:
     assert card["attacks"] == EXPECTED_ATTACKS
     assert card["all_attacks_caught"] is True
     assert card["legitimate"] == {
-        "attempts": 3, "refused": 0,
+        "attempts": 3, "refused": 0, "refused_by_design": {},
         "by_cohort": {"ordinary": {"attempts": 2, "refused": 0},
                       "owner_trusted_device": {"attempts": 1, "refused": 0}},
         "examples": [],
     }  # fmt: skip
     assert card["decisions"] == {
-        "blocks": 1,
+        "blocks": 2,
         "observes": 0,
         "tombstones": 0,
         "records_compacted_away": 0,
     }
     assert card["blocks_matching_no_attack"] == []
+    assert card["seed_holds_matching_no_attack"] == 0
     assert card["alerts"] == {"total": 2, "by_type": {"spray_source": 1, "spray_tenant": 1}}
     assert card["alerts_matching_no_attack"] == [{
         "type": "spray_source", "tenant": "default", "source": "198.51.100.1",
