@@ -12,6 +12,15 @@ import pytest
 
 from pipeline.core.keys import Digester
 from pipeline.settings import DEV_DIGEST_KEY
+from tests.integration.test_sim_pipeline import (
+    INGEST_TIMEOUT_S,
+    QUIET_S,
+    SETTLE_TIMEOUT_S,
+    cli,
+    end_offsets,
+    internal_lag,
+    settled,
+)
 from tests.integration.test_worker import (
     as_messages,
     assert_same_answer,
@@ -85,3 +94,53 @@ def test_lock_run_and_notice_window_survive_sigkill(
     assert all("victim" not in m.value.decode() and "counted" not in m.value.decode() for m in notices)
     # The same events through the single-process core give exactly these decisions.
     assert_same_answer(kafka_bootstrap, stream_names, engine_answer(first + second))
+
+
+@pytest.mark.timeout(900)
+def test_patient_attackers_through_the_broker_get_what_the_core_gives(
+    kafka_bootstrap: str, stream_names: StreamNames, worker_env: dict[str, str],
+    workers: list[Any], tmp_path: Path,
+) -> None:  # fmt: skip
+    """A day of both slow attackers and lockout_dos, produced unpaced to the real worker:
+    the scorecard from the topics shows 34 and 35 guesses let through per account (the
+    core's figures), no takeover, the trusted owner never refused, and one notice per
+    locked account on auth.account-notices."""
+    env = {**worker_env, "AUTHPIPE_LOG_LEVEL": "warning"}
+    worker = start_worker(workers, worker_env, tmp_path).wait_ready()
+    truth = tmp_path / "truth.jsonl"
+    start = (datetime.now(UTC) - timedelta(hours=25)).replace(microsecond=0)
+    done = cli(env, "simulate", "--scenario", "low_and_slow_bruteforce,low_and_slow_bruteforce_rotating,lockout_dos",
+               "--rate", "1", "--duration-s", "86400", "--seed", "1", "--speedup", "0",
+               "--start", start.isoformat(), "--truth", str(truth))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    produced = len(truth.read_bytes().splitlines())
+    assert produced == 360 + 4320 + 800 + 21
+    wait_until(lambda: worker.metric("authpipe_events_total") >= produced, INGEST_TIMEOUT_S,
+               interval_s=1.0, description=f"the worker to ingest {produced} events")  # fmt: skip
+    outputs = [stream_names.decisions, stream_names.alerts, stream_names.notices]
+
+    def probe() -> tuple[int, int] | None:
+        lag = internal_lag(kafka_bootstrap, stream_names)
+        return None if lag else (lag, end_offsets(kafka_bootstrap, outputs))
+
+    wait_until(settled(probe, QUIET_S), SETTLE_TIMEOUT_S, interval_s=1.0,
+               description="no internal lag and the outputs settled")  # fmt: skip
+    card_path = tmp_path / "card.json"
+    done = cli(env, "scorecard", "--truth", str(truth), "--decisions-from-topic", "--out", str(card_path))
+    assert done.returncode == 0, done.stderr
+    print(done.stdout)  # the scorecard table, shown with pytest -s
+    card = orjson.loads(card_path.read_bytes())
+    figures = {a["attack"]: (a["guesses_per_account_24h"], a["account_takeovers"], a["status"])
+               for a in card["attacks"]}  # fmt: skip
+    assert figures == {
+        "low_and_slow_bruteforce": (34, 0, "stopped"),
+        "low_and_slow_bruteforce_rotating": (35, 0, "stopped"),
+        "lockout_dos": (8, 0, "stopped"),
+    }, done.stdout
+    legit = card["legitimate"]
+    assert legit["refused"] == 0, legit["examples"]
+    assert legit["by_cohort"]["owner_trusted_device"] == {"attempts": 11, "refused": 0}
+    assert legit["refused_by_design"]["owner_without_trusted_device"]["refused"] == 9
+    notices = [orjson.loads(m.value) for m in read_topic(kafka_bootstrap, stream_names.notices)]
+    per_account = {n["account_digest"] for n in notices}
+    assert len(notices) == len(per_account) == 4  # the four attacked accounts, once each a day
