@@ -39,7 +39,8 @@ against one account in any 24 h (what a patient attacker gets), and
 Legitimate attempts refused (roles ``legit`` and ``owner``) are counted per cohort:
 ``owner_trusted_device``, ``nat_office``, ``ordinary``, ``ipv6_rotating``, ``stale_app``,
 ``owner_without_trusted_device``. A refusal a seed's rule makes on purpose is counted apart, as
-"refused by design" (``BY_DESIGN``: the cohort and the rule that refused it), and is not
+"refused by design" (``BY_DESIGN``: the cohort and the rule that refused it; or a lock
+whose run holds an attacker's failures, ``ATTACKED_RUN``), and is not
 in ``legit_refused_total``. Blocks of the seed rules (``lockout``, ``mfa_curve``,
 ``lifetime_bound``) that match no attack and refused nothing legitimate but by design
 (an honest mfa typo's one-second wait, a stale app's lock) are counted, not listed.
@@ -96,6 +97,12 @@ BY_DESIGN: dict[tuple[str, str], str] = {
     ),
 }
 """(cohort, refusing decision's scope) -> why the seeds make that refusal right."""
+ATTACKED_RUN = (
+    "seed 002: a stranger's failures on this account are in its consecutive run; with the "
+    "owner's own untrusted failures they reached the lock, which holds the whole untrusted "
+    "world, owner included (an hour at most; trusted devices and the notice's link still work)"
+)
+"""Why a lock refusal of any legitimate cohort is right when attackers fed the run."""
 
 
 class ScorecardError(AuthpipeError):
@@ -524,6 +531,7 @@ class Scorecard:
     unmatched_blocks: list[dict[str, Any]]
     missing_decision_records: int = 0
     seed_holds_matching_no_attack: int = 0
+    legit_by_design_why: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def all_caught(self) -> bool:
@@ -544,7 +552,7 @@ class Scorecard:
                 "attempts": sum(self.legit_attempts.values()),
                 "refused": self.legit_refused_total,
                 "refused_by_design": {
-                    cohort: {"refused": n, "why": _why(cohort)}
+                    cohort: {"refused": n, "why": self.legit_by_design_why.get(cohort, [])}
                     for cohort, n in sorted(self.legit_by_design.items())
                 },
                 "by_cohort": {
@@ -596,17 +604,19 @@ class _AttackIndex:
 def score(events: Sequence[TruthEvent], outputs: Outputs) -> Scorecard:
     """The scorecard of ``outputs`` against the labelled ``events``."""
     verdicts = replay(events, outputs.decisions)
+    design = design_reasons(events, verdicts)
     attacks = _AttackIndex.build(events)
     scores = {name: _new_score(name, evs) for name, evs in sorted(attacks.events.items())}
-    decision_stats = _score_decisions(outputs.decisions, attacks, scores, events, verdicts)
+    decision_stats = _score_decisions(outputs.decisions, attacks, scores, events, verdicts, design)
     alerts_by_type, unmatched_alerts = _score_alerts(outputs.alerts, events, attacks, scores)
     legit_attempts: Counter[str] = Counter()
     legit_refused: Counter[str] = Counter()
     by_design: Counter[str] = Counter()
+    why: dict[str, list[str]] = defaultdict(list)
     examples: list[dict[str, Any]] = []
     let_through: dict[tuple[str, str, str], list[int]] = defaultdict(list)
     taken: dict[str, set[tuple[str, str]]] = defaultdict(set)
-    for event, verdict in zip(events, verdicts, strict=True):
+    for event, verdict, reason in zip(events, verdicts, design, strict=True):
         if event.role == ATTACKER:
             _count_attacker(scores[event.scenario], event, verdict)
             a = event.attempt
@@ -617,8 +627,10 @@ def score(events: Sequence[TruthEvent], outputs: Outputs) -> Scorecard:
         elif event.role in LEGIT_ROLES:
             legit_attempts[event.cohort] += 1
             if not verdict.allowed:
-                if refused_by_design(event, verdict):
+                if reason is not None:
                     by_design[event.cohort] += 1
+                    if reason not in why[event.cohort]:
+                        why[event.cohort].append(reason)
                     continue
                 legit_refused[event.cohort] += 1
                 if len(examples) < EXAMPLES:
@@ -639,6 +651,7 @@ def score(events: Sequence[TruthEvent], outputs: Outputs) -> Scorecard:
         legit_refused=legit_refused,
         legit_examples=examples,
         legit_by_design=by_design,
+        legit_by_design_why=dict(why),
         alerts_by_type=alerts_by_type,
         unmatched_alerts=unmatched_alerts,
         missing_decision_records=outputs.missing_decision_records,
@@ -656,14 +669,29 @@ def most_in_a_day(times: Sequence[int]) -> int:
     return most
 
 
-def refused_by_design(event: TruthEvent, verdict: Verdict) -> bool:
-    """Whether a seed's rule refused this legitimate attempt on purpose (``BY_DESIGN``)."""
-    key = verdict.matched_key
-    return key is not None and (event.cohort, key[0]) in BY_DESIGN
+def design_reasons(events: Sequence[TruthEvent], verdicts: Sequence[Verdict]) -> list[str | None]:
+    """Per event: why a seed's rule refused this legitimate attempt on purpose, else None.
 
-
-def _why(cohort: str) -> str:
-    return "; ".join(why for (c, _), why in BY_DESIGN.items() if c == cohort)
+    ``BY_DESIGN`` names the cohorts a rule refuses on purpose; a lock refusal of any other
+    legitimate attempt is by design when attacker failures let through on the account are
+    in its run (since its last untrusted success), ``ATTACKED_RUN``."""
+    attacked: set[tuple[str, str]] = set()
+    reasons: list[str | None] = []
+    for event, verdict in zip(events, verdicts, strict=True):
+        a = event.attempt
+        account = (a.tenant, a.account)
+        key = verdict.matched_key
+        reason = None
+        if event.role in LEGIT_ROLES and not verdict.allowed and key is not None:
+            reason = BY_DESIGN.get((event.cohort, key[0]))
+            if reason is None and key[0] == "lock" and account in attacked:
+                reason = ATTACKED_RUN
+        reasons.append(reason)
+        if event.role == ATTACKER and verdict.allowed and not a.success and a.password_flow:
+            attacked.add(account)
+        elif verdict.allowed and a.success and a.password_flow and not a.trusted:
+            attacked.discard(account)
+    return reasons
 
 
 def _new_score(name: str, evs: list[TruthEvent]) -> AttackScore:
@@ -701,15 +729,15 @@ def _example(event: TruthEvent, verdict: Verdict) -> dict[str, Any]:
 
 def _score_decisions(
     records: Sequence[DecisionRecord], attacks: _AttackIndex, scores: dict[str, AttackScore],
-    events: Sequence[TruthEvent], verdicts: Sequence[Verdict],
+    events: Sequence[TruthEvent], verdicts: Sequence[Verdict], design: Sequence[str | None],
 ) -> dict[str, Any]:  # fmt: skip
     blocks = observes = tombstones = 0
     unmatched: list[dict[str, Any]] = []
     refused_by: Counter[Key] = Counter()
     seed_holds = 0
-    for event, verdict in zip(events, verdicts, strict=True):
+    for event, verdict, reason in zip(events, verdicts, design, strict=True):
         key = verdict.matched_key
-        if key is not None and event.role != ATTACKER and not refused_by_design(event, verdict):
+        if key is not None and event.role != ATTACKER and reason is None:
             refused_by[key] += 1
     for rec in records:
         d = rec.decision
@@ -882,7 +910,7 @@ def render(card: Scorecard) -> str:
     )
     lines.append(f"legitimate attempts refused: {card.legit_refused_total} ({cohorts})")
     for cohort, n in sorted(card.legit_by_design.items()):
-        lines.append(f"  refused by design: {cohort} {n}: {_why(cohort)}")
+        lines.append(f"  refused by design: {cohort} {n}: {'; '.join(card.legit_by_design_why.get(cohort, []))}")
     for ex in card.legit_examples:
         lines.append(
             f"  {ex['at']} {ex['cohort']} {ex['actor']} {ex['flow']} refused by {ex['refused_by']}"

@@ -11,6 +11,7 @@ from pipeline.contracts.models import Alert, Decision, ms_to_datetime
 from pipeline.core.policy import policy_from_toml
 from pipeline.settings import load_settings
 from pipeline.sim.scorecard import (
+    ATTACKED_RUN,
     AlertRecord,
     DecisionRecord,
     Outputs,
@@ -219,3 +220,22 @@ def test_replay_places_decisions_and_tombstones_in_event_time(tmp_path: Path) ->
         False,
         True,
     ]
+
+
+def test_lock_refusal_on_an_attacked_run_is_by_design_and_own_typos_are_not(tmp_path: Path) -> None:
+    """bob: a stranger fails twice, bob mistypes three times, bob's next attempt is refused
+    by the lock: refused by design (seed 002). carol: five of her own typos, then refused:
+    a wrong refusal, counted and shown."""
+    rows = [row(k, T0 + k * SEC, "bob", "203.0.113.5", role="attacker", scenario="spray",
+                cohort="attacker") for k in range(2)]  # fmt: skip
+    rows += [row(2 + k, T0 + (10 + k) * SEC, "bob", "198.18.0.9") for k in range(3)]
+    rows.append(row(5, T0 + 20 * SEC, "bob", "198.18.0.9", ok=True))
+    rows += [row(6 + k, T0 + (30 + k) * SEC, "carol", f"198.18.1.{k}") for k in range(5)]
+    rows.append(row(11, T0 + 40 * SEC, "carol", "198.18.1.9", ok=True))
+    events = load(tmp_path, rows)
+    card = score(events, run_engine(events, POLICY)).as_json()
+    legit = card["legitimate"]
+    assert legit["refused"] == 1
+    assert legit["refused_by_design"] == {"ordinary": {"refused": 1, "why": [ATTACKED_RUN]}}
+    (example,) = legit["examples"]
+    assert (example["event_id"], example["refused_by"].split("|")[0]) == ("e11", "lock")
