@@ -103,6 +103,12 @@ ATTACKED_RUN = (
     "world, owner included (an hour at most; trusted devices and the notice's link still work)"
 )
 """Why a lock refusal of any legitimate cohort is right when attackers fed the run."""
+STALE_APP_RUN = (
+    "seed 002: the account's own app, retrying a stale password, fed its consecutive run; "
+    "the lock it reached holds every untrusted client of the account (an hour at most; "
+    "trusted devices still work, and updating the app's password ends it)"
+)
+"""Why a lock refusal of the owner is right when their own stale app fed the run."""
 
 
 class ScorecardError(AuthpipeError):
@@ -674,8 +680,9 @@ def design_reasons(events: Sequence[TruthEvent], verdicts: Sequence[Verdict]) ->
 
     ``BY_DESIGN`` names the cohorts a rule refuses on purpose; a lock refusal of any other
     legitimate attempt is by design when attacker failures let through on the account are
-    in its run (since its last untrusted success), ``ATTACKED_RUN``."""
-    attacked: set[tuple[str, str]] = set()
+    in its run (since its last untrusted success), ``ATTACKED_RUN``, or failures of the
+    account's own stale app, ``STALE_APP_RUN``."""
+    fed: dict[tuple[str, str], str] = {}
     reasons: list[str | None] = []
     for event, verdict in zip(events, verdicts, strict=True):
         a = event.attempt
@@ -684,13 +691,16 @@ def design_reasons(events: Sequence[TruthEvent], verdicts: Sequence[Verdict]) ->
         reason = None
         if event.role in LEGIT_ROLES and not verdict.allowed and key is not None:
             reason = BY_DESIGN.get((event.cohort, key[0]))
-            if reason is None and key[0] == "lock" and account in attacked:
-                reason = ATTACKED_RUN
+            if reason is None and key[0] == "lock":
+                reason = fed.get(account)
         reasons.append(reason)
-        if event.role == ATTACKER and verdict.allowed and not a.success and a.password_flow:
-            attacked.add(account)
-        elif verdict.allowed and a.success and a.password_flow and not a.trusted:
-            attacked.discard(account)
+        counted = verdict.allowed and a.password_flow and not a.trusted
+        if counted and not a.success and event.role == ATTACKER:
+            fed[account] = ATTACKED_RUN
+        elif counted and not a.success and event.cohort == "stale_app":
+            fed.setdefault(account, STALE_APP_RUN)
+        elif counted and a.success:
+            fed.pop(account, None)
     return reasons
 
 

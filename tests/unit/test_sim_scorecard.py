@@ -12,6 +12,7 @@ from pipeline.core.policy import policy_from_toml
 from pipeline.settings import load_settings
 from pipeline.sim.scorecard import (
     ATTACKED_RUN,
+    STALE_APP_RUN,
     AlertRecord,
     DecisionRecord,
     Outputs,
@@ -239,3 +240,15 @@ def test_lock_refusal_on_an_attacked_run_is_by_design_and_own_typos_are_not(tmp_
     assert legit["refused_by_design"] == {"ordinary": {"refused": 1, "why": [ATTACKED_RUN]}}
     (example,) = legit["examples"]
     assert (example["event_id"], example["refused_by"].split("|")[0]) == ("e11", "lock")
+
+
+def test_lock_refusal_after_the_owners_stale_app_fed_the_run_is_by_design(tmp_path: Path) -> None:
+    """dave's phone app retries a stale password five times from carrier addresses: its
+    sixth try and dave's own browser login are refused by the lock, both by design."""
+    rows = [row(k, T0 + k * 60 * SEC, "dave", f"172.16.0.{k}", cohort="stale_app") for k in range(6)]
+    rows.append(row(6, T0 + 400 * SEC, "dave", "198.18.0.40", ok=True))
+    events = load(tmp_path, rows)
+    legit = score(events, run_engine(events, POLICY)).as_json()["legitimate"]
+    assert legit["refused"] == 0
+    assert {c: v["refused"] for c, v in legit["refused_by_design"].items()} == {"stale_app": 1, "ordinary": 1}
+    assert legit["refused_by_design"]["ordinary"]["why"] == [STALE_APP_RUN]
