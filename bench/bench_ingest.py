@@ -22,10 +22,13 @@ from pipeline.settings import Settings
 from pipeline.stream.app import build_normaliser
 from pipeline.stream.ingest import Ingest, Record
 
+START = datetime(2026, 11, 1, tzinfo=UTC)
+NOW_MS = int((START + timedelta(days=1)).timestamp() * 1000)  # every event inside both skews
+
 
 def events(n: int, seed: int = 1) -> list[bytes]:
     rng = random.Random(seed)
-    start = datetime(2026, 11, 1, tzinfo=UTC)
+    start = START
     out = []
     for i in range(n):
         body = {
@@ -73,7 +76,7 @@ def main() -> None:
     records = [Record("auth.login-attempts", i % 8, i, None, r) for i, r in enumerate(raw)]
     started = time.perf_counter()
     for i in range(0, len(records), 5000):
-        ingest.process(records[i : i + 5000], now_ms=1_900_000_000_000)
+        ingest.process(records[i : i + 5000], now_ms=NOW_MS)
     ingest_s = time.perf_counter() - started
 
     figures = {

@@ -105,9 +105,19 @@ def process(messages: list[bytes], batch_rows: int) -> list[tuple[str, list[list
     return out
 
 
-def insert_all(ch: ClickHouse, batches: list[tuple[str, list[list[Any]]]]) -> None:
+def insert_all(
+    ch: ClickHouse, batches: list[tuple[str, list[list[Any]]]], encoding: str = "rows"
+) -> None:
+    """As ``AuditSink._insert``: rows, pivoted by the client (``rows``), or transposed here
+    with ``zip`` and handed over column-oriented (``columns``; tried for B5, not kept)."""
     for token, rows in batches:
-        ch.insert("attempts", ATTEMPTS_COLUMNS, rows, dedup_token=token, settings=INSERT_SETTINGS)
+        if encoding == "rows":
+            ch.insert("attempts", ATTEMPTS_COLUMNS, rows, dedup_token=token, settings=INSERT_SETTINGS)
+            continue
+        ch.insert(
+            "attempts", ATTEMPTS_COLUMNS, list(zip(*rows, strict=True)), dedup_token=token,
+            settings=INSERT_SETTINGS, column_oriented=True,
+        )  # fmt: skip
 
 
 @contextmanager
@@ -154,13 +164,14 @@ def run_backend(
     settings: ClickHouseSettings,
     batches: list[tuple[str, list[list[Any]]]],
     server_pid: int | None = None,
+    encoding: str = "rows",
 ) -> dict[str, Any]:
     with open_clickhouse(settings, create_database=True) as ch:
         apply_migrations(ch, settings)
         rows = sum(len(r) for _, r in batches)
         server_started = _cpu_s(server_pid) if server_pid else 0.0
         started, cpu_started = time.perf_counter(), time.process_time()
-        insert_all(ch, batches)
+        insert_all(ch, batches, encoding)
         elapsed = time.perf_counter() - started
         cpu_s = time.process_time() - cpu_started
         server_cpu_s = _cpu_s(server_pid) - server_started if server_pid else None
@@ -198,6 +209,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-rows", type=int, default=50_000, help="rows per insert")
     parser.add_argument("--backend", choices=["chdb", "http", "both"], default="both")
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument(
+        "--encoding", choices=["rows", "columns"], default="rows",
+        help="hand the client rows (as the sink does) or columns (zip here; tried, not kept)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
 
     tune_gc()  # as `authpipe sink` does (run_sink)
@@ -219,6 +234,8 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {
         "attempts": args.rows,
         "rows": written,
+        "encoding": args.encoding,
+        "loadavg_1m_start": round(os.getloadavg()[0], 2),
         "dict_counting_per_s": round(baseline),
         "process_s": round(process_s, 3),
         "process_attempts_per_s": round(args.rows / process_s),
@@ -230,7 +247,9 @@ def main(argv: list[str] | None = None) -> int:
         for backend in backends:
             data = Path(tmp) / backend
             if backend == "chdb":
-                figures = run_backend(backend, ClickHouseSettings(path=data), batches)
+                figures = run_backend(
+                    backend, ClickHouseSettings(path=data), batches, encoding=args.encoding
+                )
             else:
                 with http_endpoint(data) as (url, pid):
                     figures = run_backend(
@@ -238,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
                         ClickHouseSettings(url=url, path=Path(tmp) / "unused"),
                         batches,
                         server_pid=pid,
+                        encoding=args.encoding,
                     )
             assert figures["stored_weight"] == args.rows, figures
             sink_rows_per_s = args.rows / (process_s + figures["insert_s"])
@@ -253,6 +273,7 @@ def main(argv: list[str] | None = None) -> int:
             result[f"{backend}_insert_rows_per_s"] = figures["insert_rows_per_s"]
             result[f"{backend}_insert_rows_per_cpu_s"] = figures["insert_rows_per_cpu_s"]
             result[f"{backend}_sink_attempts_per_s"] = figures["sink_attempts_per_s"]
+    result["loadavg_1m_end"] = round(os.getloadavg()[0], 2)
     sys.stdout.write(orjson.dumps(result).decode() + "\n")
     return 0
 

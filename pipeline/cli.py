@@ -1,8 +1,9 @@
-"""The ``authpipe`` console script: one subcommand per role.
+"""The authpipe console script: one subcommand per role.
 
-Each handler imports its module lazily, so ``authpipe stack status`` does not pay for
-faust or chdb imports. Bad flags exit 2 with argparse's message; an AuthpipeError
-exits 1 with its message; nothing prints a traceback for a user mistake.
+Each handler imports its module lazily, so `authpipe stack status` does not pay for
+faust or chdb imports. Bad flags exit 2 with argparse's message and the usage of the
+subcommand they were given to; an AuthpipeError exits 1 with its message; nothing prints
+a traceback for a user mistake.
 """
 
 from __future__ import annotations
@@ -14,9 +15,12 @@ from pathlib import Path
 
 from pipeline.errors import AuthpipeError
 from pipeline.logs import configure_logging
-from pipeline.settings import Settings, load_settings
+from pipeline.settings import Settings, load_settings, require_digest_key
 
 Handler = Callable[[argparse.Namespace, Settings], int]
+# Long-running services log JSON to stdout for collectors; every other command prints its
+# result for people on stdout and its log events on stderr (pipeline.logs).
+SERVICES = frozenset({"worker", "sink", "edge", "alerts"})
 
 
 def _stack(args: argparse.Namespace, settings: Settings) -> int:
@@ -28,7 +32,10 @@ def _stack(args: argparse.Namespace, settings: Settings) -> int:
 def _clickhouse(args: argparse.Namespace, settings: Settings) -> int:
     from pipeline.sinks.migrate import run_migrate_command
 
-    return run_migrate_command(settings)
+    if args.cluster is not None:
+        clickhouse = settings.clickhouse.model_copy(update={"cluster": args.cluster})
+        settings = settings.model_copy(update={"clickhouse": clickhouse})
+    return run_migrate_command(settings, print_only=args.print_sql)
 
 
 def _worker(args: argparse.Namespace, settings: Settings) -> int:
@@ -315,6 +322,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     ch = sub.add_parser("clickhouse", help="ClickHouse schema")
     ch.add_argument("action", choices=["migrate"])
+    ch.add_argument("--cluster", default=None, metavar="NAME",
+                    help="ON CLUSTER DDL for cluster NAME: replicated tables, Distributed in "
+                         "front (default: clickhouse.cluster)")  # fmt: skip
+    ch.add_argument("--print", dest="print_sql", action="store_true",
+                    help="print every statement instead of applying (no connection)")  # fmt: skip
     ch.set_defaults(handler=_clickhouse)
 
     demo = sub.add_parser("demo", help="the main job: a mixed attack end to end on the local stack")
@@ -329,17 +341,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     worker = sub.add_parser("worker", help="the stream processors (faust-streaming)")
     worker.add_argument("--policy", type=_existing_file, help="policy TOML (default: built-in)")
-    worker.set_defaults(handler=_worker)
+    worker.set_defaults(handler=_worker, service=True)
 
     edge = sub.add_parser("edge", help="the gateway edge: decision view, check, block-list")
     edge_sub = edge.add_subparsers(dest="edge_action", required=True)
     serve = edge_sub.add_parser("serve", help="serve /v1/check and /v1/blocklist over HTTP")
     serve.add_argument("--host", help="bind address (default: edge.host, 127.0.0.1)")
     serve.add_argument("--port", type=_port, help="HTTP port (default: edge.port, 8080)")
-    serve.set_defaults(handler=_edge)
+    serve.set_defaults(handler=_edge, service=True)
 
     sink = sub.add_parser("sink", help="the ClickHouse sink: audit, decisions, alerts, DLQ")
-    sink.set_defaults(handler=_sink)
+    sink.set_defaults(handler=_sink, service=True)
 
     alerts = sub.add_parser("alerts", help="alert rules over ClickHouse (dashboards/alerts)")
     alerts.add_argument("action", choices=["run"])
@@ -349,18 +361,38 @@ def build_parser() -> argparse.ArgumentParser:
     )
     alerts.add_argument("--webhook", metavar="URL", help="also POST each new alert as JSON")
     alerts.add_argument("--stdout", action="store_true", help="also print each new alert")
-    alerts.set_defaults(handler=_alerts)
+    alerts.set_defaults(handler=_alerts, service=True)
 
     _add_sim_commands(sub)
+    _remember_parsers(parser)
     return parser
+
+
+def _remember_parsers(parser: argparse.ArgumentParser) -> None:
+    """Give every (sub)command its own parser as ``args.parser``, so that an unknown flag is
+    reported with the usage of the subcommand it was given to (argparse reports unknown
+    arguments from the top-level parser, with the top-level usage)."""
+    parser.set_defaults(parser=parser)
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                _remember_parsers(child)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        args.parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         settings = load_settings()
-        configure_logging(settings.log.level, settings.log.format)
+        level = settings.log.level
+        if args.command == "demo" and level == "info":
+            level = "warning"  # the demo narrates its steps itself; its services log to files
+        configure_logging(level, settings.log.format,
+                          one_shot=args.command not in SERVICES)  # fmt: skip
+        if getattr(args, "service", False):
+            require_digest_key(settings)  # before connecting anywhere: no guessable default
         handler: Handler = args.handler
         return handler(args, settings)
     except AuthpipeError as exc:

@@ -16,6 +16,7 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 import urllib.request
 from collections.abc import Callable
@@ -24,7 +25,8 @@ from pathlib import Path
 
 from pipeline.errors import AuthpipeError
 from pipeline.logs import get_logger
-from pipeline.settings import Settings
+from pipeline.settings import Settings, ensure_digest_key_file
+from pipeline.sim.demo_notes import blocklist_note, load_source_decisions, wall_ms
 from pipeline.sim.scenarios import SLOW_ATTACKS
 from pipeline.stack import LocalKafka
 
@@ -127,6 +129,31 @@ def _run(args: list[str], env: dict[str, str], log_dir: Path, name: str) -> str:
     return done.stdout
 
 
+def _run_showing_progress(
+    args: list[str], env: dict[str, str], log_dir: Path, name: str, say: Callable[[str], None]
+) -> str:
+    """Like ``_run``, and passes the command's progress lines (``<name>: N % ...`` on stderr,
+    see pipeline.progress) to ``say`` as they come."""
+    log_path = log_dir / f"{name}.log"
+    with log_path.open("w") as log_file, (log_dir / f"{name}.out").open("w+") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", *args], env=env,
+                                stdout=out, stderr=subprocess.PIPE, text=True)  # fmt: skip
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            log_file.write(line)
+            if line.startswith(f"{name}: "):
+                say(line.rstrip())
+        code = proc.wait()
+        out.seek(0)
+        stdout = out.read()
+        log_file.write(stdout)
+    if code != 0:
+        tail = log_path.read_text(errors="replace")[-2000:]
+        raise DemoError(f"authpipe {' '.join(args[:2])} failed (exit {code}); its log is "
+                        f"{log_path}:\n{tail}")  # fmt: skip
+    return stdout
+
+
 def _env(settings: Settings, run_id: str, bootstrap: str) -> dict[str, str]:
     state = settings.state_dir.resolve()
     return {
@@ -155,6 +182,8 @@ def run_demo(settings: Settings, options: DemoOptions) -> int:
     broker = LocalKafka.from_settings(settings)
     say(f"starting the Kafka broker ({broker.bootstrap}, data in {broker.data_dir})")
     broker.up()
+    if settings.identity.digest_key is None:
+        say(f"account digests keyed by {ensure_digest_key_file(settings.state_dir)} (generated once)")
     env = _env(settings, run_id, broker.bootstrap)
     say("migrating embedded ClickHouse (chdb)")
     _run(["clickhouse", "migrate"], env, demo_dir, "migrate")
@@ -170,32 +199,32 @@ def run_demo(settings: Settings, options: DemoOptions) -> int:
         start_ms = (int(time.time()) - int(options.duration_s) - PATIENT_DAY_S) * 1000
         say(f"simulating patient attackers ({', '.join(SLOW_ATTACKS)}): a day of event time, "
             "replayed as fast as the broker takes it")  # fmt: skip
-        print(_run([
+        _show(_run_showing_progress([
             "simulate", "--scenario", ",".join(SLOW_ATTACKS), "--rate", "1",
             "--duration-s", str(PATIENT_DAY_S), "--seed", str(options.seed), "--speedup", "0",
             "--start", _rfc3339(start_ms), "--truth", str(patient_truth),
-        ], env, demo_dir, "simulate-patient"))  # fmt: skip
+        ], env, demo_dir, "simulate-patient", say))  # fmt: skip
         patient = sum(1 for _ in patient_truth.open("rb"))
         _wait(lambda: _drained(port, patient), 900, worker, "every patient attempt through every stage")
         mixed_truth = demo_dir / "truth-mixed.jsonl"
         say(f"simulating a mixed attack scenario ({options.duration_s:g} s of traffic at "
             f"{options.rate:g} logins/s, replayed as fast as the broker takes it)")  # fmt: skip
-        print(_run([
+        _show(_run_showing_progress([
             "simulate", "--scenario", "mixed", "--rate", str(options.rate),
             "--duration-s", str(options.duration_s), "--seed", str(options.seed),
             "--speedup", "0", "--truth", str(mixed_truth),
-        ], env, demo_dir, "simulate"))  # fmt: skip
+        ], env, demo_dir, "simulate", say))  # fmt: skip
         truth.write_bytes(patient_truth.read_bytes() + mixed_truth.read_bytes())
         produced = sum(1 for _ in truth.open("rb"))
         say(f"waiting for the worker to count all {produced} events")
         _wait(lambda: _drained(port, produced), 900, worker, "every event through every stage")
         _wait(_quiet_checker(port), 60, worker, "the stages to settle")
         say("scoring the decisions on the topic against the ground truth")
-        print(_run([
+        _show(_run([
             "scorecard", "--truth", str(truth), "--decisions-from-topic",
             "--out", str(demo_dir / "scorecard.json"), "--save-outputs", str(demo_dir),
         ], env, demo_dir, "scorecard"))  # fmt: skip
-        _show_blocklist(edge, env)
+        _show_blocklist(edge, env, demo_dir / "decisions.jsonl")
         _run([
             "report", "--out", str(options.out.resolve()), "--truth", str(truth),
             "--decisions", str(demo_dir / "decisions.jsonl"), "--alerts", str(demo_dir / "alerts.jsonl"),
@@ -266,17 +295,23 @@ def _quiet_checker(port: int, polls: int = 8) -> Callable[[], bool]:
     return quiet
 
 
-def _show_blocklist(edge: Service, env: dict[str, str]) -> None:
+def _show_blocklist(edge: Service, env: dict[str, str], decisions: Path) -> None:
     url = f"http://127.0.0.1:{env['AUTHPIPE_EDGE_PORT']}/v1/blocklist?format=text&include=observe"
     try:
         with urllib.request.urlopen(url, timeout=5) as response:
             lines = response.read().decode().splitlines()
     except OSError as exc:
         raise edge.failed(f"did not serve the block-list ({exc})") from exc
-    shown = [line for line in lines if line and not line.startswith("#")][:10]
-    print(f"\nblock-list feed ({url}): {len(shown)} source(s) shown")
-    for line in shown:
+    listed = [line for line in lines if line and not line.startswith("#")]
+    print(f"\nblock-list feed ({url}): {len(listed)} source(s) listed now")
+    for line in listed[:10]:
         print(f"  {line}")
+    for line in blocklist_note(load_source_decisions(decisions), len(listed), wall_ms()):
+        print(textwrap.fill(line, 98, initial_indent="  ", subsequent_indent="  "))
+
+
+def _show(output: str) -> None:
+    print(output.rstrip("\n"), flush=True)
 
 
 def _audit_summary(settings: Settings, env: dict[str, str], run_id: str) -> None:
@@ -306,6 +341,8 @@ done in {time.monotonic() - started:.0f} s. Where to look next:
   topics            {run_id}.login-attempts, {run_id}.throttle-decisions, {run_id}.alerts, ...
   try a stricter policy on the same history:
     .venv/bin/authpipe backtest --policy schemas/policy.example.toml --events {demo_dir / 'truth.jsonl'} --truth {demo_dir / 'truth.jsonl'}
+  the edge on this run's decisions (its topic, not the default auth.throttle-decisions):
+    AUTHPIPE_KAFKA_DECISIONS_TOPIC={run_id}.throttle-decisions .venv/bin/authpipe edge serve
   the broker keeps running: .venv/bin/authpipe stack status | stack down
 """)
 

@@ -53,16 +53,22 @@ class TopicSpec:
             )
 
 
-def _admin(bootstrap: str, request_timeout_ms: int) -> AIOKafkaAdminClient:
+_PLAIN: Mapping[str, Any] = MappingProxyType({})
+
+
+def _admin(
+    bootstrap: str, request_timeout_ms: int, security: Mapping[str, Any]
+) -> AIOKafkaAdminClient:
     return AIOKafkaAdminClient(
         bootstrap_servers=bootstrap,
         client_id="authpipe-admin",
         request_timeout_ms=request_timeout_ms,
+        **security,
     )
 
 
-async def _broker_count(bootstrap: str, request_timeout_ms: int) -> int:
-    admin = _admin(bootstrap, request_timeout_ms)
+async def _broker_count(bootstrap: str, request_timeout_ms: int, security: Mapping[str, Any]) -> int:
+    admin = _admin(bootstrap, request_timeout_ms, security)
     try:
         await admin.start()
         cluster: dict[str, Any] = await admin.describe_cluster()
@@ -71,25 +77,32 @@ async def _broker_count(bootstrap: str, request_timeout_ms: int) -> int:
         await admin.close()
 
 
-async def wait_for_broker(bootstrap: str, timeout_s: float) -> None:
+async def wait_for_broker(
+    bootstrap: str, timeout_s: float, *, security: Mapping[str, Any] = _PLAIN
+) -> None:
     """Return once a broker at ``bootstrap`` answers a metadata request listing a broker.
 
-    Raises BrokerUnavailableError after ``timeout_s`` seconds with the last failure.
+    ``security`` is ``pipeline.kafka_client.security_kwargs`` (TLS/SASL). Raises
+    BrokerUnavailableError after ``timeout_s`` seconds with the last failure.
     """
     deadline = time.monotonic() + timeout_s
     last_problem = "no answer yet"
     while True:
         remaining_s = deadline - time.monotonic()
         if remaining_s <= 0:
+            hint = (
+                "check kafka.security_protocol and the SASL user and password or TLS files "
+                "(a refused login is logged by aiokafka just above)"
+                if security else "start one with `authpipe stack up` or fix AUTHPIPE_KAFKA_BOOTSTRAP_SERVERS"
+            )
             raise BrokerUnavailableError(
                 f"no Kafka broker answered at {bootstrap} within {timeout_s:.0f}s "
-                f"(last problem: {last_problem}); start one with `authpipe stack up` "
-                "or fix AUTHPIPE_KAFKA_BOOTSTRAP_SERVERS"
+                f"(last problem: {last_problem}); {hint}"
             )
         request_timeout_ms = max(500, int(min(remaining_s, 5.0) * 1000))
         try:
             async with asyncio.timeout(max(remaining_s, 0.5)):
-                brokers = await _broker_count(bootstrap, request_timeout_ms)
+                brokers = await _broker_count(bootstrap, request_timeout_ms, security)
             if brokers > 0:
                 return
             last_problem = "metadata listed no broker yet"
@@ -161,11 +174,13 @@ async def ensure_topics(
     specs: Sequence[TopicSpec],
     replication_factor: int = 1,
     request_timeout_ms: int = 30_000,
+    *,
+    security: Mapping[str, Any] = _PLAIN,
 ) -> None:
     """Create the topics of ``specs`` that do not exist yet; check the ones that do."""
     if not specs:
         return
-    admin = _admin(bootstrap, request_timeout_ms)
+    admin = _admin(bootstrap, request_timeout_ms, security)
     try:
         await admin.start()
         # All topics, not by name: a by-name metadata request may auto-create topics.
@@ -194,11 +209,13 @@ async def ensure_topics(
             # A topic created concurrently by someone else may have other partitions.
             _check_partitions(specs, _topic_partitions(await admin.describe_topics()))
             await _wait_for_leaders(admin, [spec.name for spec in missing], request_timeout_ms)
-        for spec in missing:
+        if missing:
+            # One line for the lot (a worker creates about eleven at its first start).
             log.info(
-                "kafka_topic_created",
-                topic=spec.name,
-                partitions=spec.partitions,
+                "kafka_topics_created",
+                count=len(missing),
+                topics=",".join(spec.name for spec in missing),
+                partitions=sorted({spec.partitions for spec in missing}),
                 replication_factor=replication_factor,
             )
     except KafkaError as exc:

@@ -10,10 +10,19 @@ The TOML file is ``authpipe.toml`` in the working directory, or the path in
 from __future__ import annotations
 
 import os
+import secrets
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -21,9 +30,11 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from pipeline.contracts.models import TENANT_RULE, valid_tenant
 from pipeline.errors import ConfigError
 
-DEV_DIGEST_KEY = "authpipe-dev-key-change-me"
+MIN_DIGEST_KEY_BYTES = 32
+DIGEST_KEY_FILE = "digest.key"
 
 
 class _Section(BaseModel):
@@ -43,6 +54,39 @@ class KafkaSettings(_Section):
     dlq_topic: str = Field("auth.login-attempts.dlq", description="dead letters, bytes untouched")
     audit_topic: str = Field("auth.audit", description="audit rows for the ClickHouse sink")
     app_id: str = Field("authpipe", description="faust app id: consumer group and topic prefix")
+    # Connection security: every client (faust, aiokafka, admin, sink, edge) gets the same
+    # settings through pipeline.kafka_client.security_kwargs.
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
+        "PLAINTEXT", description="SASL_SSL in production; PLAINTEXT only on a private network"
+    )
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = Field(
+        "SCRAM-SHA-512", description="with SASL_PLAINTEXT or SASL_SSL"
+    )
+    sasl_username: str | None = Field(None, description="SASL user (needed with SASL_*)")
+    sasl_password: SecretStr | None = Field(None, description="SASL password (needed with SASL_*)")
+    ssl_cafile: Path | None = Field(None, description="CA bundle to verify the broker (SSL, SASL_SSL)")
+    ssl_certfile: Path | None = Field(None, description="client certificate for mutual TLS")
+    ssl_keyfile: Path | None = Field(None, description="key of ssl_certfile")
+
+    @model_validator(mode="after")
+    def _security_consistent(self) -> KafkaSettings:
+        protocol = self.security_protocol
+        if protocol.startswith("SASL_") and (not self.sasl_username or self.sasl_password is None):
+            raise ValueError(
+                f"security_protocol={protocol} needs sasl_username and sasl_password "
+                "(AUTHPIPE_KAFKA_SASL_USERNAME, AUTHPIPE_KAFKA_SASL_PASSWORD)"
+            )
+        files = {"ssl_cafile": self.ssl_cafile, "ssl_certfile": self.ssl_certfile,
+                 "ssl_keyfile": self.ssl_keyfile}  # fmt: skip
+        given = [name for name, path in files.items() if path is not None]
+        if given and not protocol.endswith("SSL"):
+            raise ValueError(f"{', '.join(given)} set but security_protocol={protocol}; use SSL or SASL_SSL")
+        if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
+            raise ValueError("ssl_certfile and ssl_keyfile go together (mutual TLS); set both or neither")
+        missing = [f"{name}={path}" for name, path in files.items() if path is not None and not path.is_file()]
+        if missing:
+            raise ValueError(f"{', '.join(missing)}: no such file")
+        return self
 
 
 class ClickHouseSettings(_Section):
@@ -51,6 +95,9 @@ class ClickHouseSettings(_Section):
     database: str = Field("authpipe", description="database that holds every authpipe table")
     ttl_days: int = Field(90, ge=1, description="TTL of raw attempt rows")
     store_plain_account: bool = Field(False, description="also store the typed account in plain")
+    cluster: str | None = Field(
+        None, description="ClickHouse cluster name: migrate writes ON CLUSTER DDL (replicated)"
+    )
 
 
 class IngestSettings(_Section):
@@ -62,16 +109,43 @@ class IngestSettings(_Section):
     )
     max_event_bytes: int = Field(16384, ge=256, description="larger events are dead-lettered")
     max_future_skew_ms: int = Field(300_000, ge=0, description="events further ahead: dead-lettered")
+    max_past_skew_ms: int = Field(
+        604_800_000, ge=0, description="events older (or before 1970): dead-lettered"
+    )
     dedupe_horizon_ms: int = Field(3_600_000, ge=0, description="event_id duplicates within: once")
     dedupe_capacity: int = Field(1_000_000, ge=1, description="event ids a worker remembers, at most")
+    tenants: tuple[str, ...] = Field(
+        (), description="allow-list of tenants; others are dead-lettered unknown_tenant (empty: any)"
+    )
+    max_tenants: int = Field(
+        1000, ge=1, description="tenants a worker tracks; further ones are dead-lettered tenant_cap"
+    )
+
+    @field_validator("tenants", "case_sensitive_tenants")
+    @classmethod
+    def _tenant_names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        bad = [name for name in value if not valid_tenant(name)]
+        if bad:
+            raise ValueError(f"{bad[0]!r}: {TENANT_RULE}")
+        return value
 
 
 class IdentitySettings(_Section):
-    digest_key: str = Field(
-        DEV_DIGEST_KEY,
-        min_length=16,
-        description="secret key of the account digest; shared with gateways; set it in production",
+    digest_key: str | None = Field(
+        None,
+        description="secret key of the account digest, 32+ bytes, shared with gateways; no "
+        "default: unset, it is read from <state_dir>/digest.key (`authpipe stack up` writes one)",
     )
+
+    @field_validator("digest_key")
+    @classmethod
+    def _long_enough(cls, value: str | None) -> str | None:
+        if value is not None and len(value.encode("utf-8")) < MIN_DIGEST_KEY_BYTES:
+            raise ValueError(
+                f"is {len(value.encode('utf-8'))} bytes; use at least {MIN_DIGEST_KEY_BYTES} "
+                "random bytes (e.g. `python3 -c 'import secrets; print(secrets.token_urlsafe(32))'`)"
+            )
+        return value
 
 
 class WorkerSettings(_Section):
@@ -95,6 +169,15 @@ class EdgeSettings(_Section):
     host: str = Field("127.0.0.1", description="bind address; loopback unless told otherwise")
     port: int = Field(8080, ge=0, le=65535, description="HTTP port")
     token: str | None = Field(None, description="bearer token required when set")
+    head_timeout_s: float = Field(
+        10.0, gt=0, le=300, description="a request head must be complete this long after its first byte"
+    )
+    max_connections: int = Field(
+        10_000, ge=1, description="open HTTP connections at most; further ones are closed at once"
+    )
+    refusal_logs_per_s: int = Field(
+        20, ge=1, description="refused-check log lines per second at most; the rest are counted"
+    )
 
 
 class AuditSettings(_Section):
@@ -158,9 +241,56 @@ def load_settings(**overrides: Any) -> Settings:
     if named and not Path(named).is_file():
         raise ConfigError(f"AUTHPIPE_CONFIG={named} does not exist; fix the path or unset it")
     try:
-        return Settings(**overrides)
+        return _with_key_file(Settings(**overrides))
     except ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
         )
         raise ConfigError(f"invalid settings ({problems}); see docs/operations.md 'Configuration'") from exc
+
+
+class MissingDigestKeyError(ConfigError):
+    """No ``identity.digest_key``: a service must not start with a guessable key."""
+
+
+def _with_key_file(settings: Settings) -> Settings:
+    """Fill an unset ``identity.digest_key`` from ``<state_dir>/digest.key`` if it exists."""
+    path = settings.state_dir / DIGEST_KEY_FILE
+    if settings.identity.digest_key is not None or not path.is_file():
+        return settings
+    key = path.read_text(encoding="utf-8").strip()
+    if len(key.encode("utf-8")) < MIN_DIGEST_KEY_BYTES:
+        raise ConfigError(
+            f"identity.digest_key from {path} is shorter than {MIN_DIGEST_KEY_BYTES} bytes; "
+            "delete the file and run `authpipe stack up` to write a new one"
+        )
+    identity = settings.identity.model_copy(update={"digest_key": key})
+    return settings.model_copy(update={"identity": identity})
+
+
+def require_digest_key(settings: Settings) -> str:
+    """The account-digest key; MissingDigestKeyError (one line naming the setting) if unset.
+
+    There is no built-in key: anyone who knows it can reverse digests with a dictionary."""
+    key = settings.identity.digest_key
+    if key is None:
+        raise MissingDigestKeyError(
+            f"identity.digest_key is not set: set AUTHPIPE_IDENTITY_DIGEST_KEY to {MIN_DIGEST_KEY_BYTES}+ "
+            f"random bytes (the same on workers and gateways), or run `authpipe stack up` to write "
+            f"{settings.state_dir / DIGEST_KEY_FILE}"
+        )
+    return key
+
+
+def ensure_digest_key_file(state_dir: Path) -> Path:
+    """Write a fresh random key to ``<state_dir>/digest.key`` (mode 0600) unless one exists."""
+    path = state_dir / DIGEST_KEY_FILE
+    if not path.exists():
+        state_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:  # another process wrote it meanwhile
+            return path
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(secrets.token_urlsafe(MIN_DIGEST_KEY_BYTES) + "\n")
+    return path

@@ -40,8 +40,8 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import AuthpipeError
-from pipeline.logs import get_logger
-from pipeline.settings import Settings
+from pipeline.logs import configure_logging, get_logger
+from pipeline.settings import Settings, ensure_digest_key_file
 
 log = get_logger("stack")
 
@@ -135,6 +135,47 @@ def render_server_properties(template: str, port: int, controller_port: int, dat
             f"{TEMPLATE_PATH} has an unknown or broken placeholder ({exc}); "
             "only ${port}, ${controller_port} and ${data_dir} exist"
         ) from exc
+
+
+SCRAM_MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512")
+_SCRAM_LOGIN = "org.apache.kafka.common.security.scram.ScramLoginModule required;"
+_SCRAM_SAFE = re.compile(r"[A-Za-z0-9._-]+")
+
+
+def add_sasl_listener(properties: str, sasl_port: int) -> str:
+    """server.properties with a second client listener, SASL_PLAINTEXT with SCRAM-SHA-256
+    and -512 on 127.0.0.1:``sasl_port`` (credentials come from ``scram_format_args``)."""
+    lines = []
+    for line in properties.splitlines():
+        key, _, value = line.partition("=")
+        if key == "listeners" or key == "advertised.listeners":
+            line = f"{key}={value},SASL_PLAINTEXT://127.0.0.1:{sasl_port}"
+        elif key == "listener.security.protocol.map":
+            line = f"{key}={value},SASL_PLAINTEXT:SASL_PLAINTEXT"
+        lines.append(line)
+    lines += ["", "# --- SASL/SCRAM listener (LocalKafka sasl_port); users added at format time",
+              f"sasl.enabled.mechanisms={','.join(SCRAM_MECHANISMS)}",
+              "# ACLs decide what each SASL user may do; the loopback plaintext and controller",
+              "# listeners (principal ANONYMOUS) stay the local administrator's.",
+              "authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+              "super.users=User:ANONYMOUS",
+              "allow.everyone.if.no.acl.found=false"]  # fmt: skip
+    lines += [f"listener.name.sasl_plaintext.{m.lower()}.sasl.jaas.config={_SCRAM_LOGIN}" for m in SCRAM_MECHANISMS]
+    return "\n".join(lines) + "\n"
+
+
+def scram_format_args(users: dict[str, str]) -> list[str]:
+    """StorageTool ``--add-scram`` arguments: each user with both SCRAM mechanisms."""
+    args: list[str] = []
+    for name, password in sorted(users.items()):
+        if not (_SCRAM_SAFE.fullmatch(name) and _SCRAM_SAFE.fullmatch(password)):
+            raise StackError(
+                f"SCRAM user {name!r}: use only letters, digits, '.', '_' and '-' in names and "
+                "passwords of the local broker (StorageTool's --add-scram syntax)"
+            )
+        for mechanism in SCRAM_MECHANISMS:
+            args += ["--add-scram", f"{mechanism}=[name={name},password={password}]"]
+    return args
 
 
 def parse_local_port(bootstrap_servers: str) -> int:
@@ -376,9 +417,16 @@ class LocalKafka:
         heap_mb: int = 512,
         start_timeout_s: float = 120.0,
         stop_timeout_s: float = 30.0,
+        sasl_port: int | None = None,
+        scram_users: dict[str, str] | None = None,
     ) -> None:
-        if port == controller_port:
-            raise StackError(f"port and controller_port are both {port}; use two ports")
+        ports = [p for p in (port, controller_port, sasl_port) if p is not None]
+        if len(set(ports)) < len(ports):
+            raise StackError(f"port, controller_port and sasl_port must all differ ({ports}); use distinct ports")
+        if scram_users and sasl_port is None:
+            raise StackError("scram_users need a sasl_port (the SASL/SCRAM listener)")
+        self.sasl_port = sasl_port
+        self.scram_users = dict(scram_users or {})
         self.state_dir = state_dir.resolve()
         self.port = port
         self.controller_port = controller_port
@@ -396,6 +444,11 @@ class LocalKafka:
     @property
     def bootstrap(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def sasl_bootstrap(self) -> str | None:
+        """``127.0.0.1:<sasl_port>`` of the SASL/SCRAM listener, if there is one."""
+        return None if self.sasl_port is None else f"127.0.0.1:{self.sasl_port}"
 
     @property
     def data_dir(self) -> Path:
@@ -453,8 +506,8 @@ class LocalKafka:
         if self.pid_path.exists():
             log.info("kafka_stale_pidfile_removed", pid_path=str(self.pid_path))
             self.pid_path.unlink(missing_ok=True)
-        for port in (self.port, self.controller_port):
-            if not port_free(port):
+        for port in (self.port, self.controller_port, self.sasl_port):
+            if port is not None and not port_free(port):
                 raise StackError(
                     f"port {port} on 127.0.0.1 is in use by another process; stop it, or pick "
                     "another port (AUTHPIPE_KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:<port>, "
@@ -491,6 +544,8 @@ class LocalKafka:
         rendered = render_server_properties(
             TEMPLATE_PATH.read_text(), self.port, self.controller_port, self.data_dir
         )
+        if self.sasl_port is not None:
+            rendered = add_sasl_listener(rendered, self.sasl_port)
         self.properties_path.write_text(rendered)
         shutil.copyfile(LOG4J_PATH, self.state_dir / "log4j2.properties")
 
@@ -517,6 +572,7 @@ class LocalKafka:
         command = [
             *self._jvm(java), "kafka.tools.StorageTool", "format",
             "-t", self._cluster_id(), "-c", str(self.properties_path), "--ignore-formatted",
+            *scram_format_args(self.scram_users),
         ]  # fmt: skip
         result = subprocess.run(
             command, capture_output=True, text=True, timeout=_FORMAT_TIMEOUT_S, check=False
@@ -603,6 +659,9 @@ def run_stack_command(action: str, settings: Settings) -> int:
     kafka = LocalKafka.from_settings(settings)
     if action == "up":
         status = kafka.up()
+        if settings.identity.digest_key is None:
+            key_path = ensure_digest_key_file(settings.state_dir)
+            print(f"digest key: {key_path} (identity.digest_key; give gateways the same key)")
     elif action == "down":
         kafka.down()
         status = kafka.status()
@@ -622,6 +681,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if len(args) != 2 or args[0] != "fetch-libs":
         print("usage: python -m pipeline.stack fetch-libs <libs-dir>", file=sys.stderr)
         return 2
+    configure_logging(one_shot=True)  # like `authpipe stack`: console lines on stderr
     try:
         fetch_libs(Path(args[1]).absolute())
     except AuthpipeError as exc:

@@ -7,6 +7,11 @@ import os
 
 import pytest
 
+# There is no built-in digest key (a service refuses to start without one): the tests,
+# and the services they start as subprocesses, use this one unless a test says otherwise.
+TEST_DIGEST_KEY = "authpipe-test-digest-key-not-for-production"
+os.environ.setdefault("AUTHPIPE_IDENTITY_DIGEST_KEY", TEST_DIGEST_KEY)
+
 pytest_plugins = ["tests.plugins.kafka", "tests.plugins.clickhouse", "tests.plugins.worker"]
 
 CORE_DIR = os.path.join(

@@ -49,7 +49,9 @@ EDGE_TIMEOUT_S = 0.1
 FAIL_OPEN = True
 SERVICE = "example-login"
 SCRYPT = {"n": 2**14, "r": 8, "p": 1, "dklen": 32}
-DIGEST_KEY = os.environ.get("AUTHPIPE_IDENTITY_DIGEST_KEY", "authpipe-dev-key-change-me")
+# The account-digest secret shared with authpipe (``identity.digest_key``; the local stack
+# writes it to ``.state/digest.key``). Needed only to map notices back to accounts.
+DIGEST_KEY = os.environ.get("AUTHPIPE_IDENTITY_DIGEST_KEY", "")
 NOTICES_TOPIC = os.environ.get("AUTHPIPE_KAFKA_NOTICES_TOPIC", "auth.account-notices")
 BOOTSTRAP = os.environ.get("AUTHPIPE_KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092")
 
@@ -197,6 +199,8 @@ def account_digest(tenant: str, account: str, key: str = DIGEST_KEY) -> str:
     account (for a tenant that is not case-sensitive), with the shared digest key."""
     import unicodedata
 
+    if not key:
+        raise ValueError("set AUTHPIPE_IDENTITY_DIGEST_KEY to authpipe's identity.digest_key")
     text = unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", account).strip().casefold())
     raw = key.encode()
     h = hashlib.blake2b(digest_size=16, key=raw if len(raw) <= 64 else hashlib.blake2b(raw).digest())
@@ -218,8 +222,10 @@ class NoticeMailer:
         self.send = send
 
     @classmethod
-    def for_users(cls, tenant: str, users: Sequence[str], send: Mailer) -> NoticeMailer:
-        return cls({(tenant, account_digest(tenant, u)): u for u in users}, send)
+    def for_users(
+        cls, tenant: str, users: Sequence[str], send: Mailer, key: str = DIGEST_KEY
+    ) -> NoticeMailer:
+        return cls({(tenant, account_digest(tenant, u, key)): u for u in users}, send)
 
     async def handle(self, notice: Mapping[str, Any]) -> bool:
         """Mail the owner; False when the digest is not one of ours (an unknown account:

@@ -13,6 +13,7 @@ stable ``reason`` code that becomes the ``error`` header of its dead letter:
 ``missing_field``   a required field is absent
 ``invalid_field``   a field has the wrong type or an invalid value
 ``future_timestamp``  ``occurred_at`` further in the future than the allowed skew
+``past_timestamp``  ``occurred_at`` older than the allowed past skew, or before 1970
 ==================  ==========================================================
 """
 

@@ -6,6 +6,7 @@ UTC with millisecond precision and a ``Z`` suffix (``2026-11-29T22:45:09.123Z``)
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Literal
 
@@ -13,6 +14,21 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, PlainSerialize
 
 SCHEMA_VERSION = 1
 USER_AGENT_MAX_CHARS = 512
+TENANT_PATTERN = r"[a-z0-9][a-z0-9._-]{0,63}"
+TENANT_RULE = (
+    f"tenant must match {TENANT_PATTERN}: 1 to 64 lower-case letters, digits, '.', '_' or "
+    "'-', starting with a letter or digit"
+)
+_TENANT = re.compile(TENANT_PATTERN)
+
+
+def valid_tenant(tenant: object) -> bool:
+    """The one tenant validator (ingest, the edge, settings): ``TENANT_PATTERN`` in full.
+
+    A tenant ends up in decision keys (``|``-separated, ``-`` meaning none), in nginx
+    feed headers and in Grafana's ``tenant IN (${tenant:singlequote})``: no quote,
+    backslash, separator or control character can pass."""
+    return isinstance(tenant, str) and _TENANT.fullmatch(tenant) is not None
 
 Flow = Literal["login", "uia", "mfa", "recovery", "token"]
 Outcome = Literal["success", "failure"]
@@ -64,7 +80,10 @@ class LoginAttempt(_Input):
 
     event_id: str = Field(min_length=1, max_length=128, description="unique per attempt")
     occurred_at: AwareDatetime = Field(description="event time, RFC 3339 with offset")
-    tenant: str = Field("default", min_length=1, max_length=64, description="realm")
+    tenant: str = Field(
+        "default", min_length=1, max_length=64, description="realm",
+        json_schema_extra={"pattern": f"^{TENANT_PATTERN}$"},  # checked by valid_tenant
+    )  # fmt: skip
     service: str = Field(min_length=1, max_length=128, description="emitting login service")
     flow: Flow = Field("login", description="uia = password re-check inside a session")
     account: str = Field(min_length=1, max_length=320, description="identifier as typed")
@@ -76,6 +95,13 @@ class LoginAttempt(_Input):
     outcome: Outcome
     failure_reason: FailureReason | None = None
     user_agent: str | None = Field(None, description="cut to 512 characters")
+
+    @field_validator("tenant")
+    @classmethod
+    def _tenant_syntax(cls, value: str) -> str:
+        if not valid_tenant(value):
+            raise ValueError(TENANT_RULE)
+        return value
 
     @field_validator("user_agent", mode="before")
     @classmethod

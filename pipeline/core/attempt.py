@@ -5,19 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from pipeline.contracts.models import LoginAttempt, datetime_to_ms
+from pipeline.contracts.models import TENANT_RULE, LoginAttempt, datetime_to_ms, valid_tenant
 from pipeline.core.errors import InvalidAttempt
-from pipeline.core.keys import NONE, Digester
+from pipeline.core.keys import Digester
 from pipeline.core.normalise import SourceRules, normalise_account
 
 PASSWORD_FLOWS = frozenset({"login", "token", "recovery"})
 RECENT_ENTRIES = 32_768  # per generation of each Normaliser cache; two generations at most
-
-
-def valid_tenant(tenant: str) -> bool:
-    """A tenant that can appear in a decision key: ``|`` separates the key's parts and a
-    lone ``-`` means "none", so either would make ``parse_key`` fail on the gateway."""
-    return bool(tenant) and tenant != NONE and "|" not in tenant
 
 
 class Attempt(NamedTuple):
@@ -123,9 +117,7 @@ class Normaliser:
         topic."""
         tenant = event.tenant
         if not valid_tenant(tenant):
-            raise InvalidAttempt(
-                "bad_tenant", f"tenant {tenant[:64]!r} contains '|' or is '-' (key syntax)"
-            )
+            raise InvalidAttempt("bad_tenant", f"{TENANT_RULE}; got {tenant[:64]!r}")
         device = self._device(tenant, event.device_id) if event.device_id else None
         session = self.digester.session(tenant, event.session_id) if event.session_id else None
         return Attempt(

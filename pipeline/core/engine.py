@@ -412,7 +412,7 @@ class AccountShard(_Shard):
         if now_ms > self.watermark_ms:
             self.watermark_ms = now_ms
         dedupe = self.dedupe
-        if dedupe is not None and dedupe.seen(a.event_id, self.watermark_ms):
+        if dedupe is not None and dedupe.seen(a.event_id, self.watermark_ms, a.tenant):
             self.metrics.duplicates += 1
             return None
         index = self.index
@@ -791,7 +791,7 @@ class SourceShard(_Shard):
     def step(self, a: Attempt, now_ms: int, out: Outbox, seq: int = -1) -> None:
         if now_ms > self.watermark_ms:
             self.watermark_ms = now_ms
-        if self.dedupe is not None and self.dedupe.seen(a.event_id, self.watermark_ms):
+        if self.dedupe is not None and self.dedupe.seen(a.event_id, self.watermark_ms, a.tenant):
             self.metrics.duplicates += 1
             return
         t = self.tenants.get(a.tenant) or self.tenant(a.tenant)

@@ -6,6 +6,7 @@ Addresses are parsed with ``socket.inet_pton`` into integers (ten times cheaper 
 
 from __future__ import annotations
 
+import re
 import socket
 import unicodedata
 from collections.abc import Iterable, Sequence
@@ -16,14 +17,34 @@ from pipeline.core.errors import InvalidAttempt
 _V4_MAPPED_PREFIX = 0xFFFF << 32
 _V6_BITS = 128
 _V4_BITS = 32
+_V4_MASK = 0xFFFFFFFF
+_NAT64_PREFIX = 0x0064FF9B << 96  # 64:ff9b::/96 (RFC 6052 well-known prefix)
+_V4_TRANSLATED_PREFIX = 0xFFFF0000 << 32  # ::ffff:0:0/96 (RFC 2765)
+_6TO4_PREFIX = 0x2002  # 2002::/16 (RFC 3056), the IPv4 address in bits 16-47
+_TEREDO_PREFIX = 0x20010000  # 2001::/32 (RFC 4380), the client IPv4 inverted in bits 96-127
+
+DEFAULT_IGNORABLE = re.compile(
+    "[\u00ad\u034f\u061c\u115f\u1160\u17b4\u17b5\u180b-\u180f\u200b-\u200f"
+    "\u202a-\u202e\u2060-\u206f\u3164\ufe00-\ufe0f\ufeff\uffa0\ufff0-\ufff8"
+    "\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0000-\U000e0fff]"
+)
+"""Unicode's Default_Ignorable_Code_Point (DerivedCoreProperties.txt, Unicode 15.1): soft
+hyphen, zero-width space/joiners, bidi controls, variation selectors, fillers, tags. They
+render as nothing, so ``al\u200bice`` looks like ``alice``."""
 
 
 def normalise_account(account: str, *, case_sensitive: bool = False) -> str:
-    """NFKC, trimmed, case-folded unless the tenant is case-sensitive.
+    """Default-ignorable code points removed, then NFKC, trimmed, case-folded unless the
+    tenant is case-sensitive.
 
     NFKC folds compatibility forms (full-width letters, ligatures) onto their plain
-    letters, so full-width ``alice`` and ``alice`` count as one account.
+    letters, so full-width ``alice`` and ``alice`` count as one account; invisible code
+    points (zero-width space, soft hyphen, ...) are dropped first, so ``al\u00adice`` is
+    ``alice`` too. Look-alike letters of other scripts (Cyrillic a, U+0430) stay distinct:
+    that is the login service's matter.
     """
+    if not account.isascii():
+        account = DEFAULT_IGNORABLE.sub("", account)
     text = unicodedata.normalize("NFKC", account).strip()
     if not case_sensitive:
         text = text.casefold()
@@ -130,6 +151,48 @@ def format_source(address: Address, *, ipv4_prefix: int = 32, ipv6_prefix: int =
     return socket.inet_ntop(socket.AF_INET6, masked.to_bytes(16, "big")) + f"/{ipv6_prefix}"
 
 
+def parse_hop(text: str) -> Address | None:
+    """One X-Forwarded-For entry: an address, ``a.b.c.d:port`` or ``[v6]:port`` (as some
+    load balancers append); None for anything else (``unknown``, ``_hidden``, garbage)."""
+    text = text.strip()
+    address = parse_address(text)
+    if address is not None or len(text) > 64:
+        return address
+    if text.startswith("["):
+        close = text.find("]:")
+        port = text[close + 2 :]
+        if close > 0 and port.isdigit() and len(port) <= 5:
+            return parse_address(text[1:close])
+        return None
+    host, sep, port = text.rpartition(":")
+    if sep and "." in host and ":" not in host and port.isdigit() and len(port) <= 5:
+        return parse_address(host)
+    return None
+
+
+def embedded_ipv4(address: Address) -> Address:
+    """The IPv4 address an IPv6 address carries, for the ranges that carry one: NAT64
+    ``64:ff9b::/96``, IPv4-compatible ``::a.b.c.d`` (not ``::`` or ``::1``),
+    IPv4-translated ``::ffff:0:a.b.c.d``, 6to4 ``2002:AABB:CCDD::/48`` and Teredo
+    ``2001:0::/32`` (the client's address, stored inverted); any other address as it is.
+
+    So every IPv4 client behind NAT64 is its own source instead of one shared /64, and
+    one 6to4 or Teredo host is one source instead of 65,536 /64s."""
+    if address.version != 6:
+        return address
+    value = address.value
+    high = value >> 32
+    if high == _NAT64_PREFIX >> 32 or high == _V4_TRANSLATED_PREFIX >> 32:
+        return Address(4, value & _V4_MASK)
+    if high == 0 and value > 1:
+        return Address(4, value & _V4_MASK)
+    if value >> 112 == _6TO4_PREFIX:
+        return Address(4, (value >> 80) & _V4_MASK)
+    if value >> 96 == _TEREDO_PREFIX:
+        return Address(4, (value & _V4_MASK) ^ _V4_MASK)
+    return address
+
+
 def client_address(
     peer_ip: str, forwarded_for: Sequence[str], trusted_proxies: NetworkSet
 ) -> Address:
@@ -137,8 +200,13 @@ def client_address(
 
     Only hops appended by trusted proxies are believed: walking from the right, the first
     untrusted address is the client, and anything to its left is the client's own claim.
-    Unparseable ``forwarded_for`` entries are skipped one by one. If every hop is a trusted
-    proxy, the left-most one is the source. Raises InvalidAttempt for a bad ``peer_ip``.
+    Hops are read by ``parse_hop`` (``ip:port`` and ``[v6]:port`` too); empty entries
+    are no hops (proxies append an address, ``unknown`` or ``_hidden``, never nothing,
+    and the edge's header split drops them too). A hop that still does not parse stops
+    the walk, failing closed: the trusted proxy that appended it (the hop to its right,
+    or the peer) is the source, never a claim further left. If
+    every hop is a trusted proxy, the left-most one is the source. Raises InvalidAttempt
+    for a bad ``peer_ip``. The worker and the edge both call this one function.
     """
     peer = parse_address(peer_ip)
     if peer is None:
@@ -147,9 +215,11 @@ def client_address(
         return peer
     last_trusted = peer
     for hop_text in reversed(forwarded_for):
-        hop = parse_address(hop_text)
+        hop = parse_hop(hop_text)
         if hop is None:
-            continue
+            if not hop_text.strip():
+                continue  # an empty entry ("a,,b", a trailing comma) is no hop
+            return last_trusted
         if hop not in trusted_proxies:
             return hop
         last_trusted = hop
@@ -165,5 +235,5 @@ class SourceRules:
     ipv6_prefix: int = 64
 
     def source_of(self, peer_ip: str, forwarded_for: Sequence[str]) -> str:
-        address = client_address(peer_ip, forwarded_for, self.trusted_proxies)
+        address = embedded_ipv4(client_address(peer_ip, forwarded_for, self.trusted_proxies))
         return format_source(address, ipv4_prefix=self.ipv4_prefix, ipv6_prefix=self.ipv6_prefix)

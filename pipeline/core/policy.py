@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from pipeline.contracts.models import TENANT_RULE, valid_tenant
 from pipeline.core.errors import PolicyError
 from pipeline.core.normalise import NetworkSet, parse_network
 
@@ -242,16 +243,18 @@ def policy_from_mapping(document: Mapping[str, Any]) -> Policy:
         # only a mode must not fail for want of a threshold.
         base = TenantPolicy.model_validate(_merge(_BUILTIN, defaults)).model_dump()
     except (ValidationError, ValueError) as exc:
-        raise PolicyError(f"invalid policy: [defaults]: {exc}") from exc
+        raise PolicyError(f"invalid policy: [defaults]: {_one_line(exc)}") from exc
     tenants: dict[str, TenantPolicy] = {}
     for name, override in tenants_doc.items():
         if not isinstance(override, Mapping):
             raise PolicyError(f"invalid policy: [tenants.{name}] must be a table")
+        if not valid_tenant(name):
+            raise PolicyError(f"invalid policy: [tenants.{name!r}]: {TENANT_RULE}")
         try:
             tenants[name] = TenantPolicy.model_validate(_merge(base, override))
         except (ValidationError, ValueError) as exc:
             # Name the tenant: pydantic's message names only the field inside it.
-            raise PolicyError(f"invalid policy: [tenants.{name}]: {exc}") from exc
+            raise PolicyError(f"invalid policy: [tenants.{name}]: {_one_line(exc)}") from exc
     try:
         return Policy(
             policy_version=document.get("policy_version", "default-1"),
@@ -259,7 +262,22 @@ def policy_from_mapping(document: Mapping[str, Any]) -> Policy:
             tenants=tenants,
         )
     except (ValidationError, ValueError) as exc:
-        raise PolicyError(f"invalid policy: {exc}") from exc
+        raise PolicyError(f"invalid policy: {_one_line(exc)}") from exc
+
+
+def _one_line(exc: ValueError) -> str:
+    """A validation problem as one line: ``field.path: what is wrong`` per problem, no URLs."""
+    if not isinstance(exc, ValidationError):
+        return " ".join(str(exc).split())
+    problems = []
+    for err in exc.errors():
+        where = ".".join(str(part) for part in err["loc"]) or "value"
+        if err["type"] == "extra_forbidden":
+            what = "unknown key (schemas/policy.example.toml lists every field)"
+        else:
+            what = " ".join(str(err["msg"]).split())
+        problems.append(f"{where}: {what}")
+    return "; ".join(problems)
 
 
 def policy_from_toml(text: str) -> Policy:

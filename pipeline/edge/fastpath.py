@@ -19,14 +19,23 @@ What the fast path reads, strictly (anything outside it is handed off, not refus
 
 * a head of at most ``HEAD_MAX_BYTES`` with at most ``HEADERS_MAX`` header lines;
 * a request line ``GET /v1/check?<query> HTTP/1.1``, the query printable ASCII;
-* header lines ``name: value`` with a token name, no folding, no ``Transfer-Encoding``,
-  ``Upgrade`` or ``Expect``, ``Content-Length`` at most ``0``, at most one
-  ``Authorization`` and ``Connection``; ``Connection: close`` closes after the answer;
+* header lines ``name: value`` with a token name, no folding, exactly one ``Host``, no
+  ``Transfer-Encoding``, ``Upgrade``, ``Expect`` or ``Proxy-Connection``,
+  ``Content-Length`` at most ``0``, at most one ``Authorization`` and ``Connection``
+  and at most one of each of aiohttp's singleton headers (it answers 400 to a repeat);
+  ``Connection`` is ``close`` or ``keep-alive``, and ``close`` closes after the answer
+  (a request following it in the same read is aiohttp's to refuse);
 * a query of ``name=value`` pairs joined by ``&``, names without escapes, values
   percent-decoded as UTF-8 (no ``+``: aiohttp reads it as a space, so it is handed off).
 
 Idle connections (no byte for ``KEEPALIVE_TIMEOUT_S``, as aiohttp's keep-alive timeout)
-are closed by a sweep every ``SWEEP_INTERVAL_S``.
+are closed by a sweep every ``SWEEP_INTERVAL_S``. Hostile clients are bounded on both
+paths: a request head must be complete ``head_timeout_s`` (10 s) after its first byte,
+or after the connection opened for its first request (a trickle of bytes does not extend
+it; idle time between requests does not count), and at most ``max_connections`` connections are
+open at once (fast path and handed off together; further ones are closed at once). A
+connection handed off keeps its write flow control: aiohttp's protocol is installed
+before the answers already made are written.
 """
 
 from __future__ import annotations
@@ -35,12 +44,13 @@ import asyncio
 import email.utils
 import re
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote_to_bytes
 
 from aiohttp import web
 from aiohttp.http import SERVER_SOFTWARE
+
+from pipeline.edge.slowclients import HeadDeadline, HeadDeadlineHandler
 
 if TYPE_CHECKING:
     from pipeline.edge.service import Edge
@@ -48,12 +58,19 @@ if TYPE_CHECKING:
 HEAD_MAX_BYTES = 8190
 """A request head longer than this goes to aiohttp (its line and field limits are 8190)."""
 HEADERS_MAX = 100
+HEAD_TIMEOUT_S = 10.0
+"""A request head must be complete this long after its first byte (``edge.head_timeout_s``)."""
+MAX_CONNECTIONS = 10_000
+"""Open connections at most (``edge.max_connections``); further ones are closed at once."""
 KEEPALIVE_TIMEOUT_S = 75.0
 SWEEP_INTERVAL_S = 15.0
 _TOKEN_CHARS = frozenset(
     b"!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 )
-_HANDED_OFF_HEADERS = frozenset({b"transfer-encoding", b"upgrade", b"expect"})
+_HANDED_OFF_HEADERS = frozenset(
+    {b"transfer-encoding", b"upgrade", b"expect", b"proxy-connection"}
+)
+_ONCE = frozenset({b"authorization", b"connection"})
 _SERVER = SERVER_SOFTWARE.encode()
 
 
@@ -95,13 +112,30 @@ _HEAD = re.compile(rb"GET /v1/check\?([!\x22$-~]+) HTTP/1\.1((?:\r\n%s:%s)*)" % 
 colon and a value without control characters but tab (so no folded lines, no bare CR or
 LF); the query and the header lines are its groups."""
 _NOTABLE = re.compile(
-    rb"\n(?:transfer-encoding|upgrade|expect|content-length|authorization|connection):", re.I
+    rb"\r\n(transfer-encoding|upgrade|expect|proxy-connection|content-length|authorization"
+    rb"|connection|host|content-location|content-range|content-type|etag|max-forwards|server"
+    rb"|user-agent):([^\r]*)",
+    re.I,
 )
-"""The headers the fast path must look at."""
+"""The header lines the fast path must look at: those it hands off, those it reads, and
+aiohttp's singleton headers (RFC 9110; aiohttp answers 400 to a duplicate)."""
+_RARE = re.compile(
+    rb"\r\n(?:transfer-encoding|upgrade|expect|proxy-connection|content-length|authorization"
+    rb"|connection|content-location|content-range|content-type|etag|max-forwards|server):"
+)
+"""The notable headers but Host and User-Agent, in lower-cased header lines: a head with
+none of them, one Host and at most one User-Agent (the common case) needs no more look."""
+_SINGLETONS = frozenset(
+    {b"content-length", b"content-location", b"content-range", b"content-type", b"etag",
+     b"host", b"max-forwards", b"server", b"user-agent"}
+)  # fmt: skip
 
 
 def parse_head(head: bytes, known: frozenset[str]) -> _Head | None:
-    """A ``GET /v1/check`` head (without its blank line), or None for any other."""
+    """A ``GET /v1/check`` head (without its blank line), or None for any other: also for
+    every head aiohttp would read differently (a missing or duplicate ``Host``, any other
+    duplicate singleton header, ``Proxy-Connection``, a ``Connection`` other than
+    ``close`` or ``keep-alive``)."""
     match = _HEAD.fullmatch(head)
     if match is None:
         return None
@@ -111,29 +145,40 @@ def parse_head(head: bytes, known: frozenset[str]) -> _Head | None:
     lines = match[2]
     if lines.count(b"\n") > HEADERS_MAX:
         return None
-    if _NOTABLE.search(lines) is None:
-        return _Head(query, None, False)  # the common case: nothing to look at
+    low = lines.lower()
+    if (
+        low.count(b"\r\nhost:") == 1
+        and low.count(b"\r\nuser-agent:") <= 1
+        and _RARE.search(low) is None
+    ):
+        return _Head(query, None, False)
     authorization: bytes | None = None
     connection: bytes | None = None
-    for line in lines.split(b"\r\n")[1:]:
-        name, _, value = line.partition(b":")
-        name, value = name.lower(), value.strip(b" \t")
+    seen: set[bytes] = set()
+    for raw_name, raw_value in _NOTABLE.findall(lines):
+        name, value = raw_name.lower(), raw_value.strip(b" \t")
         if name in _HANDED_OFF_HEADERS:
             return None
+        if name in seen and (name in _SINGLETONS or name in _ONCE):
+            return None
+        seen.add(name)
         if name == b"content-length":
             if value != b"0":
                 return None
         elif name == b"authorization":
-            if authorization is not None:
-                return None
             authorization = value
         elif name == b"connection":
-            if connection is not None:
-                return None
-            connection = value.lower()
-    close = connection is not None and b"close" in connection
-    if connection is not None and not close and connection != b"keep-alive":
-        return None  # e.g. "Upgrade": aiohttp's to judge
+            connection = value
+    if b"host" not in seen:
+        return None
+    close = False
+    if connection is not None:
+        tokens = {token.strip(b" \t").lower() for token in connection.split(b",")}
+        tokens.discard(b"")
+        if tokens == {b"close"}:
+            close = True
+        elif tokens != {b"keep-alive"}:
+            return None  # e.g. "Upgrade", "close, x": aiohttp's to judge
     return _Head(query, authorization, close)
 
 
@@ -165,15 +210,25 @@ def response(body: bytes, date: bytes, close: bool) -> bytes:
 
 class CheckConnections:
     """The protocol factory of an ``EdgeSite``: makes ``CheckConnection``s, keeps the live
-    ones (to close them at shutdown) and sweeps out idle ones."""
+    ones (to close them at shutdown), sweeps out idle ones, counts every open connection
+    (fast path and handed off) against ``max_connections`` and closes the ones over it."""
 
     def __init__(
-        self, edge: Edge, fallback: Callable[[], asyncio.Protocol], known: frozenset[str]
+        self,
+        edge: Edge,
+        server: web.Server,
+        known: frozenset[str],
+        *,
+        head_timeout_s: float = HEAD_TIMEOUT_S,
+        max_connections: int = MAX_CONNECTIONS,
     ) -> None:
         self.edge = edge
         self.known = known
-        self.fallback = fallback
+        self.server = server
+        self.head_timeout_s = head_timeout_s
+        self.max_connections = max_connections
         self.live: set[CheckConnection] = set()
+        self.open = 0
         self.date = _Date()
         self._sweep: asyncio.TimerHandle | None = None
 
@@ -181,6 +236,24 @@ class CheckConnections:
         if self._sweep is None:
             self._sweep = asyncio.get_running_loop().call_later(SWEEP_INTERVAL_S, self.sweep)
         return CheckConnection(self)
+
+    def fallback(self) -> HeadDeadlineHandler:
+        """aiohttp's protocol for a connection the fast path hands off."""
+        return HeadDeadlineHandler(self, self.server)
+
+    def admit(self) -> bool:
+        """Count a new connection; False (and counted as refused) when over the cap."""
+        if self.open >= self.max_connections:
+            self.edge.metrics.connection_refused()
+            return False
+        self.open += 1
+        return True
+
+    def closed(self) -> None:
+        self.open -= 1
+
+    def head_timed_out(self) -> None:
+        self.edge.metrics.head_timeout()
 
     def sweep(self) -> None:
         """Close connections idle for longer than the keep-alive timeout."""
@@ -201,20 +274,29 @@ class CheckConnections:
 class CheckConnection(asyncio.Protocol):
     """One connection: fast-path answers until the first request that is not for it."""
 
-    __slots__ = ("_buffer", "_connections", "_loop", "_transport", "last_data_s")
+    __slots__ = ("_buffer", "_connections", "_deadline", "_loop", "_transport", "last_data_s")
 
     def __init__(self, connections: CheckConnections) -> None:
         self._connections = connections
         self._transport: asyncio.Transport | None = None
         self._buffer = b""
         self._loop = asyncio.get_running_loop()
+        self._deadline = HeadDeadline(connections)
         self.last_data_s = self._loop.time()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        if not self._connections.admit():
+            # Over the cap: no answer, nothing buffered (connection_lost follows).
+            transport.abort()  # type: ignore[attr-defined]
+            return
         self._transport = transport  # type: ignore[assignment]
         self._connections.live.add(self)
+        self._deadline.start(transport)  # the first head is due from the connection's start
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._deadline.cancel()
+        if self._transport is not None:
+            self._connections.closed()
         self._connections.live.discard(self)
         self._transport = None
 
@@ -246,7 +328,8 @@ class CheckConnection(asyncio.Protocol):
                 return
             head = parse_head(buffer[:head_end], connections.known)
             body = None
-            if head is not None:
+            if head is not None and not (head.close and len(buffer) > head_end + 4):
+                # (aiohttp refuses a request followed by data after Connection: close)
                 body = edge.quick_check(head.query, head.authorization)
             if body is None:
                 self._hand_off(answers, buffer)
@@ -261,24 +344,36 @@ class CheckConnection(asyncio.Protocol):
         transport = self._transport
         if transport is None:
             return
+        # The head deadline runs from the first byte of a head until the head is complete.
+        if answers or not buffer:
+            self._deadline.cancel()
+        if buffer:
+            self._deadline.start(transport)
         if answers:
             transport.write(answers[0] if len(answers) == 1 else b"".join(answers))
         if close:
             transport.close()
 
     def _hand_off(self, answers: list[bytes], unanswered: bytes) -> None:
-        """Give the connection to aiohttp, after writing the answers already made."""
+        """Give the connection to aiohttp, then write the answers already made.
+
+        The protocol is switched before writing, so a pause of writing that the answers
+        cause (the client reads slowly) reaches aiohttp's protocol, which then holds its
+        own writes until the transport resumes it (flow control kept across the switch)."""
         transport = self._transport
+        self._deadline.cancel()
         self._connections.live.discard(self)
         self._transport = None
         self._buffer = b""
         if transport is None or transport.is_closing():
+            if transport is not None:
+                self._connections.closed()
             return
-        if answers:
-            transport.write(b"".join(answers))
         protocol = self._connections.fallback()
         transport.set_protocol(protocol)
         protocol.connection_made(transport)
+        if answers:
+            transport.write(b"".join(answers))
         protocol.data_received(unanswered)
 
 
@@ -294,8 +389,12 @@ class EdgeSite(web.BaseSite):
         *,
         backlog: int = 128,
         reuse_port: bool | None = None,
+        head_timeout_s: float = HEAD_TIMEOUT_S,
+        max_connections: int = MAX_CONNECTIONS,
     ) -> None:
         super().__init__(runner, backlog=backlog)
+        self._head_timeout_s = head_timeout_s
+        self._max_connections = max_connections
         self._edge_runner = runner
         self._host = host
         self._requested_port = port
@@ -315,7 +414,10 @@ class EdgeSite(web.BaseSite):
         server = self._edge_runner.server
         assert server is not None  # BaseSite refuses a runner that was not set up
         edge = self._edge_runner.app[EDGE_KEY]
-        self._connections = CheckConnections(edge, server, CHECK_FIELDS)
+        self._connections = CheckConnections(
+            edge, server, CHECK_FIELDS,
+            head_timeout_s=self._head_timeout_s, max_connections=self._max_connections,
+        )  # fmt: skip
         self._server = listener = await asyncio.get_running_loop().create_server(
             self._connections, self._host, self._requested_port,
             backlog=self._edge_backlog, reuse_port=self._reuse_port,

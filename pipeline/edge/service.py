@@ -59,6 +59,7 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from pipeline.contracts.models import TENANT_RULE, valid_tenant
 from pipeline.core.decisions import Verdict
 from pipeline.core.keys import Key, format_key
 from pipeline.edge.blocklist import (
@@ -70,9 +71,10 @@ from pipeline.edge.blocklist import (
     sse_event,
 )
 from pipeline.edge.fastpath import EdgeSite
+from pipeline.edge.loglimit import REFUSAL_LOG_LINES_PER_S, LineBudget
 from pipeline.edge.view import FLOWS, CheckInputError, DecisionFeed, DecisionView, EdgeError
 from pipeline.logs import get_logger
-from pipeline.settings import Settings
+from pipeline.settings import EdgeSettings, Settings
 
 log = get_logger("edge")
 
@@ -85,13 +87,11 @@ BATCH_MAX_CHECKS = 1000
 WAIT_MAX_MS = 60_000
 BODY_MAX_BYTES = 1 << 20
 SSE_HEARTBEAT_S = 15.0
-FEED_CACHE_ENTRIES = 64
 SHUTDOWN_TIMEOUT_S = 5.0
 ALLOWED_BODY = b'{"allowed":true,"retry_after_ms":0}'
 CHECK_PATH = "/v1/check"
 _NO_TOKEN_PATHS = frozenset({"/healthz"})
 _DIGITS = re.compile(r"[0-9]{1,5}")
-_TENANT_SYNTAX = re.compile(r"[^|\x00-\x1f\x7f]{1,64}")
 
 
 class BadRequest(EdgeError):
@@ -116,6 +116,8 @@ class Health(Protocol):
 
     def ready(self) -> bool: ...
 
+    def not_ready_reason(self) -> str | None: ...
+
     def lag_messages(self) -> int: ...
 
     def staleness_ms(self) -> int | None: ...
@@ -126,6 +128,9 @@ class AlwaysReady:
 
     def ready(self) -> bool:
         return True
+
+    def not_ready_reason(self) -> str | None:
+        return None
 
     def lag_messages(self) -> int:
         return 0
@@ -260,8 +265,8 @@ def parse_feed_query(query: MultiMapping[str], allowed: frozenset[str]) -> tuple
     if include not in (None, "", "observe"):
         raise BadRequest("include", "include must be 'observe' (or absent)")
     tenant = _single(query, "tenant") or None
-    if tenant is not None and not _TENANT_SYNTAX.fullmatch(tenant):
-        raise BadRequest("tenant", "tenant must be 1 to 64 characters without '|' or controls")
+    if tenant is not None and not valid_tenant(tenant):
+        raise BadRequest("tenant", TENANT_RULE)
     wait_text = _single(query, "wait_ms") or "0"
     if not _DIGITS.fullmatch(wait_text) or int(wait_text) > WAIT_MAX_MS:
         raise BadRequest("wait_ms", f"wait_ms must be an integer from 0 to {WAIT_MAX_MS}")
@@ -336,6 +341,22 @@ class EdgeMetrics:
         self.requests_total = Counter(
             "authpipe_edge_http_requests_total", "HTTP requests", ["endpoint", "status"], registry=r
         )
+        self.check_logs_suppressed_total = Counter(
+            "authpipe_edge_check_logs_suppressed_total",
+            "refusal log lines held back by the per-second budget", registry=r,
+        )  # fmt: skip
+        self.feed_renders_total = Counter(
+            "authpipe_edge_feed_renders_total", "block-list bodies rendered", registry=r
+        )
+        self.connections_refused_total = Counter(
+            "authpipe_edge_connections_refused_total",
+            "connections closed at once: edge.max_connections were open", registry=r,
+        )  # fmt: skip
+        self.head_timeouts_total = Counter(
+            "authpipe_edge_head_timeouts_total",
+            "connections closed: a request head was not complete within edge.head_timeout_s",
+            registry=r,
+        )
         self.request_seconds = Histogram(
             "authpipe_edge_http_request_seconds",
             "HTTP request handling time (long polls excluded)",
@@ -358,6 +379,18 @@ class EdgeMetrics:
         self._child(self.requests_total, endpoint, str(status)).inc()
         if seconds is not None:
             self._child(self.request_seconds, endpoint).observe(seconds)
+
+    def check_log_suppressed(self) -> None:
+        self.check_logs_suppressed_total.inc()
+
+    def feed_rendered(self) -> None:
+        self.feed_renders_total.inc()
+
+    def connection_refused(self) -> None:
+        self.connections_refused_total.inc()
+
+    def head_timeout(self) -> None:
+        self.head_timeouts_total.inc()
 
     def check(self, applied: str) -> None:
         self._child(self.checks_total, applied).inc()
@@ -402,11 +435,21 @@ EDGE_KEY: web.AppKey[Edge] = web.AppKey("edge")
 class Edge:
     """Request handlers over one view; built by ``create_app``."""
 
-    def __init__(self, view: DecisionView, health: Health, token: str | None) -> None:
+    def __init__(
+        self,
+        view: DecisionView,
+        health: Health,
+        token: str | None,
+        tenants: Iterable[str] = (),
+        refusal_logs_per_s: int = REFUSAL_LOG_LINES_PER_S,
+    ) -> None:
         self.view = view
         self.health = health
         self.metrics = EdgeMetrics(view, health)
         self._token = f"Bearer {token}".encode() if token else None
+        self.log_budget = LineBudget(refusal_logs_per_s)
+        self.tenants = frozenset(tenants)
+        """Tenants the feed serves before any decision names them (``ingest.tenants``)."""
         self._feeds: dict[FeedQuery, tuple[int, RenderedFeed]] = {}
         self._closing = asyncio.Event()
 
@@ -456,10 +499,8 @@ class Edge:
 
     def _require_ready(self) -> None:
         if not self.health.ready():
-            raise NotReady(
-                f"the decision view is catching up ({self.health.lag_messages()} messages "
-                "behind); retry shortly"
-            )
+            reason = self.health.not_ready_reason() or "catching up"
+            raise NotReady(f"the decision view is not ready: {reason}; retry shortly")
 
     # -- checks --------------------------------------------------------------------------
 
@@ -479,6 +520,16 @@ class Edge:
         return verdict
 
     def _log_match(self, event: str, key: Key, verdict: Verdict) -> None:
+        """One line per refused or observed check, within ``log_budget`` lines a second;
+        the lines held back are counted (``authpipe_edge_check_logs_suppressed_total``)
+        and reported in one ``edge_check_logs_suppressed`` line when the budget allows."""
+        budget = self.log_budget
+        if not budget.allow():
+            self.metrics.check_log_suppressed()
+            return
+        suppressed = budget.take_suppressed()
+        if suppressed:
+            log.warning("edge_check_logs_suppressed", lines=suppressed, per_second=budget.per_second)
         active = self.view.index.get(key)
         log.info(
             event,
@@ -536,8 +587,23 @@ class Edge:
 
     # -- the block-list ------------------------------------------------------------------
 
+    def known_tenant(self, tenant: str) -> bool:
+        """A tenant the feed serves: in ``ingest.tenants`` or named by a decision."""
+        return tenant in self.tenants or tenant in self.view.tenants
+
     def feed(self, query: FeedQuery) -> RenderedFeed:
-        """The rendered feed, re-rendered only when the block-list changed or expired."""
+        """The rendered feed, re-rendered only when the block-list changed or expired.
+
+        Queries are for a known tenant (``known_tenant``) or all, so the cache holds at
+        most ``len(FORMATS) * 2 * (known tenants + 1)`` bodies and is never cleared: each
+        of them is rendered at most once per change (or first expiry) of the block-list,
+        whatever clients ask."""
+        if query.tenant is not None and not self.known_tenant(query.tenant):
+            raise BadRequest(
+                "tenant",
+                f"unknown tenant {query.tenant!r}: no decision names it and it is not in "
+                "ingest.tenants",
+            )
         version = self.view.blocklist_changes.version
         cached = self._feeds.get(query)
         fresh = cached is not None and cached[0] == version
@@ -547,8 +613,7 @@ class Edge:
             include_observe=query.include_observe, tenant=query.tenant
         )
         rendered = render(entries, query, valid_until_ms)
-        if len(self._feeds) >= FEED_CACHE_ENTRIES:
-            self._feeds.clear()
+        self.metrics.feed_rendered()
         self._feeds[query] = (version, rendered)
         return rendered
 
@@ -588,6 +653,7 @@ class Edge:
     async def blocklist_events(self, request: web.Request) -> web.StreamResponse:
         query, _ = parse_feed_query(request.query, EVENTS_FIELDS)
         self._require_ready()
+        self.feed(query)  # a 400 for an unknown tenant before the stream starts
         response = web.StreamResponse(
             headers={
                 "Content-Type": "text/event-stream",
@@ -620,12 +686,14 @@ class Edge:
 
     async def readyz(self, request: web.Request) -> web.Response:
         ready = self.health.ready()
-        body = {
+        body: dict[str, object] = {
             "ready": ready,
             "lag_messages": self.health.lag_messages(),
             "staleness_ms": self.health.staleness_ms(),
             "decisions": len(self.view),
         }
+        if not ready:
+            body["reason"] = self.health.not_ready_reason() or "catching up"
         return _json(body, status=200 if ready else 503)
 
     async def metrics_text(self, request: web.Request) -> web.Response:
@@ -638,10 +706,18 @@ class Edge:
         self._closing.set()
 
 
-def create_app(view: DecisionView, health: Health, *, token: str | None = None) -> web.Application:
+def create_app(
+    view: DecisionView,
+    health: Health,
+    *,
+    token: str | None = None,
+    tenants: Iterable[str] = (),
+    refusal_logs_per_s: int = REFUSAL_LOG_LINES_PER_S,
+) -> web.Application:
     """The aiohttp application of the edge over ``view`` (fed by whatever ``health`` reports
-    on, e.g. a DecisionFeed)."""
-    edge = Edge(view, health, token)
+    on, e.g. a DecisionFeed); the feed serves ``tenants`` and every tenant a decision
+    names."""
+    edge = Edge(view, health, token, tenants, refusal_logs_per_s)
     app = web.Application(middlewares=[edge.middleware], client_max_size=BODY_MAX_BYTES)
     app[EDGE_KEY] = edge
     app.router.add_get(CHECK_PATH, edge.check_get, allow_head=False)
@@ -666,8 +742,13 @@ def _loopback(host: str) -> bool:
         return host == "localhost"
 
 
-async def _listen(runner: web.AppRunner, host: str, port: int) -> int:
-    site = EdgeSite(runner, host, port)
+async def _listen(
+    runner: web.AppRunner, host: str, port: int, settings: EdgeSettings | None = None
+) -> int:
+    edge = settings or EdgeSettings()
+    site = EdgeSite(
+        runner, host, port, head_timeout_s=edge.head_timeout_s, max_connections=edge.max_connections
+    )
     try:
         await site.start()
     except OSError as exc:
@@ -681,11 +762,14 @@ async def _listen(runner: web.AppRunner, host: str, port: int) -> int:
 async def serve(settings: Settings, host: str, port: int, stop: asyncio.Event) -> None:
     """Follow the decisions topic and serve HTTP on ``host:port`` until ``stop`` is set."""
     feed = DecisionFeed.from_settings(settings)
-    app = create_app(feed.view, feed, token=settings.edge.token)
+    app = create_app(
+        feed.view, feed, token=settings.edge.token, tenants=settings.ingest.tenants,
+        refusal_logs_per_s=settings.edge.refusal_logs_per_s,
+    )  # fmt: skip
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S)
     await runner.setup()
     try:
-        bound = await _listen(runner, host, port)
+        bound = await _listen(runner, host, port, settings.edge)
         if not settings.edge.token and not _loopback(host):
             log.warning("edge_open_bind", host=host, hint="set edge.token (AUTHPIPE_EDGE_TOKEN)")
         log.info("edge_listening", host=host, port=bound, topic=feed.config.topic)

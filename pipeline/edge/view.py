@@ -19,9 +19,10 @@ come: a decision replaces its key, a tombstone lifts it, and a decision whose
 ``expires_at`` has passed is dropped at once (and an active one stops counting at its
 ``expires_at`` even if no tombstone ever arrives: a gateway offline for longer than
 the topic's ``delete.retention.ms`` misses tombstones, never expiries). A message that
-is not a valid decision is logged and counted, and lifts its key if the key parses (the
-latest value of a key is what the compacted topic keeps, so a restarted edge converges
-on the same view). The feed is ready once it has read up to the end offsets it saw at
+is not a valid decision is logged and counted, and changes nothing: the key keeps its
+last good decision until a tombstone or its expiry (a malformed value must not lift a
+block; a restarted edge that finds only the malformed value after compaction has no
+decision for that key). The feed is ready once it has read up to the end offsets it saw at
 start; it exposes lag (messages not yet read) and staleness (time since the broker last
 answered a fetch of every partition).
 
@@ -35,7 +36,7 @@ import contextlib
 import gc
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, get_args
@@ -46,10 +47,10 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 from aiokafka.structs import TopicPartition
 
-from pipeline.contracts.models import Flow, Scope, datetime_to_ms
+from pipeline.contracts.models import TENANT_RULE, Flow, Scope, datetime_to_ms, valid_tenant
 from pipeline.core.decisions import ALLOWED, Active, DecisionIndex, Verdict, applicable_keys
 from pipeline.core.errors import InvalidAttempt
-from pipeline.core.keys import NONE, Key, parse_key
+from pipeline.core.keys import Key, format_key, parse_key
 from pipeline.edge.blocklist import BlockEntry, valid_source
 from pipeline.errors import AuthpipeError
 from pipeline.logs import get_logger
@@ -67,12 +68,19 @@ TENANT_MAX_CHARS = 64
 ACCOUNT_MAX_CHARS = 320
 HANDLE_MAX_CHARS = 256
 FORWARDED_MAX_HOPS = 64
+FORWARDED_MAX_CHARS = 2048
+FORWARDED_MAX_HOP_CHARS = 64
+FORWARDED_CACHED_MAX_CHARS = 256
+"""Checks whose ``forwarded_for`` is longer are answered without caching (a proxy chain
+is a few hops of 7 to 45 characters; longer text is a client's to vary at will)."""
 IP_MAX_CHARS = 64
 CACHE_ENTRIES = 65_536
 APPLY_CHUNK = 32
 """Messages applied between two looks at the clock (about 0.5 ms of work here)."""
 APPLY_BUDGET_S = 0.001
 """The longest the feed applies messages before it yields to the event loop."""
+TOPIC_MISSING_LOG_S = 60.0
+"""While the decisions topic is missing, the warning is repeated this often."""
 OUTCOMES = ("put", "lift", "expired", "bad")
 
 
@@ -257,13 +265,8 @@ def _remember(cache: dict[Any, str], key: Any, value: str, capacity: int) -> str
 
 
 def _check_tenant(tenant: object) -> None:
-    if (
-        not isinstance(tenant, str)
-        or not 1 <= len(tenant) <= TENANT_MAX_CHARS
-        or tenant == NONE
-        or "|" in tenant
-    ):
-        raise CheckInputError("tenant", "tenant must be 1 to 64 characters, not '-', without '|'")
+    if not valid_tenant(tenant):
+        raise CheckInputError("tenant", TENANT_RULE)
 
 
 def _handle(parameter: str, value: object) -> str:
@@ -272,16 +275,37 @@ def _handle(parameter: str, value: object) -> str:
     return value
 
 
-def split_forwarded(forwarded_for: str | Sequence[str]) -> tuple[str, ...]:
-    """``forwarded_for`` as hops: a comma-separated header value or a sequence of strings."""
+def _chars(forwarded_for: str | tuple[str, ...]) -> int:
+    """The length of ``forwarded_for`` as text (a tuple counted as joined by commas)."""
     if isinstance(forwarded_for, str):
-        hops = tuple(hop.strip() for hop in forwarded_for.split(",") if hop.strip())
+        return len(forwarded_for)
+    return sum(map(len, forwarded_for)) + max(0, len(forwarded_for) - 1)
+
+
+def split_forwarded(forwarded_for: str | Sequence[str]) -> tuple[str, ...]:
+    """``forwarded_for`` as hops: a comma-separated header value or a sequence of strings;
+    at most ``FORWARDED_MAX_HOPS`` hops of ``FORWARDED_MAX_HOP_CHARS`` characters each and
+    ``FORWARDED_MAX_CHARS`` in all (a caller cannot make the edge keep or parse more)."""
+    if isinstance(forwarded_for, str):
+        total = len(forwarded_for)
+        if total <= FORWARDED_MAX_CHARS:
+            hops = tuple(hop.strip() for hop in forwarded_for.split(",") if hop.strip())
     else:
         hops = tuple(forwarded_for)
         if not all(isinstance(hop, str) for hop in hops):
             raise CheckInputError("forwarded_for", "forwarded_for entries must be strings")
+        total = _chars(hops)
+    if total > FORWARDED_MAX_CHARS:
+        raise CheckInputError(
+            "forwarded_for", f"forwarded_for is longer than {FORWARDED_MAX_CHARS} characters"
+        )
     if len(hops) > FORWARDED_MAX_HOPS:
         raise CheckInputError("forwarded_for", "forwarded_for has more than 64 addresses")
+    if any(len(hop) > FORWARDED_MAX_HOP_CHARS for hop in hops):
+        raise CheckInputError(
+            "forwarded_for",
+            f"a forwarded_for entry is longer than {FORWARDED_MAX_HOP_CHARS} characters",
+        )
     return hops
 
 
@@ -302,9 +326,11 @@ class DecisionView:
         self.changes = ChangeSignal()
         self.blocklist_changes = ChangeSignal()
         self._sources: dict[Key, Active] = {}
+        self.tenants: set[str] = {"default"}
+        """Tenants a decision has named (and ``default``): the feed serves these."""
         self._capacity = cache_entries
         self._accounts: dict[tuple[str, str], str] = {}
-        self._addresses: dict[tuple[str, str | tuple[str, ...]], str] = {}
+        self._addresses: dict[tuple[str, tuple[str, ...]], str] = {}
         self._devices: dict[tuple[str, str], str] = {}
         self._sessions: dict[tuple[str, str], str] = {}
         self._keys: dict[tuple[Any, ...], _Memo] = {}
@@ -320,8 +346,8 @@ class DecisionView:
     def apply(self, key: bytes | None, value: bytes | None) -> str:
         """Apply one message of the topic; returns the outcome (one of ``OUTCOMES``).
 
-        Raises nothing: a bad message is counted by reason, and lifts its key if the key
-        itself is valid.
+        Raises nothing: a bad message is counted by reason and logged; the key keeps its
+        last good decision.
         """
         return self._apply(key, value, self.now_ms())
 
@@ -351,6 +377,7 @@ class DecisionView:
             self._lift(decision_key)
             return self._count("expired")
         self.index.put(decision_key, active)
+        self.tenants.add(decision_key[1])
         if decision_key[0] == "source":
             self._sources[decision_key] = active
             self.blocklist_changes.bump()
@@ -362,11 +389,17 @@ class DecisionView:
         return outcome
 
     def _bad(self, exc: BadDecision, key: Key | None) -> str:
+        """Count and log a bad message; the key's last good decision stays (a malformed
+        value must never lift a block: only a tombstone or the expiry does)."""
         reasons = self.stats.bad_reasons
         reasons[exc.reason] = reasons.get(exc.reason, 0) + 1
-        log.warning("edge_bad_decision", reason=exc.reason, detail=exc.detail)
-        if key is not None:
-            self._lift(key)
+        log.warning(
+            "edge_bad_decision",
+            reason=exc.reason,
+            detail=exc.detail,
+            key=None if key is None else format_key(key),
+            kept=key is not None and self.index.get(key) is not None,
+        )
         return self._count("bad")
 
     def _lift(self, key: Key) -> None:
@@ -431,7 +464,7 @@ class DecisionView:
         if trusted.__class__ is not bool:
             raise CheckInputError("trusted", "trusted must be true or false")
         account_digest = self._accounts.get((tenant, account)) or self._account(tenant, account)
-        hops = forwarded_for if isinstance(forwarded_for, str | tuple) else tuple(forwarded_for)
+        hops = split_forwarded(forwarded_for)
         source = self._addresses.get((source_ip, hops)) or self._source(source_ip, hops)
         device = None
         if device_id:
@@ -449,7 +482,9 @@ class DecisionView:
             flow,
         )
         entry = (keys, account_digest, source)
-        if hops is forwarded_for:
+        if isinstance(forwarded_for, str | tuple) and _chars(forwarded_for) <= (
+            FORWARDED_CACHED_MAX_CHARS
+        ):
             memo_cache = self._keys
             if len(memo_cache) >= self._capacity:
                 del memo_cache[next(iter(memo_cache))]
@@ -466,19 +501,20 @@ class DecisionView:
             raise CheckInputError("account", "account is blank after normalisation") from None
         return _remember(self._accounts, (tenant, account), sys.intern(digest), self._capacity)
 
-    def _source(self, source_ip: str, forwarded_for: str | tuple[str, ...]) -> str:
+    def _source(self, source_ip: str, hops: tuple[str, ...]) -> str:
+        """The source of a peer and its normalised hops (``split_forwarded``), cached by
+        both unless the hops are longer than ``FORWARDED_CACHED_MAX_CHARS``."""
         if not isinstance(source_ip, str) or not source_ip or len(source_ip) > IP_MAX_CHARS:
             raise CheckInputError("ip", "ip must be an IPv4 or IPv6 address")
-        hops = split_forwarded(forwarded_for)
         try:
             source = self.normaliser.sources.source_of(source_ip, hops)
         except InvalidAttempt:
             raise CheckInputError(
                 "ip", f"ip {source_ip!r} is not an IPv4 or IPv6 address"
             ) from None
-        return _remember(
-            self._addresses, (source_ip, forwarded_for), sys.intern(source), self._capacity
-        )
+        if _chars(hops) > FORWARDED_CACHED_MAX_CHARS:
+            return source
+        return _remember(self._addresses, (source_ip, hops), sys.intern(source), self._capacity)
 
     def _device(self, tenant: str, device_id: str) -> str:
         digest = self.normaliser.digester.device(tenant, _handle("device", device_id))
@@ -538,6 +574,8 @@ class FeedConfig:
     fetch_max_bytes: int = 64 << 20
     retry_backoff_s: float = 1.0
     request_timeout_ms: int = 30_000
+    # TLS/SASL options of every client the feed opens (pipeline.kafka_client.security_kwargs).
+    security: Mapping[str, Any] = field(default_factory=dict)
 
 
 class DecisionFeed:
@@ -551,6 +589,7 @@ class DecisionFeed:
         self._targets: dict[TopicPartition, int] = {}
         self._positions: dict[TopicPartition, int] = {}
         self._ready = asyncio.Event()
+        self._waiting: str | None = f"connecting to the broker at {config.bootstrap_servers}"
         self._started_wall_ms = 0
         self.load_ms: int | None = None
         self.errors = 0
@@ -564,7 +603,10 @@ class DecisionFeed:
         from pipeline.stream.app import build_normaliser
 
         view = DecisionView(build_normaliser(settings), now_ms=now_ms)
-        config = FeedConfig(settings.kafka.bootstrap_servers, settings.kafka.decisions_topic)
+        from pipeline.kafka_client import security_kwargs
+
+        kafka = settings.kafka
+        config = FeedConfig(kafka.bootstrap_servers, kafka.decisions_topic, security=security_kwargs(kafka))
         return cls(view, config)
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -607,6 +649,14 @@ class DecisionFeed:
     def ready(self) -> bool:
         return self._ready.is_set()
 
+    def not_ready_reason(self) -> str | None:
+        """Why the view is not ready (None once it is): what it waits for, in words."""
+        if self._ready.is_set():
+            return None
+        if self._waiting is not None:
+            return self._waiting
+        return f"catching up with topic {self.config.topic!r} ({self.lag_messages()} messages behind)"
+
     def lag_messages(self) -> int:
         """Messages on the broker not applied yet (end offsets as last seen)."""
         consumer = self._consumer
@@ -639,10 +689,14 @@ class DecisionFeed:
                 raise
             except (KafkaError, OSError, EdgeError) as exc:
                 self.errors += 1
+                self._waiting = (
+                    f"the broker at {self.config.bootstrap_servers} failed: {exc!r}"[:300]
+                )
                 log.warning("edge_feed_error", topic=self.config.topic, error=repr(exc)[:300])
             except Exception:
                 # A bug must not end enforcement: log it, then read the topic again.
                 self.errors += 1
+                self._waiting = "the decision feed failed; see edge_feed_crashed in the edge's log"
                 log.exception("edge_feed_crashed", topic=self.config.topic)
             await asyncio.sleep(self.config.retry_backoff_s)
 
@@ -657,6 +711,7 @@ class DecisionFeed:
             request_timeout_ms=cfg.request_timeout_ms,
             max_partition_fetch_bytes=cfg.max_partition_fetch_bytes,
             fetch_max_bytes=cfg.fetch_max_bytes,
+            **cfg.security,
         )
         await consumer.start()
         self._consumer = consumer
@@ -669,12 +724,18 @@ class DecisionFeed:
 
     async def _assign(self, consumer: AIOKafkaConsumer) -> list[TopicPartition]:
         topic = self.config.topic
-        warned = False
+        warned_at: float | None = None
         while not (ids := await self._partition_ids()):
-            if not warned:
-                log.warning("edge_topic_missing", topic=topic)
-                warned = True
+            self._waiting = (
+                f"topic {topic!r} does not exist on {self.config.bootstrap_servers}: start the "
+                "worker that creates it, or set AUTHPIPE_KAFKA_DECISIONS_TOPIC to the topic "
+                "your worker writes decisions to"
+            )
+            if warned_at is None or time.monotonic() - warned_at >= TOPIC_MISSING_LOG_S:
+                log.warning("edge_topic_missing", topic=topic, reason=self._waiting)
+                warned_at = time.monotonic()
             await asyncio.sleep(self.config.retry_backoff_s)
+        self._waiting = None
         partitions = [TopicPartition(topic, pid) for pid in ids]
         consumer.assign(partitions)
         await consumer.seek_to_beginning(*partitions)
@@ -694,6 +755,7 @@ class DecisionFeed:
             bootstrap_servers=self.config.bootstrap_servers,
             client_id=self.config.client_id,
             request_timeout_ms=self.config.request_timeout_ms,
+            **self.config.security,
         )
         await admin.start()
         try:

@@ -72,12 +72,14 @@ class TopicRange:
 
 
 async def read_input_range(bootstrap: str, topic: str, rng: TopicRange, timeout_s: float = 120.0,
+                           security: dict[str, Any] | None = None,
                            ) -> list[tuple[int, int, bytes | None]]:  # fmt: skip
-    """(partition, offset, value) of the records in range, read without a consumer group."""
+    """(partition, offset, value) of the records in range, read without a consumer group.
+    ``security``: ``pipeline.kafka_client.security_kwargs``."""
     from aiokafka import AIOKafkaConsumer
 
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None
+        bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None, **(security or {})
     )
     await consumer.start()
     try:
@@ -379,10 +381,12 @@ def run_backtest_command(
         loaded = sc.load_truth(events, normaliser)
     else:
         assert topic_range is not None
+        from pipeline.kafka_client import security_kwargs
+
         kafka = settings.kafka
-        records = asyncio.run(
-            read_input_range(kafka.bootstrap_servers, kafka.input_topic, topic_range)
-        )
+        records = asyncio.run(read_input_range(
+            kafka.bootstrap_servers, kafka.input_topic, topic_range, security=security_kwargs(kafka)
+        ))  # fmt: skip
         loaded, invalid = events_from_records(records, normaliser, topic_range)
     labelled = any(e.role != sc.UNKNOWN for e in loaded)
     if truth is not None:

@@ -9,8 +9,10 @@ forbids every fetch, so the file needs no network at view time.
 
 Inputs are the files the other commands write (truth or events JSONL, decision and alert
 JSONL, scorecard JSON), or the core ``Engine`` run here over the events. Accounts are
-shown as digest prefixes unless ``plain_accounts`` is set (the events hold the typed
-identifiers, but a report is easily shared).
+shown as digest prefixes unless ``plain_accounts`` is set or the events are the
+simulator's labelled ground truth (synthetic identities; unlabelled events may hold real
+ones, and a report is easily shared). Accounts an attacker got into (an attacker success
+that was not refused) are listed and marked.
 """
 
 from __future__ import annotations
@@ -68,10 +70,14 @@ def _bucket_label(size_ms: int) -> str:
 
 
 def _series(events: Sequence[sc.TruthEvent], refused: Sequence[bool] | None) -> dict[str, Any]:
-    start = events[0].occurred_ms
-    size = bucket_ms(events[-1].occurred_ms - start + 1)
-    start -= start % size
-    n = (events[-1].occurred_ms - start) // size + 1
+    """Counts per whole bucket (aligned to multiples of the bucket size). A first or last
+    bucket the run covers only in part would draw a cliff (a 30 s bucket holding 4 s of
+    traffic), so it is left out of the line and reported in ``trimmed``, unless nothing
+    would be left."""
+    first, last = events[0].occurred_ms, events[-1].occurred_ms
+    size = bucket_ms(last - first + 1)
+    start = first - first % size
+    n = (last - start) // size + 1
     attempts, failures, attacker, refusals = [0] * n, [0] * n, [0] * n, [0] * n
     labelled = False
     for i, e in enumerate(events):
@@ -84,12 +90,27 @@ def _series(events: Sequence[sc.TruthEvent], refused: Sequence[bool] | None) -> 
         labelled = labelled or e.role != sc.UNKNOWN
         if refused is not None and refused[i]:
             refusals[b] += 1
+    # A bucket is partial when the run starts after its start or ends before its end (the
+    # run's end is the last event; a gap of under a bucket before it is not told apart).
+    lo = 1 if first > start and n > 2 else 0
+    hi = n - 1 if last + 1 < start + n * size and n - lo > 2 else n
+    trimmed = sum(attempts[:lo]) + sum(attempts[hi:])
     return {
-        "start_ms": start, "bucket_ms": size, "bucket_label": _bucket_label(size),
-        "attempts": attempts, "failures": failures,
-        "attacker": attacker if labelled else None,
-        "refused": refusals if refused is not None else None,
+        "start_ms": start + lo * size, "bucket_ms": size, "bucket_label": _bucket_label(size),
+        "attempts": attempts[lo:hi], "failures": failures[lo:hi],
+        "attacker": attacker[lo:hi] if labelled else None,
+        "refused": refusals[lo:hi] if refused is not None else None,
+        "trimmed": {"first": bool(lo), "last": hi < n, "events": trimmed},
     }  # fmt: skip
+
+
+def takeovers(events: Sequence[sc.TruthEvent], refused: Sequence[bool] | None) -> Counter[tuple[str, str]]:
+    """Attacker successes that were not refused, per (tenant, account digest)."""
+    out: Counter[tuple[str, str]] = Counter()
+    for i, e in enumerate(events):
+        if e.role == sc.ATTACKER and e.attempt.success and not (refused and refused[i]):
+            out[(e.attempt.tenant, e.attempt.account)] += 1
+    return out
 
 
 def _majority_role(roles: Counter[str]) -> str:
@@ -97,12 +118,17 @@ def _majority_role(roles: Counter[str]) -> str:
 
 
 def _top(
-    events: Sequence[sc.TruthEvent], plain: bool
+    events: Sequence[sc.TruthEvent], plain: bool, taken: Counter[tuple[str, str]]
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Top sources and accounts by failures. Accounts are named by their typed identifier
+    when asked (``plain``) or when the events are the simulator's labelled ground truth
+    (synthetic identities), else by digest prefix; ``takeover`` marks accounts an attacker
+    got into."""
     failures: dict[str, Counter[tuple[str, str]]] = {"source": Counter(), "account": Counter()}
     roles: dict[tuple[str, str, str], Counter[str]] = defaultdict(Counter)
     scenarios: dict[tuple[str, str, str], Counter[str]] = defaultdict(Counter)
-    names: dict[tuple[str, str], str] = {}
+    names = account_names(events)
+    named = plain or any(e.role != sc.UNKNOWN for e in events)
     for e in events:
         a = e.attempt
         if a.success:
@@ -113,23 +139,28 @@ def _top(
             roles[(kind, *slot)][e.role] += 1
             if e.role == sc.ATTACKER:
                 scenarios[(kind, *slot)][e.scenario] += 1
-        names[(a.tenant, a.account)] = e.account_plain
 
     def rows(kind: str) -> list[dict[str, Any]]:
         out = []
         for (tenant, subject), count in failures[kind].most_common(TOP):
-            shown = names[(tenant, subject)] if kind == "account" and plain else subject
-            if kind == "account" and not plain:
-                shown = subject[:12] + "\u2026"
+            shown = subject
+            if kind == "account":
+                shown = names[(tenant, subject)] if named else subject[:12] + "\u2026"
             attack = scenarios[(kind, tenant, subject)].most_common(1)
             out.append({
                 "label": f"{shown} ({tenant})" if tenant != "default" else shown, "value": count,
                 "role": _majority_role(roles[(kind, tenant, subject)]),
                 "note": attack[0][0] if attack else None,
+                "takeover": kind == "account" and taken[(tenant, subject)] > 0,
             })  # fmt: skip
         return out
 
     return rows("source"), rows("account")
+
+
+def account_names(events: Sequence[sc.TruthEvent]) -> dict[tuple[str, str], str]:
+    """(tenant, account digest) -> the typed identifier, from the events."""
+    return {(e.attempt.tenant, e.attempt.account): e.account_plain for e in events}
 
 
 def _decisions(
@@ -150,16 +181,22 @@ def _decisions(
     return out[:MAX_DECISIONS], max(0, len(out) - MAX_DECISIONS)
 
 
-def _alerts(outputs: sc.Outputs | None, events: Sequence[sc.TruthEvent]) -> list[dict[str, Any]]:
+def _alerts(
+    outputs: sc.Outputs | None, events: Sequence[sc.TruthEvent], named: bool
+) -> list[dict[str, Any]]:
     if outputs is None:
         return []
     labelled = any(e.role != sc.UNKNOWN for e in events)
+    plain = account_names(events) if named or labelled else {}
     out: list[dict[str, Any]] = []
     for rec, (t, names, _) in zip(
         outputs.alerts, sc.match_alerts(outputs.alerts, events), strict=True
     ):
         a = rec.alert
-        subject = a.source or (a.account_digest[:12] + "\u2026" if a.account_digest else a.tenant)
+        account = None
+        if a.account_digest:
+            account = plain.get((a.tenant, a.account_digest), a.account_digest[:12] + "\u2026")
+        subject = a.source or account or a.tenant
         matched = (", ".join(names) or "no attack") if labelled else None
         out.append(
             {"t": t, "type": a.type, "subject": subject, "count": a.count, "matched": matched}
@@ -192,8 +229,10 @@ def build_data(inputs: ReportInputs) -> dict[str, Any]:
         refused = [not v.allowed for v in sc.replay(events, inputs.outputs.decisions)]
     start_ms, end_ms = events[0].occurred_ms, events[-1].occurred_ms + 1
     decisions, truncated = _decisions(inputs.outputs, end_ms, _attack_keys(events))
-    alerts = _alerts(inputs.outputs, events)
-    sources, accounts = _top(events, inputs.plain_accounts)
+    alerts = _alerts(inputs.outputs, events, inputs.plain_accounts)
+    taken = takeovers(events, refused) if any(e.role != sc.UNKNOWN for e in events) else Counter()
+    sources, accounts = _top(events, inputs.plain_accounts, taken)
+    names = account_names(events)
     rules = sorted({d["rule"] for d in decisions})
     alert_types = sorted({a["type"] for a in alerts})
     return {
@@ -209,6 +248,8 @@ def build_data(inputs: ReportInputs) -> dict[str, Any]:
         "alerts_by_type": dict(Counter(r.alert.type for r in inputs.outputs.alerts)) if inputs.outputs else {},
         "top_sources": sources,
         "top_accounts": accounts,
+        "takeovers": [{"account": names[slot] if slot in names else slot[1], "tenant": slot[0],
+                       "successes": n} for slot, n in sorted(taken.items())],
         "scorecard": inputs.scorecard,
     }  # fmt: skip
 

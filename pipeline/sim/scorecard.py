@@ -21,8 +21,11 @@ Per attack (the attacker events of one scenario): the first block (a ``block`` d
 whose key applies to one of its attempts, issued during the attack) and the first
 matching alert; time from the attack's first attempt to the earlier of the two; attacker
 attempts that got through before it; refused and allowed totals; attacker successes
-allowed (account takeovers). ``stopped`` = a block refused some of its attempts,
-``detected`` = an alert or a decision (block or observe) matched it, else ``missed``.
+allowed (account takeovers). Status: ``stopped`` = blocks refused its attempts, no
+account was taken over, and at most 10 % of its attempts after the first response got
+through; ``slowed`` = blocks refused some attempts but more got through, or an account was
+taken over; ``detected_only`` = an alert or a decision (block or observe) matched it but
+nothing was refused; else ``missed``. The closing line never says more than that.
 
 Alerts are matched by subject: a source or account alert to the attacks whose attempts
 have that source or account, raised between the attack's start and its end plus the
@@ -301,13 +304,15 @@ async def assign_whole_topic(
     return tps
 
 
-async def read_topic(bootstrap: str, topic: str, timeout_s: float) -> TopicRead:
+async def read_topic(
+    bootstrap: str, topic: str, timeout_s: float, security: dict[str, Any] | None = None
+) -> TopicRead:
     """Every record of ``topic`` up to its end offsets at the call; no consumer group, no
-    commits."""
+    commits. ``security``: ``pipeline.kafka_client.security_kwargs``."""
     from aiokafka import AIOKafkaConsumer
 
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None
+        bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None, **(security or {})
     )
     await consumer.start()
     try:
@@ -338,17 +343,18 @@ async def read_topic(bootstrap: str, topic: str, timeout_s: float) -> TopicRead:
 
 
 async def read_outputs_from_topics(
-    bootstrap: str, decisions_topic: str, alerts_topic: str, timeout_s: float = 60.0
-) -> Outputs:
+    bootstrap: str, decisions_topic: str, alerts_topic: str, timeout_s: float = 60.0,
+    security: dict[str, Any] | None = None,
+) -> Outputs:  # fmt: skip
     """The decision topic from the beginning (tombstones included) and the alerts topic."""
     outputs = Outputs(origin=f"topics:{decisions_topic},{alerts_topic}")
-    decisions = await read_topic(bootstrap, decisions_topic, timeout_s)
+    decisions = await read_topic(bootstrap, decisions_topic, timeout_s, security)
     for key, value in decisions.records:
         if key is None:
             continue
         outputs.decisions.append(DecisionRecord(key.decode(), parse_decision(value)))
     outputs.missing_decision_records = decisions.gaps
-    for _, value in (await read_topic(bootstrap, alerts_topic, timeout_s)).records:
+    for _, value in (await read_topic(bootstrap, alerts_topic, timeout_s, security)).records:
         if value is not None:
             outputs.alerts.append(AlertRecord(parse_alert(value)))
     if decisions.gaps:
@@ -444,6 +450,12 @@ def replay(events: Sequence[TruthEvent], records: Sequence[DecisionRecord]) -> l
 # -- scoring ------------------------------------------------------------------------------
 
 
+STOPPED, SLOWED, DETECTED_ONLY, MISSED = "stopped", "slowed", "detected_only", "missed"
+STATUSES = (STOPPED, SLOWED, DETECTED_ONLY, MISSED)
+# "stopped" allows at most this share of the attempts after the first response through.
+STOPPED_LEAK_PERCENT = 10
+
+
 @dataclass
 class AttackScore:
     attack: str
@@ -480,12 +492,18 @@ class AttackScore:
         return f"alert:{self.first_alert_type}"
 
     @property
+    def allowed_after_response(self) -> int:
+        return self.allowed - self.allowed_before_response
+
+    @property
     def status(self) -> str:
         if self.refused:
-            return "stopped"
+            after = self.allowed_after_response
+            leaked = after * 100 > STOPPED_LEAK_PERCENT * (after + self.refused)
+            return SLOWED if self.successes_allowed or leaked else STOPPED
         if self.response_ms is not None or self.observes:
-            return "detected"
-        return "missed"
+            return DETECTED_ONLY
+        return MISSED
 
     def as_json(self) -> dict[str, Any]:
         response = self.response_ms
@@ -528,7 +546,6 @@ class Scorecard:
     legit_attempts: Counter[str]
     legit_refused: Counter[str]
     legit_examples: list[dict[str, Any]]
-    legit_by_design: Counter[str]
     alerts_by_type: Counter[str]
     unmatched_alerts: list[dict[str, Any]]
     blocks: int
@@ -537,11 +554,34 @@ class Scorecard:
     unmatched_blocks: list[dict[str, Any]]
     missing_decision_records: int = 0
     seed_holds_matching_no_attack: int = 0
+    legit_by_design: Counter[str] = field(default_factory=Counter)
     legit_by_design_why: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def all_caught(self) -> bool:
-        return all(a.status != "missed" for a in self.attacks)
+        """No attack missed (each was at least detected); says nothing about stopping it."""
+        return all(a.status != MISSED for a in self.attacks)
+
+    @property
+    def takeovers(self) -> int:
+        return sum(a.successes_allowed for a in self.attacks)
+
+    def closing_line(self) -> str:
+        """One honest sentence: how many attacks were stopped, slowed, only detected, missed."""
+        counts = Counter(a.status for a in self.attacks)
+        total = len(self.attacks)
+        allowed = sum(a.allowed for a in self.attacks)
+        if counts[STOPPED] == total and not self.takeovers:
+            head = f"{total} of {total} attacks stopped, no account taken over"
+        else:
+            parts = [f"{counts[s]} {s.replace('_', ' ')}" for s in STATUSES if counts[s]]
+            head = f"{counts[STOPPED]} of {total} attacks stopped ({', '.join(parts)})"
+            if self.takeovers:
+                by = ", ".join(f"{a.attack} {a.successes_allowed}" for a in self.attacks
+                               if a.successes_allowed)  # fmt: skip
+                head += f"; {self.takeovers} ACCOUNT TAKEOVERS ({by})"
+        return (f"{head}; {allowed:,} attacker attempts allowed; "
+                f"{self.legit_refused_total} legitimate attempts refused")  # fmt: skip
 
     @property
     def legit_refused_total(self) -> int:
@@ -553,6 +593,9 @@ class Scorecard:
             "policy_version": self.policy_version,
             "events": self.events,
             "all_attacks_caught": self.all_caught,
+            "status_counts": {s: sum(a.status == s for a in self.attacks) for s in STATUSES},
+            "account_takeovers": self.takeovers,
+            "summary": self.closing_line(),
             "attacks": [a.as_json() for a in self.attacks],
             "legitimate": {
                 "attempts": sum(self.legit_attempts.values()),
@@ -913,7 +956,8 @@ def render(card: Scorecard) -> str:
         lines.append(
             f"{a.attack:<32} {a.tenant:<8} {a.attempts:>8} {_duration(took):>9}  "
             f"{a.response_by or '-':<26}{a.allowed_before_response:>7} {a.refused:>8} "
-            f"{a.allowed:>8} {a.guesses_per_account_24h:>10} {a.account_takeovers:>4}  {a.status}"
+            f"{a.allowed:>8} {a.guesses_per_account_24h:>10} {a.successes_allowed:>4}  {a.status.replace('_', ' ')}"
+            + ("  <- ACCOUNTS TAKEN OVER" if a.successes_allowed else "")
         )
     cohorts = ", ".join(
         f"{c} {card.legit_refused.get(c, 0)}/{n}" for c, n in sorted(card.legit_attempts.items())
@@ -939,7 +983,9 @@ def render(card: Scorecard) -> str:
     lines.append(
         "responded: time from the attack's first attempt to its first block or alert; "
         "through: its attempts allowed until then; g/acct/24h: the most guesses let through "
-        "against one account in any 24 h; ATO: accounts taken over (successes let through)"
+        "against one account in any 24 h; ATO: its successes allowed (account "
+        "takeovers); status: stopped (refused, no takeover, <= 10 % through after the response), "
+        "slowed (refused, but more through or a takeover), detected only (nothing refused), missed"
     )
     if card.missing_decision_records:
         lines.append(
@@ -947,7 +993,7 @@ def render(card: Scorecard) -> str:
             "away before this read: decisions superseded or lifted by then are missing, so "
             "refusals and first blocks are under-counted (score a fresher read, or files)"
         )
-    lines.append("all attacks caught" if card.all_caught else "SOME ATTACKS MISSED")
+    lines.append(card.closing_line())
     return "\n".join(lines)
 
 
@@ -971,9 +1017,12 @@ def run_scorecard_command(
     elif decisions is not None:
         outputs = load_outputs(decisions, alerts)
     else:
+        from pipeline.kafka_client import security_kwargs
+
         kafka = settings.kafka
         outputs = asyncio.run(read_outputs_from_topics(
-            kafka.bootstrap_servers, kafka.decisions_topic, kafka.alerts_topic, timeout_s
+            kafka.bootstrap_servers, kafka.decisions_topic, kafka.alerts_topic, timeout_s,
+            security_kwargs(kafka),
         ))  # fmt: skip
     card = score(events, outputs)
     print(render(card))
@@ -985,7 +1034,8 @@ def run_scorecard_command(
         write_outputs(outputs, save_outputs / "decisions.jsonl", save_outputs / "alerts.jsonl")
         print(f"decisions and alerts: {save_outputs}/decisions.jsonl, {save_outputs}/alerts.jsonl")
     log.info("scorecard_finished", events=card.events, attacks=len(card.attacks),
-             all_caught=card.all_caught, legit_refused=card.legit_refused_total)  # fmt: skip
+             statuses=",".join(a.status for a in card.attacks), takeovers=card.takeovers,
+             legit_refused=card.legit_refused_total)  # fmt: skip
     if strict and (not card.all_caught or card.legit_refused_total):
         return 3
     return 0

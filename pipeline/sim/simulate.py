@@ -121,6 +121,21 @@ def _tee_truth(
         yield event
 
 
+def _with_progress(events: Iterable[SimEvent], config: SimConfig) -> Iterator[SimEvent]:
+    """Pass the events through, reporting how much of the simulated span is produced."""
+    from pipeline.progress import Progress
+
+    progress = Progress("simulate")
+    count = 0
+    for event in events:
+        count += 1
+        if count % 500 == 0:
+            fraction = (event.occurred_ms - config.start_ms) / max(config.duration_ms, 1)
+            progress.update(fraction, f"of simulated time, {count:,} events")
+        yield event
+    progress.done(f"{count:,} events")
+
+
 def dry_run(options: SimulateOptions) -> Summary:
     """Write the events (one wire JSON object per line) and the truth to files."""
     assert options.out_path is not None
@@ -129,7 +144,8 @@ def dry_run(options: SimulateOptions) -> Summary:
     options.out_path.parent.mkdir(parents=True, exist_ok=True)
     options.truth_path.parent.mkdir(parents=True, exist_ok=True)
     with options.out_path.open("wb") as out, options.truth_path.open("wb") as truth:
-        for event in _tee_truth(generate(options.config), truth, summary):
+        events = _tee_truth(generate(options.config), truth, summary)
+        for event in _with_progress(events, options.config):
             _write_line(out, event.wire)
     summary.wall_s = time.perf_counter() - started
     return summary
@@ -140,14 +156,18 @@ async def produce(options: SimulateOptions, settings: Settings) -> Summary:
     from aiokafka import AIOKafkaProducer
 
     from pipeline.kafka_admin import ensure_topics, wait_for_broker
+    from pipeline.kafka_client import client_kwargs, security_kwargs
     from pipeline.stream.topics import Topics
 
     kafka = settings.kafka
-    await wait_for_broker(kafka.bootstrap_servers, 30.0)
+    security = security_kwargs(kafka)
+    await wait_for_broker(kafka.bootstrap_servers, 30.0, security=security)
     specs = Topics.from_settings(kafka).specs(kafka.partitions)
-    await ensure_topics(kafka.bootstrap_servers, specs, replication_factor=kafka.replication_factor)
+    await ensure_topics(
+        kafka.bootstrap_servers, specs, replication_factor=kafka.replication_factor, security=security
+    )
     producer = AIOKafkaProducer(
-        bootstrap_servers=kafka.bootstrap_servers, acks="all", linger_ms=20,
+        **client_kwargs(kafka), acks="all", linger_ms=20,
         max_batch_size=512 * 1024, max_request_size=4 * 1024 * 1024,
     )  # fmt: skip
     summary = Summary()
@@ -156,7 +176,8 @@ async def produce(options: SimulateOptions, settings: Settings) -> Summary:
     try:
         with options.truth_path.open("wb") as truth:
             started = time.perf_counter()
-            events = _tee_truth(generate(options.config), truth, summary)
+            events = _with_progress(_tee_truth(generate(options.config), truth, summary),
+                                    options.config)  # fmt: skip
             await _send_paced(producer, kafka.input_topic, events, options, started)
             await producer.flush()
             summary.wall_s = time.perf_counter() - started

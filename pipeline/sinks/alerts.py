@@ -240,21 +240,24 @@ class AlertRunner:
         from aiokafka import AIOKafkaProducer
 
         from pipeline.kafka_admin import ensure_topics, wait_for_broker
+        from pipeline.kafka_client import client_kwargs, security_kwargs
         from pipeline.stream.topics import Topics
 
         kafka = self.settings.kafka
         bootstrap = kafka.bootstrap_servers
+        security = security_kwargs(kafka)
         try:
-            await wait_for_broker(bootstrap, BROKER_WAIT_S)
+            await wait_for_broker(bootstrap, BROKER_WAIT_S, security=security)
             specs = Topics.from_settings(kafka).specs(kafka.partitions)
             await ensure_topics(
                 bootstrap,
                 [spec for spec in specs if spec.name == kafka.alerts_topic],
                 replication_factor=kafka.replication_factor,
+                security=security,
             )
         except AuthpipeError as exc:
             raise AlertRuleError(f"alerts run cannot reach Kafka: {exc}") from exc
-        self._producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
+        self._producer = AIOKafkaProducer(**client_kwargs(kafka), acks="all")
         await self._producer.start()
         if self.webhook:
             import aiohttp

@@ -70,8 +70,15 @@ Failures
   with capped exponential backoff (``BACKOFF_START_S`` doubling to ``BACKOFF_CAP_S``);
   fetching is paused so the backlog waits in Kafka; it resumes once they are in.
   Nothing is dropped and the process does not exit.
-* A message that is not valid (not JSON, wrong shape, bad row values) is logged,
-  counted and skipped, deterministically (a replay skips it again).
+* A message that is not valid (not JSON, wrong shape) is logged, counted and skipped,
+  deterministically (a replay skips it again). Rows of a valid message that no column can
+  hold (a time before 1970: ``past_timestamp``; wrong types or ranges: ``invalid_row``)
+  are quarantined (:mod:`pipeline.sinks.quarantine`) before the lane plans past them.
+* Every insert is cut into parts of at most ``MAX_DAYS_PER_INSERT`` days
+  (:mod:`pipeline.sinks.partitions`), within the per-insert partition limit the inserts
+  set. Rows ClickHouse still refuses for good (``BatchRefused``, e.g. code 252 "too many
+  partitions for single INSERT block" under another partition key) are quarantined with
+  the reason and the lane moves on: one batch never stops the sink.
 * Test hook: with ``AUTHPIPE_FAULT_SINK_KILL_AFTER_INSERTS=N`` the process SIGKILLs
   itself right after its N-th successful non-empty insert (before the next commit).
 """
@@ -98,11 +105,15 @@ from pipeline.logs import get_logger
 from pipeline.runtime import tune_gc
 from pipeline.settings import Settings
 from pipeline.sinks.clickhouse import (
+    BatchRefused,
     ClickHouse,
     ClickHouseError,
     ClickHouseUnavailable,
     open_clickhouse,
 )
+from pipeline.sinks.cluster import CLUSTER_INSERT_SETTINGS
+from pipeline.sinks.partitions import MAX_DAYS_PER_INSERT, PARTITION_COLUMN, split_by_day
+from pipeline.sinks.quarantine import DEAD_LETTERS_COLUMNS, Quarantine, Quarantined
 from pipeline.sinks.ratecap import MINUTE_MS, TS_MS, RateCap, RateCapConfig
 
 log = get_logger("sink")
@@ -138,15 +149,16 @@ ALERTS_COLUMNS: Final = (
     "window_start", "window_end", "policy_version", "kafka_topic", "kafka_partition",
     "kafka_offset",
 )  # fmt: skip
-DEAD_LETTERS_COLUMNS: Final = (
-    "ts", "reason", "stage", "kafka_topic", "kafka_partition", "kafka_offset",
-)  # fmt: skip
 
 TABLES: Final[Mapping[str, tuple[str, tuple[str, ...]]]] = {
     "audit": ("attempts", ATTEMPTS_COLUMNS),
     "decisions": ("decisions", DECISIONS_COLUMNS),
     "alerts": ("alerts", ALERTS_COLUMNS),
     "dead_letters": ("dead_letters", DEAD_LETTERS_COLUMNS),
+}
+# Where each table's partition time is in its rows.
+DAY_INDEX: Final[Mapping[str, int]] = {
+    table: columns.index(PARTITION_COLUMN[table]) for table, columns in TABLES.values()
 }
 
 # Settings of every sink insert. The views' targets (AggregatingMergeTree) get one
@@ -155,7 +167,12 @@ TABLES: Final[Mapping[str, tuple[str, tuple[str, ...]]]] = {
 # rebuilds every aggregate state (a ``uniq`` set per account and minute): 2-4 us of the
 # 20-25 us of engine and client CPU per ``attempts`` row in ``bench.bench_sink``. Readers
 # GROUP BY the key anyway; background merges fold the parts as before.
-INSERT_SETTINGS: Final[Mapping[str, Any]] = {"optimize_on_insert": 0}
+# The partition limit is set to the cut of pipeline.sinks.partitions, so the two agree
+# whatever the server's profile says.
+INSERT_SETTINGS: Final[Mapping[str, Any]] = {
+    "optimize_on_insert": 0,
+    "max_partitions_per_insert_block": MAX_DAYS_PER_INSERT,
+}
 
 UINT16_MAX: Final = 65_535
 UINT32_MAX: Final = 4_294_967_295
@@ -186,6 +203,7 @@ class Message:
     max_minute: int | None = None
     bad_rows: int = 0
     bad_reason: str | None = None
+    rejects: list[tuple[str, Any]] = field(default_factory=list)  # (reason, row) to quarantine
 
 
 _ROW_TYPES: Final = tuple(
@@ -232,13 +250,26 @@ def decode_audit(offset: int, value: bytes | None) -> Message:
     if columns != _AUDIT_COLUMN_LIST:
         rows = _reorder(columns, rows)
     good = [row for row in rows if valid_audit_row(row)]
+    rejects = (
+        [(reject_reason(row), row) for row in rows if not valid_audit_row(row)]
+        if len(good) != len(rows)
+        else []
+    )
     max_minute = max((row[TS_MS] for row in good), default=None)
     return Message(
         offset,
         good,
         None if max_minute is None else max_minute // MINUTE_MS,
-        bad_rows=len(rows) - len(good),
+        bad_rows=len(rejects),
+        rejects=rejects,
     )
+
+
+def reject_reason(row: Any) -> str:
+    """Why an audit row is not valid: ``past_timestamp`` (before 1970) or ``invalid_row``."""
+    if type(row) is list and row and type(row[0]) is int and row[0] < 0:
+        return "past_timestamp"
+    return "invalid_row"
 
 
 def _reorder(columns: Any, rows: list[Any]) -> list[Any]:
@@ -352,6 +383,8 @@ def decode_dead_letter(
     the coordinates those of the dead letter itself (``bad_reason`` says so).
     """
     found = {name: raw for name, raw in headers}
+    if found.get("stage") == b"sink" and "dedup_token" in found:
+        return Message(offset, [])  # quarantined by the sink: in dead_letters already
 
     def header(name: str) -> str | None:
         raw = found.get(name)
@@ -481,6 +514,7 @@ class WorkItem:
     clean: int | None
     recorded: bool
     marks: str = ""
+    first: int = 0  # the first offset of the range the rows came from
 
 
 @dataclass(slots=True)
@@ -652,7 +686,7 @@ class Lane:
         self.next_offset = end + 1
         clean = end + 1 if self.cap is None or not self.cap.tracked_keys else None
         token = f"{self.table}:{self.topic}:{self.partition}:{start}-{end}"
-        self._item(items, rows, token, clean, end - start + 1 if record else None)
+        self._item(items, rows, token, clean, end - start + 1 if record else None, start)
 
     def _fresh(self, rows: list[list[Any]]) -> list[list[Any]]:
         """``rows`` without upstream replays: input offsets at or below the marks."""
@@ -682,18 +716,21 @@ class Lane:
         self.cap.close_all(rows)
         self.minute = None
         token = f"{self.table}:{self.topic}:{self.partition}:close@{self.next_offset}"
-        self._item(items, rows, token, self.next_offset, CLOSE if record else None)
+        self._item(items, rows, token, self.next_offset, CLOSE if record else None, self.next_offset)
 
     def _item(
         self, items: list[WorkItem], rows: list[list[Any]], token: str, clean: int | None,
-        entry: Entry | None,
+        entry: Entry | None, first: int,
     ) -> None:  # fmt: skip
         table, columns = TABLES[self.kind]
         marks = ""
         if clean is not None and self.marks:
             marks, cut = encode_marks(self.marks)
             self.marks_cut = self.marks_cut or cut
-        item = WorkItem(table, columns, rows, token, clean, recorded=entry is not None, marks=marks)
+        item = WorkItem(
+            table, columns, rows, token, clean, recorded=entry is not None, marks=marks,
+            first=first,
+        )  # fmt: skip
         if entry is not None:
             self.plan.append(entry)
             self.commit_due = True
@@ -738,6 +775,7 @@ class SinkStats:
     bad_rows: int = 0
     replayed_items: int = 0
     upstream_replayed_rows: int = 0
+    quarantined_rows: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return dict(self.__dict__)
@@ -790,6 +828,15 @@ class AuditSink:
         self._paused_outage = False
         self._paused_full: set[Any] = set()
         self._fault_after = int(os.environ.get(FAULT_ENV, "0") or "0")
+        # A cluster's Distributed tables store an insert before it returns only when asked.
+        self.insert_settings: Mapping[str, Any] = (
+            {**INSERT_SETTINGS, **CLUSTER_INSERT_SETTINGS}
+            if settings.clickhouse.cluster
+            else INSERT_SETTINGS
+        )
+        self.quarantine = Quarantine(
+            kafka.bootstrap_servers, kafka.dlq_topic, insert_settings=self.insert_settings
+        )
         self._last_progress_s = time.monotonic()
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -815,25 +862,28 @@ class AuditSink:
         from aiokafka.admin import AIOKafkaAdminClient
 
         from pipeline.kafka_admin import TopicSpec, ensure_topics, wait_for_broker
+        from pipeline.kafka_client import client_kwargs, security_kwargs
         from pipeline.stream.topics import Topics
 
         kafka = self.settings.kafka
+        security = security_kwargs(kafka)
         try:
-            await wait_for_broker(kafka.bootstrap_servers, 30.0)
+            await wait_for_broker(kafka.bootstrap_servers, 30.0, security=security)
             specs: list[TopicSpec] = [
                 spec
                 for spec in Topics.from_settings(kafka).specs(kafka.partitions)
                 if spec.name in self.kinds
             ]
             await ensure_topics(
-                kafka.bootstrap_servers, specs, replication_factor=kafka.replication_factor
-            )
+                kafka.bootstrap_servers, specs, replication_factor=kafka.replication_factor,
+                security=security,
+            )  # fmt: skip
         except AuthpipeError as exc:
             raise SinkError(f"the sink cannot start: {exc}") from exc
-        self._admin = AIOKafkaAdminClient(bootstrap_servers=kafka.bootstrap_servers)
+        self._admin = AIOKafkaAdminClient(**client_kwargs(kafka))
         await self._admin.start()
         self._consumer = AIOKafkaConsumer(
-            bootstrap_servers=kafka.bootstrap_servers,
+            **client_kwargs(kafka),
             group_id=self.group_id,
             client_id=self.group_id,
             enable_auto_commit=False,
@@ -856,12 +906,15 @@ class AuditSink:
             if self._consumer is not None:
                 await self._consumer.stop()
         with contextlib.suppress(Exception):
+            await self.quarantine.stop()
+        with contextlib.suppress(Exception):
             if self._admin is not None:
                 await self._admin.close()
         if self._ch is not None:
             ch, self._ch = self._ch, None
             with contextlib.suppress(Exception):
                 await asyncio.to_thread(ch.close)
+        self.stats.quarantined_rows = self.quarantine.rows
         log.info("sink.stopped", **self.stats.as_dict())
 
     async def _shutdown(self) -> None:
@@ -979,8 +1032,11 @@ class AuditSink:
             self.stats.bad_rows += message.bad_rows
             log.warning(
                 "sink.bad_rows", topic=record.topic, partition=record.partition,
-                offset=record.offset, rows=message.bad_rows,
+                offset=record.offset, rows=message.bad_rows, quarantined=True,
             )  # fmt: skip
+            self.quarantine.queue_rejects(
+                record.topic, record.partition, record.offset, message.rejects
+            )
         if message.bad_reason is not None:
             self.stats.bad_messages += 1
             log.warning(
@@ -989,12 +1045,31 @@ class AuditSink:
             )  # fmt: skip
         return message
 
+    async def _send_rejects(self) -> bool:
+        """Quarantine the queued rejects; False (and back off) when that fails."""
+        from aiokafka.errors import KafkaError
+
+        try:
+            await self.quarantine.put_pending(self._handle)
+        except (ClickHouseError, KafkaError) as exc:
+            self._failed(exc)
+            return False
+        self._recovered()
+        return True
+
+    async def _handle(self) -> ClickHouse:
+        if self._ch is None:
+            self._ch = await asyncio.to_thread(self._open_ch)
+        return self._ch
+
     # -- flush, commit, insert -----------------------------------------------------------
 
     def _has_pending(self) -> bool:
         return any(lane.pending for lane in self.lanes.values())
 
     async def _tick(self, now_ms: int) -> None:
+        if self.quarantine.pending and now_ms < self._retry_at_ms:
+            return
         if self._has_pending():
             if now_ms < self._retry_at_ms:
                 return
@@ -1007,6 +1082,9 @@ class AuditSink:
 
     async def _flush(self, now_ms: int, *, closing: bool = False) -> None:
         self._last_flush_ms = now_ms
+        # Rejects first: a lane plans (and later commits) past their messages only after.
+        if self.quarantine.pending and not await self._send_rejects():
+            return
         planned = False
         for tp, lane in list(self.lanes.items()):
             position = None
@@ -1076,42 +1154,58 @@ class AuditSink:
 
     async def _insert_pending(self) -> bool:
         """Insert queued items in lane order; False (and back off, pause) on failure."""
+        from aiokafka.errors import KafkaError
+
         for tp, lane in list(self.lanes.items()):
             while lane.pending and self.lanes.get(tp) is lane:
                 item = lane.pending[0]
                 try:
-                    await self._insert(item)
-                except ClickHouseError as exc:
+                    await self._insert(item, lane)
+                except (ClickHouseError, KafkaError) as exc:
                     self._failed(exc)
                     return False
                 lane.confirm()
+        self._recovered()
+        return True
+
+    def _recovered(self) -> None:
+        """ClickHouse took what was due: resume fetching, reset the backoff."""
         if self._paused_outage:
             self._paused_outage = False
             resumable = [tp for tp in self._consumer.assignment() if tp not in self._paused_full]
             self._consumer.resume(*resumable)
             log.info("sink.clickhouse_back", retry_after_s=self._backoff_s)
         self._backoff_s = BACKOFF_START_S
-        return True
 
-    async def _insert(self, item: WorkItem) -> None:
+    async def _insert(self, item: WorkItem, lane: Lane) -> None:
+        """Insert an item in parts of at most MAX_DAYS_PER_INSERT days; quarantine the
+        parts ClickHouse refuses for good."""
         if not item.rows:
             return
-        if self._ch is None:
-            self._ch = await asyncio.to_thread(self._open_ch)
-        ch = self._ch
-        await asyncio.to_thread(
-            ch.insert, item.table, item.columns, item.rows, dedup_token=item.token,
-            settings=INSERT_SETTINGS,
-        )  # fmt: skip
-        self.stats.inserts += 1
-        self.stats.rows_written += len(item.rows)
-        if self._fault_after and self.stats.inserts >= self._fault_after:
-            log.warning("sink.fault_kill", inserts=self.stats.inserts, token=item.token)
-            os.kill(os.getpid(), signal.SIGKILL)
+        for token, rows in split_by_day(item.rows, item.token, DAY_INDEX[item.table]):
+            ch = await self._handle()
+            try:
+                await asyncio.to_thread(
+                    ch.insert, item.table, item.columns, rows, dedup_token=token,
+                    settings=self.insert_settings,
+                )  # fmt: skip
+            except BatchRefused as exc:
+                refused = Quarantined(
+                    reason=exc.reason, detail=str(exc), table=item.table, columns=item.columns,
+                    rows=rows, topic=lane.topic, partition=lane.partition, offset=item.first,
+                    token=token,
+                )  # fmt: skip
+                await self.quarantine.put(refused, ch)
+                continue
+            self.stats.inserts += 1
+            self.stats.rows_written += len(rows)
+            if self._fault_after and self.stats.inserts >= self._fault_after:
+                log.warning("sink.fault_kill", inserts=self.stats.inserts, token=token)
+                os.kill(os.getpid(), signal.SIGKILL)
 
-    def _failed(self, exc: ClickHouseError) -> None:
+    def _failed(self, exc: Exception) -> None:
         self.stats.insert_failures += 1
-        transient = isinstance(exc, ClickHouseUnavailable)
+        transient = not isinstance(exc, ClickHouseError) or isinstance(exc, ClickHouseUnavailable)
         (log.warning if transient else log.error)(
             "sink.insert_failed", error=str(exc)[:500], transient=transient,
             retry_in_s=round(self._backoff_s, 3),
@@ -1130,6 +1224,7 @@ class AuditSink:
         now = time.monotonic()
         if now - self._last_progress_s >= PROGRESS_LOG_INTERVAL_S:
             self._last_progress_s = now
+            self.stats.quarantined_rows = self.quarantine.rows
             log.info("sink.progress", lanes=len(self.lanes), **self.stats.as_dict())
 
 

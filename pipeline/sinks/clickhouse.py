@@ -21,7 +21,9 @@ values are encoded and decoded by the same Native-format codec:
   drops an insert whose data is byte-identical to one of the last 1000 blocks, so writers
   should always pass a token naming the batch (e.g. topic, partition, offset range).
 * Errors: ClickHouseUnavailable when the server cannot be reached or answers with a
-  transient code (back off and retry), ClickHouseError otherwise; ``code`` is the server's.
+  transient code (back off and retry); BatchRefused when the server refuses these rows
+  for good (retrying the same insert can never succeed: set the batch aside);
+  ClickHouseError otherwise; ``code`` is the server's.
 * Sharing: one handle may serve several threads (HTTP: no session is used; chdb:
   calls of one handle are serialized by clickhouse-connect).
 """
@@ -51,11 +53,16 @@ TRANSIENT_CODES: Final = frozenset(
         210,  # NETWORK_ERROR
         241,  # MEMORY_LIMIT_EXCEEDED
         242,  # TABLE_IS_READ_ONLY
-        252,  # TOO_MANY_PARTS
+        252,  # TOO_MANY_PARTS: merges behind inserts (but see BATCH_REFUSALS)
         319,  # UNKNOWN_STATUS_OF_INSERT
         999,  # KEEPER_EXCEPTION
     }
 )
+
+# Refusals of the rows themselves: (code, words of the message) -> reason code. Code 252
+# also means "too many parts" (merges are behind inserts: transient); only the per-insert
+# partition limit is a property of the batch.
+BATCH_REFUSALS: Final = ((252, "partitions for single insert", "too_many_partitions"),)
 
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _SERVER_PARAMETER = re.compile(r"\{[A-Za-z_][A-Za-z0-9_]*:[^{}]+\}")
@@ -71,6 +78,14 @@ class ClickHouseError(AuthpipeError):
 
 class ClickHouseUnavailable(ClickHouseError):
     """ClickHouse cannot be reached or is overloaded right now: back off and retry."""
+
+
+class BatchRefused(ClickHouseError):
+    """ClickHouse refuses these rows whenever they are sent; ``reason`` is a stable code."""
+
+    def __init__(self, message: str, code: int | None, reason: str) -> None:
+        super().__init__(message, code)
+        self.reason = reason
 
 
 class ClickHouse(Protocol):
@@ -119,10 +134,13 @@ class ClickHouse(Protocol):
         *,
         dedup_token: str | None = None,
         settings: Mapping[str, Any] | None = None,
+        column_oriented: bool = False,
     ) -> None:
         """Insert rows (one value per column each); the same dedup_token twice inserts once.
 
-        ``settings`` are query settings for this insert (and the views it feeds).
+        ``settings`` are query settings for this insert (and the views it feeds). With
+        ``column_oriented``, ``rows`` is one sequence of values per column instead (the
+        client then skips its row-to-column pivot; bench/README.md, B5).
         """
         ...
 
@@ -156,6 +174,12 @@ def translate_error(exc: Exception, where: str) -> ClickHouseError:
     code = getattr(exc, "code", None)
     code = code if isinstance(code, int) else None
     text = str(exc)
+    lowered = text.lower()
+    for refused_code, words, reason in BATCH_REFUSALS:
+        if code == refused_code and words in lowered:
+            return BatchRefused(
+                f"ClickHouse at {where} refuses these rows for good ({text})", code, reason
+            )
     if code in TRANSIENT_CODES or (code is None and isinstance(exc, OperationalError)):
         return ClickHouseUnavailable(
             f"ClickHouse at {where} is unavailable ({text}); retry later or check the server",
@@ -224,10 +248,14 @@ class ConnectClickHouse:
         *,
         dedup_token: str | None = None,
         settings: Mapping[str, Any] | None = None,
+        column_oriented: bool = False,
     ) -> None:
-        if not rows:
+        if not rows or (column_oriented and not rows[0]):
             return
-        _refuse_naive_datetimes(table, columns, rows)
+        if column_oriented:
+            _refuse_naive_datetime_columns(table, columns, rows)
+        else:
+            _refuse_naive_datetimes(table, columns, rows)
         query_settings = dict(settings) if settings else {}
         if dedup_token:
             query_settings["insert_deduplication_token"] = dedup_token
@@ -238,6 +266,7 @@ class ConnectClickHouse:
                 rows,
                 column_names=list(columns),
                 settings=query_settings or None,
+                column_oriented=column_oriented,
             )
         except (TypeError, ValueError, OverflowError, struct.error) as exc:
             raise ClickHouseError(
@@ -307,6 +336,25 @@ def _refuse_naive_datetimes(
         if any(isinstance(v := row[index], datetime) and v.tzinfo is None for row in rows):
             raise ClickHouseError(
                 f"insert into {table}: column {columns[index]} has a naive datetime; "
+                "pass timezone-aware UTC datetimes or epoch-millisecond ints"
+            )
+
+
+def _refuse_naive_datetime_columns(
+    table: str, columns: Sequence[str], data: Sequence[Sequence[Any]]
+) -> None:
+    """The column-oriented twin of _refuse_naive_datetimes."""
+    if len(data) != len(columns) or len({len(values) for values in data}) != 1:
+        raise ClickHouseError(
+            f"insert into {table}: {len(data)} columns of values of unequal or wrong count for "
+            f"{len(columns)} column names; pass one sequence of values per column, all as long"
+        )
+    for name, values in zip(columns, data, strict=True):
+        if isinstance(values[0], datetime) and any(
+            isinstance(v, datetime) and v.tzinfo is None for v in values
+        ):
+            raise ClickHouseError(
+                f"insert into {table}: column {name} has a naive datetime; "
                 "pass timezone-aware UTC datetimes or epoch-millisecond ints"
             )
 

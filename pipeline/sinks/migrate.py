@@ -11,6 +11,9 @@
   error: add a new migration instead of editing an applied one. Changing ``ttl_days``
   later therefore needs a new migration (``ALTER TABLE … MODIFY TTL``), not a re-run.
 * Two migrators at the same time are not guarded against: run one.
+* Cluster mode (``clickhouse.cluster`` or ``--cluster NAME``): every statement is rewritten
+  into ``ON CLUSTER`` DDL with replicated local tables and Distributed tables in front
+  (:mod:`pipeline.sinks.cluster`); ``--print`` shows the statements without connecting.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from pathlib import Path
 from pipeline.logs import get_logger
 from pipeline.settings import ClickHouseSettings, Settings
 from pipeline.sinks.clickhouse import ClickHouse, ClickHouseError, check_identifier, open_clickhouse
+from pipeline.sinks.cluster import CLUSTER_INSERT_SETTINGS, create_database, for_cluster
 
 _log = get_logger("clickhouse.migrate")
 
@@ -105,12 +109,42 @@ def render(statement: str, settings: ClickHouseSettings) -> str:
     return _PLACEHOLDER.sub(fill, statement)
 
 
+def statements_of(migration: Migration, settings: ClickHouseSettings) -> list[str]:
+    """The statements that apply ``migration``: rendered, and for a cluster rewritten."""
+    rendered = [render(statement, settings) for statement in split_statements(migration.text)]
+    if not settings.cluster:
+        return rendered
+    return [out for statement in rendered for out in for_cluster(statement, settings.cluster)]
+
+
+def migrations_table_ddl(settings: ClickHouseSettings) -> list[str]:
+    """The statements that create ``schema_migrations`` (replicated for a cluster)."""
+    database = check_identifier(settings.database, "clickhouse.database")
+    create = (
+        f"CREATE TABLE IF NOT EXISTS {database}.{MIGRATIONS_TABLE} ("
+        " version UInt32, name String, checksum String, applied_at DateTime64(3, 'UTC')"
+        ") ENGINE = MergeTree ORDER BY version"
+    )
+    if not settings.cluster:
+        return [create]
+    return [create_database(database, settings.cluster), *for_cluster(create, settings.cluster)]
+
+
+def plan_sql(settings: ClickHouseSettings, schema_dir: Path = SCHEMA_DIR) -> list[str]:
+    """Every statement a migrate on an empty database runs, in order (``--print``)."""
+    out = migrations_table_ddl(settings)
+    for migration in load_migrations(schema_dir):
+        out += statements_of(migration, settings)
+    return out
+
+
 def apply_migrations(
     ch: ClickHouse, settings: ClickHouseSettings, schema_dir: Path = SCHEMA_DIR
 ) -> list[Migration]:
     """Apply the migrations not yet recorded, in order; return the ones applied."""
     migrations = load_migrations(schema_dir)
-    _ensure_migrations_table(ch)
+    for statement in migrations_table_ddl(settings):
+        ch.command(statement)
     applied = _applied_checksums(ch)
     _check_unchanged(migrations, applied)
     done = []
@@ -122,8 +156,13 @@ def apply_migrations(
     return done
 
 
-def run_migrate_command(settings: Settings) -> int:
-    """``authpipe clickhouse migrate``: apply pending migrations and say what was applied."""
+def run_migrate_command(settings: Settings, *, print_only: bool = False) -> int:
+    """``authpipe clickhouse migrate``: apply pending migrations and say what was applied
+    (``print_only``: print every statement instead, without connecting)."""
+    if print_only:
+        for statement in plan_sql(settings.clickhouse):
+            print(f"{statement};\n")
+        return 0
     total = len(load_migrations())
     with open_clickhouse(settings.clickhouse, create_database=True) as ch:
         done = apply_migrations(ch, settings.clickhouse)
@@ -135,14 +174,6 @@ def run_migrate_command(settings: Settings) -> int:
         f"{len(done)} applied, {total - len(done)} already up to date"
     )
     return 0
-
-
-def _ensure_migrations_table(ch: ClickHouse) -> None:
-    ch.command(
-        f"CREATE TABLE IF NOT EXISTS {MIGRATIONS_TABLE} ("
-        " version UInt32, name String, checksum String, applied_at DateTime64(3, 'UTC')"
-        ") ENGINE = MergeTree ORDER BY version"
-    )
 
 
 def _applied_checksums(ch: ClickHouse) -> dict[int, str]:
@@ -161,10 +192,10 @@ def _check_unchanged(migrations: list[Migration], applied: dict[int, str]) -> No
 
 
 def _apply_one(ch: ClickHouse, settings: ClickHouseSettings, migration: Migration) -> None:
-    statements = split_statements(migration.text)
+    statements = statements_of(migration, settings)
     for index, statement in enumerate(statements, start=1):
         try:
-            ch.command(render(statement, settings))
+            ch.command(statement)
         except ClickHouseError as exc:
             raise type(exc)(
                 f"migration {migration.label}, statement {index} of {len(statements)} "
@@ -175,6 +206,7 @@ def _apply_one(ch: ClickHouse, settings: ClickHouseSettings, migration: Migratio
         MIGRATIONS_TABLE,
         ["version", "name", "checksum", "applied_at"],
         [[migration.version, migration.name, migration.checksum, datetime.now(UTC)]],
+        settings=CLUSTER_INSERT_SETTINGS if settings.cluster else None,  # stored on return
     )
     _log.info(
         "clickhouse.migration_applied",

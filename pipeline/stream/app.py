@@ -41,11 +41,12 @@ from pipeline.core.keys import Digester
 from pipeline.core.normalise import NetworkSet, SourceRules
 from pipeline.core.policy import Policy
 from pipeline.errors import ConfigError
+from pipeline.kafka_client import client_kwargs, security_kwargs
 from pipeline.logs import get_logger
-from pipeline.settings import Settings
+from pipeline.settings import KafkaSettings, Settings, require_digest_key
 from pipeline.stream.batching import Batcher
 from pipeline.stream.chains import ChangelogChains
-from pipeline.stream.ingest import Ingest
+from pipeline.stream.ingest import DeadLetter, Ingest
 from pipeline.stream.metrics import WorkerMetrics
 from pipeline.stream.progress import Admit, InputOrder
 from pipeline.stream.restore import ChangelogRestore, LiveRecords
@@ -59,6 +60,7 @@ from pipeline.stream.stages import (
     latest_shares,
 )  # fmt: skip
 from pipeline.stream.topics import Topics
+from pipeline.stream.undecodable import DECODE_ERRORS, salvage
 
 log = get_logger("worker")
 
@@ -90,7 +92,7 @@ def build_normaliser(settings: Settings, policy: Policy | None = None) -> Normal
         )
     ingest = settings.ingest
     return Normaliser(
-        digester=Digester(settings.identity.digest_key),
+        digester=Digester(require_digest_key(settings)),
         sources=SourceRules(
             trusted_proxies=NetworkSet(ingest.trusted_proxies),
             ipv4_prefix=ingest.ipv4_prefix,
@@ -98,6 +100,22 @@ def build_normaliser(settings: Settings, policy: Policy | None = None) -> Normal
         ),
         case_sensitive_tenants=frozenset(ingest.case_sensitive_tenants)
         | policy.case_sensitive_tenants(),
+    )
+
+
+def broker_credentials(kafka: KafkaSettings) -> Any:
+    """faust's form of ``security_kwargs``: None for PLAINTEXT, else SSL or SASL credentials
+    (faust passes them to its consumer, producer and admin client)."""
+    security = security_kwargs(kafka)
+    if not security:
+        return None
+    if kafka.security_protocol == "SSL":
+        return faust.SSLCredentials(security["ssl_context"])
+    return faust.SASLCredentials(
+        username=security["sasl_plain_username"],
+        password=security["sasl_plain_password"],
+        mechanism=security["sasl_mechanism"],
+        ssl_context=security.get("ssl_context"),
     )
 
 
@@ -116,6 +134,8 @@ class Worker:
             partitions=kafka.partitions,
             max_event_bytes=settings.ingest.max_event_bytes,
             max_future_skew_ms=settings.ingest.max_future_skew_ms,
+            max_past_skew_ms=settings.ingest.max_past_skew_ms,
+            tenants=frozenset(settings.ingest.tenants), max_tenants=settings.ingest.max_tenants,
             keep_plain_account=settings.clickhouse.store_plain_account,
         )
         dedupe = {
@@ -144,7 +164,7 @@ class Worker:
             t.by_source: t.changelog("source-state"),
             t.shares: t.changelog("rollup-state"),
         }
-        self.restore = ChangelogRestore(kafka.bootstrap_servers, self._install)
+        self.restore = ChangelogRestore(kafka.bootstrap_servers, self._install, security_kwargs(kafka))
         self.app = self._build_app()
 
     # -- the faust app ------------------------------------------------------------------
@@ -154,6 +174,7 @@ class Worker:
         app = faust.App(
             s.kafka.app_id,
             broker=[f"kafka://{host}" for host in s.kafka.bootstrap_servers.split(",")],
+            broker_credentials=broker_credentials(s.kafka),
             topic_partitions=self.partitions,
             topic_replication_factor=s.kafka.replication_factor,
             consumer_auto_offset_reset="earliest",
@@ -163,6 +184,14 @@ class Worker:
             broker_session_timeout=10.0,
             broker_heartbeat_interval=1.0,
             web_enabled=True,
+            # Only /healthz, /readyz and /metrics (_add_views), plus faust's plain index at
+            # / ({"status": "OK"}): none of its pages that show or reroute internal state
+            # (/router, /table, /stats, /graph, /performance), which have no auth.
+            web_router_enabled=False,
+            web_tables_enabled=False,
+            web_stats_enabled=False,
+            web_graph_enabled=False,
+            web_metrics_enabled=False,
             web_port=s.worker.web_port,
             web_bind=s.worker.web_host,
             web_host=s.worker.web_host,
@@ -229,7 +258,7 @@ class Worker:
         s = self.settings
         consumer = AIOKafkaConsumer(
             self.topics.input,
-            bootstrap_servers=s.kafka.bootstrap_servers,
+            **client_kwargs(s.kafka),
             group_id=f"{s.kafka.app_id}-ingest",
             enable_auto_commit=False,
             auto_offset_reset="earliest",
@@ -240,13 +269,16 @@ class Worker:
         self.ingest_ready.set()
         try:
             while True:
-                batch = await self._gather_batch(consumer)
-                if batch:
-                    await self._ingest_batch(consumer, batch)
+                undecodable: list[DeadLetter] = []
+                batch = await self._gather_batch(consumer, undecodable)
+                if batch or undecodable:
+                    await self._ingest_batch(consumer, batch, undecodable)
         finally:
             await consumer.stop()
 
-    async def _gather_batch(self, consumer: AIOKafkaConsumer) -> dict[Any, list[Any]]:
+    async def _gather_batch(
+        self, consumer: AIOKafkaConsumer, undecodable: list[DeadLetter]
+    ) -> dict[Any, list[Any]]:
         """Records until ``batch_max_events`` or ``batch_max_wait_ms`` after the first one.
 
         ``getmany`` returns whatever the fetcher holds, a handful of records under light
@@ -254,28 +286,63 @@ class Worker:
         forwards per source partition from each): lingering keeps a trickle from turning
         into thousands of tiny envelopes a second, at a bounded cost in latency."""
         worker = self.settings.worker
-        batch: dict[Any, list[Any]] = await consumer.getmany(
-            timeout_ms=worker.batch_max_wait_ms, max_records=worker.batch_max_events
+        batch = await self._getmany(
+            consumer, undecodable, timeout_ms=worker.batch_max_wait_ms, max_records=worker.batch_max_events
         )
         count = sum(len(messages) for messages in batch.values())
-        if not count:
+        if not count or undecodable:
             return batch
         deadline = time.monotonic() + worker.batch_max_wait_ms / 1000
         while count < worker.batch_max_events:
             left_ms = int((deadline - time.monotonic()) * 1000)
             if left_ms <= 0:
                 break
-            more = await consumer.getmany(timeout_ms=left_ms, max_records=worker.batch_max_events - count)
+            more = await self._getmany(
+                consumer, undecodable, timeout_ms=left_ms, max_records=worker.batch_max_events - count
+            )
             for tp, messages in more.items():
                 batch.setdefault(tp, []).extend(messages)
                 count += len(messages)
+            if undecodable:
+                break
         return batch
 
-    async def _ingest_batch(self, consumer: AIOKafkaConsumer, batch: dict[Any, Any]) -> None:
+    async def _getmany(
+        self, consumer: AIOKafkaConsumer, undecodable: list[DeadLetter], *, timeout_ms: int, max_records: int
+    ) -> dict[Any, list[Any]]:
+        """``consumer.getmany``; a batch it cannot decode goes to ``undecodable`` (and the
+        consumer past it), the records it had drained are kept (pipeline.stream.undecodable)."""
+        try:
+            got: dict[Any, list[Any]] = await consumer.getmany(timeout_ms=timeout_ms, max_records=max_records)
+            return got
+        except DECODE_ERRORS as exc:
+            found = salvage(exc)
+            if found is None:
+                raise
+            if found.tp not in consumer.assignment():  # revoked meanwhile: its next owner meets it
+                return found.records
+            consumer.seek(found.tp, found.next_offset)
+            dead = found.dead_letter(exc)
+            undecodable.append(dead)
+            log.error("ingest_undecodable_batch", topic=found.tp.topic, partition=found.tp.partition,
+                      first_offset=found.first_offset, last_offset=found.next_offset - 1,
+                      codec=found.codec, error=dead.detail)  # fmt: skip
+            return found.records
+
+    async def _ingest_batch(
+        self, consumer: AIOKafkaConsumer, batch: dict[Any, Any], undecodable: list[DeadLetter]
+    ) -> None:
         # aiokafka's ConsumerRecords carry what ingest reads (topic, partition, offset,
         # key, value): no copy into Record objects.
         records = [m for messages in batch.values() for m in messages]
         result = self.ingest.process(records, wall_ms())
+        commits = {tp: messages[-1].offset + 1 for tp, messages in batch.items() if messages}
+        for dead in undecodable:
+            # Committed past, once its dead letter is acknowledged: never read again.
+            tp = TopicPartition(dead.record.topic, dead.record.partition)
+            commits[tp] = max(commits.get(tp, 0), dead.record.offset + dead.offsets)
+            result.dead.append(dead)
+            result.reasons[dead.reason] += dead.offsets
         pending: list[Awaitable[Any]] = []
         for partition, rows in result.rows.items():
             for part in chunks(rows):
@@ -289,11 +356,11 @@ class Worker:
         # a crash before that re-reads the batch, and the account stage skips what it
         # already applied (it remembers the highest input offset per input partition).
         await asyncio.gather(*pending)
-        await consumer.commit({tp: messages[-1].offset + 1 for tp, messages in batch.items()})
+        await consumer.commit(commits)
         self.metrics.ingested(result.valid, result.reasons)
         for tp, messages in batch.items():
             highwater = consumer.highwater(tp)
-            if highwater is not None:
+            if highwater is not None and messages:
                 self.metrics.lag(tp.partition, highwater - messages[-1].offset - 1)
 
     # -- agents -------------------------------------------------------------------------

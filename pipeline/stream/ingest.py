@@ -1,8 +1,14 @@
 """Ingest: raw input records in, normalised rows (by account partition) and dead letters out.
 
 Pure apart from ``now_ms``, which the shell passes in (the wall clock decides only the
-future-skew check). Every record ends in exactly one of the two outputs, so
+skew checks: ``future_timestamp`` beyond ``max_future_skew_ms`` ahead, ``past_timestamp``
+beyond ``max_past_skew_ms`` behind or before 1970, which the tables cannot hold). Every record ends in exactly one of the two outputs, so
 ``rows + dead letters == records`` for every batch: nothing is dropped silently.
+
+Besides the codec's reasons, ingest dead-letters ``unknown_tenant`` (``ingest.tenants``
+is set and does not list the event's tenant) and ``tenant_cap`` (the worker already
+tracks ``ingest.max_tenants`` tenants: every tenant costs counters and tables, so
+a producer cannot grow a worker's memory by inventing tenants).
 """
 
 from __future__ import annotations
@@ -52,9 +58,15 @@ class DeadLetter:
     reason: str
     detail: str
     stage: str = "ingest"
+    last_offset: int | None = None  # a range of offsets (an undecodable batch) ends here
+
+    @property
+    def offsets(self) -> int:
+        """Input offsets this dead letter stands for (more than one for a batch)."""
+        return 1 if self.last_offset is None else self.last_offset - self.record.offset + 1
 
     def headers(self) -> list[tuple[str, bytes]]:
-        return [
+        headers = [
             ("error", self.reason.encode()),
             ("error_detail", self.detail[:1000].encode("utf-8", "replace")),
             ("stage", self.stage.encode()),
@@ -62,6 +74,9 @@ class DeadLetter:
             ("source_partition", str(self.record.partition).encode()),
             ("source_offset", str(self.record.offset).encode()),
         ]
+        if self.last_offset is not None:
+            headers.append(("source_offset_last", str(self.last_offset).encode()))
+        return headers
 
 
 @dataclass
@@ -85,22 +100,50 @@ class Ingest:
     partitions: int
     max_event_bytes: int = 16384
     max_future_skew_ms: int = 300_000
+    max_past_skew_ms: int = 604_800_000
     keep_plain_account: bool = False
+    tenants: frozenset[str] = frozenset()
+    max_tenants: int = 1000
+    admitted: set[str] = field(default_factory=set, init=False, repr=False, compare=False)
+
+    def admit_tenant(self, tenant: str) -> None:
+        """Track ``tenant`` or raise DecodeError: not allow-listed, or over the cap."""
+        if self.tenants and tenant not in self.tenants:
+            raise DecodeError(
+                "unknown_tenant", f"tenant {tenant!r} is not in ingest.tenants; add it there"
+            )
+        if len(self.admitted) >= self.max_tenants:
+            raise DecodeError(
+                "tenant_cap",
+                f"this worker already tracks ingest.max_tenants={self.max_tenants} tenants; "
+                f"tenant {tenant!r} is refused (raise the cap or list tenants in ingest.tenants)",
+            )
+        self.admitted.add(tenant)
 
     def process(self, records: Iterable[RawRecord], now_ms: int) -> IngestResult:
         result = IngestResult()
         rows = result.rows
         limit_ms = now_ms + self.max_future_skew_ms
+        oldest_ms = max(0, now_ms - self.max_past_skew_ms)
         partitions = self.partitions
         keep_plain = self.keep_plain_account
         max_bytes = self.max_event_bytes
         normalise = self.normaliser.normalise
+        admitted = self.admitted
         for record in records:
             try:
                 event = decode_attempt(record.value, max_bytes=max_bytes)
+                if event.tenant not in admitted:
+                    self.admit_tenant(event.tenant)
                 attempt = normalise(event)
                 if attempt.occurred_ms > limit_ms:
                     raise DecodeError("future_timestamp", "occurred_at is beyond the allowed skew")
+                if attempt.occurred_ms < oldest_ms:
+                    raise DecodeError(
+                        "past_timestamp",
+                        "occurred_at is before 1970" if attempt.occurred_ms < 0
+                        else "occurred_at is older than ingest.max_past_skew_ms",
+                    )  # fmt: skip
             except (DecodeError, InvalidAttempt) as exc:
                 result.dead.append(DeadLetter(record, exc.reason, exc.detail))
                 result.reasons[exc.reason] += 1

@@ -45,6 +45,8 @@ class MemoryPipeline:
             normaliser=build_normaliser(settings, policy), partitions=kafka.partitions,
             max_event_bytes=settings.ingest.max_event_bytes,
             max_future_skew_ms=settings.ingest.max_future_skew_ms,
+            max_past_skew_ms=settings.ingest.max_past_skew_ms,
+            tenants=frozenset(settings.ingest.tenants), max_tenants=settings.ingest.max_tenants,
         )  # fmt: skip
         self.accounts = AccountStage(policy, kafka.partitions, input_topic=kafka.input_topic)
         self.sources = SourceStage(policy, kafka.partitions)

@@ -23,7 +23,9 @@ reader reached it gets a reader of its own.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Hashable
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Hashable, Mapping
+from types import MappingProxyType
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import TopicPartition
@@ -34,6 +36,7 @@ from pipeline.logs import get_logger
 log = get_logger("restore")
 
 LiveRecords = dict[bytes, bytes]
+_PLAIN: Mapping[str, Any] = MappingProxyType({})  # no TLS/SASL options (PLAINTEXT)
 # Whole partitions in few round trips: a changelog record is 100-300 bytes.
 FETCH_PARTITION_BYTES = 16 * 1024 * 1024
 FETCH_TOTAL_BYTES = 64 * 1024 * 1024
@@ -44,7 +47,7 @@ class RestoreError(AuthpipeError):
 
 
 async def read_changelogs(
-    bootstrap_servers: str, tps: Collection[TopicPartition]
+    bootstrap_servers: str, tps: Collection[TopicPartition], security: Mapping[str, Any] = _PLAIN
 ) -> AsyncIterator[tuple[TopicPartition, LiveRecords]]:
     """Each of ``tps`` read from its start to the end offset seen at start, folded to its
     live records; yielded as each partition completes (in no particular order)."""
@@ -57,7 +60,7 @@ async def read_changelogs(
     consumer = AIOKafkaConsumer(
         bootstrap_servers=bootstrap_servers, group_id=None, enable_auto_commit=False,
         auto_offset_reset="earliest", max_partition_fetch_bytes=FETCH_PARTITION_BYTES,
-        fetch_max_bytes=FETCH_TOTAL_BYTES, fetch_max_wait_ms=100,
+        fetch_max_bytes=FETCH_TOTAL_BYTES, fetch_max_wait_ms=100, **security,
     )  # fmt: skip
     try:
         await consumer.start()
@@ -113,8 +116,11 @@ class ChangelogRestore:
     were revoked before their reader finished: it still reads them, but installs nothing.
     """
 
-    def __init__(self, bootstrap_servers: str, install: Install) -> None:
+    def __init__(
+        self, bootstrap_servers: str, install: Install, security: Mapping[str, Any] = _PLAIN
+    ) -> None:
         self.bootstrap_servers = bootstrap_servers
+        self.security = security
         self.install = install
         self.pending: dict[Hashable, asyncio.Future[None]] = {}
         self.tasks: set[asyncio.Task[None]] = set()
@@ -162,7 +168,7 @@ class ChangelogRestore:
         started_s = asyncio.get_running_loop().time()
         records = 0
         try:
-            async for tp, live in read_changelogs(self.bootstrap_servers, tps):
+            async for tp, live in read_changelogs(self.bootstrap_servers, tps, self.security):
                 future = self.pending.get(tp)
                 if future is None or future.done():
                     continue  # revoked meanwhile

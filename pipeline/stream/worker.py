@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 from pathlib import Path
 
 from pipeline.core.policy import DEFAULT_POLICY, Policy, policy_from_toml
 from pipeline.kafka_admin import ensure_topics, wait_for_broker
-from pipeline.logs import get_logger
+from pipeline.kafka_client import security_kwargs
+from pipeline.logs import get_logger, stdlib_logging_config
 from pipeline.runtime import tune_gc
 from pipeline.settings import Settings
 from pipeline.stream.topics import Topics
@@ -24,9 +26,12 @@ def load_policy(path: Path | None) -> Policy:
 
 async def prepare_topics(settings: Settings, timeout_s: float = 30.0) -> None:
     kafka = settings.kafka
-    await wait_for_broker(kafka.bootstrap_servers, timeout_s)
+    security = security_kwargs(kafka)
+    await wait_for_broker(kafka.bootstrap_servers, timeout_s, security=security)
     specs = Topics.from_settings(kafka).specs(kafka.partitions)
-    await ensure_topics(kafka.bootstrap_servers, specs, replication_factor=kafka.replication_factor)
+    await ensure_topics(
+        kafka.bootstrap_servers, specs, replication_factor=kafka.replication_factor, security=security
+    )
 
 
 def run_worker(settings: Settings) -> int:
@@ -43,7 +48,11 @@ def run_worker(settings: Settings) -> int:
     log.info("worker_starting", policy_version=policy.policy_version,
              partitions=settings.kafka.partitions, web_port=settings.worker.web_port)  # fmt: skip
     faust_worker = FaustWorker(
-        worker.app, loglevel="WARNING", quiet=True, redirect_stdouts=False, logging_config=None
-    )
+        worker.app, loglevel="WARNING", quiet=True, redirect_stdouts=False,
+        logging_config=stdlib_logging_config(settings.log.level, settings.log.format),
+    )  # fmt: skip
+    if not sys.stdout.isatty():
+        # faust's startup spinner writes cursor escape codes even into a log file.
+        faust_worker.spinner = None
     faust_worker.execute_from_commandline()
     return 0

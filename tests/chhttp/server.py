@@ -6,7 +6,8 @@ What it implements, as a ClickHouse server does, enough for clickhouse-connect:
 * The statement is the ``query`` URL parameter, then a newline, then the request body
   (either may be empty); ``multipart/form-data`` bodies carry ``query`` and ``param_*``.
 * ``INSERT … FORMAT <fmt>`` followed by data (in the body, after the statement's newline)
-  is streamed into chdb's inserter; other statements run with chdb's ``query``.
+  is streamed into chdb's inserter (a refusal it swallows is found in ``system.errors``);
+  other statements run with chdb's ``query``.
 * Request bodies may be chunked and compressed (``Content-Encoding`` lz4, gzip, deflate,
   and zstd/br where their modules are installed); responses are compressed with lz4,
   gzip or deflate when ``enable_http_compression=1`` and the client accepts it.
@@ -167,6 +168,11 @@ class Engine:
         fmt = match.group(2).decode()
         data = request.sql[match.end() :]
         started = time.monotonic()
+        # chdb's streaming inserter reports success for a block the engine refused
+        # (verified with code 252, too many partitions for one INSERT block: rows_written
+        # 101, nothing stored), and one query of statement and data cuts binary data short;
+        # the refusal is still counted in system.errors, so a count that grew is raised.
+        before = _error_counts(conn)
         try:
             inserter = conn.send_insert(header, fmt)
             if data:
@@ -174,6 +180,7 @@ class Engine:
             result = inserter.finish()
         except Exception as exc:
             raise engine_error(exc) from exc
+        _raise_new_errors(conn, before)
         summary = {
             "written_rows": str(result.rows_written),
             "written_bytes": str(result.bytes_written),
@@ -194,6 +201,27 @@ class Engine:
         keyword = _LEADING_NOISE.sub("", sql, count=1).split(None, 1)
         returns_result = bool(keyword) and keyword[0].upper() in _RESULT_KEYWORDS
         return Reply(result.bytes() or b"", fmt if returns_result else None, summary)
+
+
+_ERRORS_SQL = "SELECT code, name, value, last_error_message FROM system.errors WHERE NOT remote"
+
+
+def _errors(conn: Any) -> dict[int, tuple[str, int, str]]:
+    """code -> (name, count, last message) of the engine's error counters."""
+    text = _run(conn, _ERRORS_SQL, "JSONCompactEachRow").bytes().decode()
+    rows = [json.loads(line) for line in text.splitlines() if line]
+    return {int(code): (name, int(count), message) for code, name, count, message in rows}
+
+
+def _error_counts(conn: Any) -> dict[int, int]:
+    return {code: count for code, (_, count, _) in _errors(conn).items()}
+
+
+def _raise_new_errors(conn: Any, before: dict[int, int]) -> None:
+    """Raise the error whose counter grew since ``before`` (a refusal chdb swallowed)."""
+    for code, (name, count, message) in sorted(_errors(conn).items()):
+        if count > before.get(code, 0):
+            raise QueryFailed(f"Code: {code}. DB::Exception: {message}. ({name})", code)
 
 
 def _run(conn: Any, sql: str, fmt: str, params: dict[str, str] | None = None) -> Any:

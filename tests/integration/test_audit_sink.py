@@ -14,7 +14,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +41,7 @@ from pipeline.sinks.audit import (
     encode_plan,
 )
 from pipeline.sinks.clickhouse import ClickHouse, open_clickhouse
-from pipeline.sinks.migrate import apply_migrations
+from pipeline.sinks.migrate import SCHEMA_DIR, apply_migrations, render, split_statements
 from pipeline.sinks.ratecap import RateCapConfig
 from tests.plugins.clickhouse import ChHttpEndpoint, recent_minute
 from tests.plugins.waiting import wait_until
@@ -603,7 +603,7 @@ async def test_sink_writes_every_topic_exactly(
     )  # fmt: skip
     wait_until(
         lambda: (
-            scalar(ch, "SELECT count() FROM dead_letters") == 3
+            scalar(ch, "SELECT count() FROM dead_letters") == 4
             and scalar(ch, "SELECT count() FROM decisions") == 3
             and scalar(ch, "SELECT count() FROM alerts") == 1
         ),
@@ -638,12 +638,14 @@ async def test_sink_writes_every_topic_exactly(
         "SELECT reason, stage, kafka_topic, kafka_partition, kafka_offset FROM dead_letters "
         "ORDER BY reason, kafka_offset"
     ) == [
+        ("invalid_row", "sink", "auth.login-attempts", 5, 2000),  # the bad row, quarantined
         ("not_json", "ingest", "auth.login-attempts", 1, 10),
         ("not_json", "ingest", "auth.login-attempts", 1, 11),
         ("unknown", "unknown", topics.dlq, 1, 1),
     ]
     (stopped,) = sink.events("sink.stopped")
     assert (stopped["bad_messages"], stopped["bad_rows"]) == (4, 1)
+    assert stopped["quarantined_rows"] == 1
 
 
 async def test_sigkill_between_insert_and_commit_writes_nothing_twice(
@@ -662,7 +664,7 @@ async def test_sigkill_between_insert_and_commit_writes_nothing_twice(
     wait_until(
         lambda: (
             totals(ch)[0] == WORKLOAD_ATTEMPTS
-            and scalar(ch, "SELECT count() FROM dead_letters") == 3
+            and scalar(ch, "SELECT count() FROM dead_letters") == 4
             and scalar(ch, "SELECT count() FROM decisions") == 3
             and scalar(ch, "SELECT count() FROM alerts") == 1
         ),
@@ -740,7 +742,7 @@ async def test_clickhouse_outage_mid_stream_loses_nothing(
     wait_until(
         lambda: (
             totals(ch)[0] == 30 + WORKLOAD_ATTEMPTS
-            and scalar(ch, "SELECT count() FROM dead_letters") == 3
+            and scalar(ch, "SELECT count() FROM dead_letters") == 4
             and scalar(ch, "SELECT count() FROM decisions") == 3
             and scalar(ch, "SELECT count() FROM alerts") == 1
         ),
@@ -752,6 +754,119 @@ async def test_clickhouse_outage_mid_stream_loses_nothing(
     assert (weight, rows, distinct) == (221, 173, 173), sink.tail()
     assert sink.events("sink.clickhouse_back"), sink.tail()
     assert scalar(ch, "SELECT sum(attempts) FROM attempts_by_flow_minute") == 221
+
+
+async def read_topic(bootstrap: str, topic: str) -> list[Any]:
+    """Every record of ``topic`` now (both partitions), in partition then offset order."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        tps = [TopicPartition(topic, p) for p in range(PARTITIONS)]
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        ends = await consumer.end_offsets(tps)
+        records: list[Any] = []
+        while [tp for tp in tps if await consumer.position(tp) < ends[tp]]:
+            for batch in (await consumer.getmany(timeout_ms=1000)).values():
+                records.extend(batch)
+        return sorted(records, key=lambda r: (r.partition, r.offset))
+    finally:
+        await consumer.stop()
+
+
+def spread(first: datetime, step: timedelta, count: int) -> list[list[Any]]:
+    """``count`` successes of distinct accounts, ``step`` apart from ``first``."""
+    return [
+        audit_row(i, first + step * i, outcome="success", account=f"a-{i}") for i in range(count)
+    ]
+
+
+async def test_a_batch_over_more_days_than_the_partition_limit_is_written_exactly(
+    kafka_bootstrap: str, topics: Topics, ch: ClickHouse, sink: SinkProcess
+) -> None:
+    """120 distinct days in one batch (limit 100, code 252 before): cut by day, all written."""
+    await create_topics(kafka_bootstrap, topics)
+    rows = spread(recent_minute() - timedelta(days=60), timedelta(days=1), 120)
+    await produce(kafka_bootstrap, [(topics.audit, 0, b"0", audit_batch(rows), None)])
+    sink.start()
+    wait_until(lambda: totals(ch)[0] == 120, SINK_TIMEOUT_S, description="all 120 rows")
+    assert sink.stop() == 0
+    assert totals(ch) == (120, 120, 120)
+    assert scalar(ch, "SELECT uniqExact(toDate(ts)) FROM attempts") == 120
+    assert scalar(ch, "SELECT sum(attempts) FROM attempts_by_flow_minute") == 120
+    assert scalar(ch, "SELECT count() FROM dead_letters") == 0
+    (stopped,) = sink.events("sink.stopped")
+    assert (stopped["inserts"], stopped["insert_failures"]) == (2, 0)  # days 1-100, 101-120
+
+
+async def test_a_batch_clickhouse_refuses_for_good_is_quarantined_and_the_sink_goes_on(
+    kafka_bootstrap: str, topics: Topics, ch: ClickHouse, sink: SinkProcess
+) -> None:
+    """A real code 252 (attempts re-partitioned by hour, 150 hours in a batch): the batch
+    goes to the DLQ and dead_letters with its reason, and the next batch is written."""
+    ch.command("DROP TABLE attempts SYNC")
+    (create,) = [
+        statement
+        for statement in split_statements((SCHEMA_DIR / "001_attempts.sql").read_text())
+    ]
+    ch.command(
+        render(create, ClickHouseSettings()).replace(
+            "PARTITION BY toDate(ts)", "PARTITION BY toStartOfHour(ts)"
+        )
+    )
+    await create_topics(kafka_bootstrap, topics)
+    hourly = spread(recent_minute() - timedelta(days=7), timedelta(hours=1), 150)
+    await produce(kafka_bootstrap, [(topics.audit, 1, b"1", audit_batch(hourly), None)])
+    sink.start()
+    wait_until(
+        lambda: scalar(ch, "SELECT count() FROM dead_letters") == 150, SINK_TIMEOUT_S,
+        description="the refused batch in dead_letters",
+    )  # fmt: skip
+    later = [audit_row(1000 + i, recent_minute(), outcome="success") for i in range(5)]
+    await produce(kafka_bootstrap, [(topics.audit, 1, b"1", audit_batch(later), None)])
+    wait_until(lambda: totals(ch)[0] == 5, SINK_TIMEOUT_S, description="the next batch")
+    assert sink.stop() == 0
+
+    assert totals(ch) == (5, 5, 5)
+    assert ch.query(
+        "SELECT reason, stage, kafka_topic, count(), min(kafka_offset), max(kafka_offset) "
+        "FROM dead_letters GROUP BY ALL"
+    ) == [("too_many_partitions", "sink", "auth.login-attempts", 150, 0, 149)]
+    (dead,) = await read_topic(kafka_bootstrap, topics.dlq)
+    headers = dict(dead.headers)
+    assert (headers["error"], headers["stage"]) == (b"too_many_partitions", b"sink")
+    assert (headers["source_topic"], headers["source_partition"], headers["source_offset"]) == (
+        topics.audit.encode(), b"1", b"0",
+    )  # fmt: skip
+    body = json.loads(dead.value)
+    assert (body["table"], len(body["rows"])) == ("attempts", 150)
+    assert [row[-1] for row in body["rows"]] == list(range(150))
+    (quarantined,) = sink.events("sink.quarantined")
+    assert (quarantined["reason"], quarantined["rows"]) == ("too_many_partitions", 150)
+
+
+async def test_audit_rows_before_1970_are_quarantined_not_dropped(
+    kafka_bootstrap: str, topics: Topics, ch: ClickHouse, sink: SinkProcess
+) -> None:
+    """A row before 1970 (no column holds it) is a past_timestamp dead letter: counts add up."""
+    await create_topics(kafka_bootstrap, topics)
+    minute = recent_minute()
+    rows = [audit_row(i, minute, outcome="success") for i in range(3)]
+    rows.insert(1, audit_row(7, datetime(1969, 7, 20, 20, 17, tzinfo=UTC), outcome="success"))
+    await produce(kafka_bootstrap, [(topics.audit, 0, b"0", audit_batch(rows), None)])
+    sink.start()
+    wait_until(
+        lambda: totals(ch)[0] == 3 and scalar(ch, "SELECT count() FROM dead_letters") == 1,
+        SINK_TIMEOUT_S, description="3 attempts and 1 dead letter",
+    )  # fmt: skip
+    assert sink.stop() == 0
+    assert ch.query(
+        "SELECT reason, stage, kafka_topic, kafka_partition, kafka_offset FROM dead_letters"
+    ) == [("past_timestamp", "sink", "auth.login-attempts", 0, 7)]
+    (dead,) = await read_topic(kafka_bootstrap, topics.dlq)
+    assert json.loads(dead.value)["rows"] == [rows[1]]
 
 
 def test_authpipe_sink_is_a_subcommand() -> None:

@@ -14,6 +14,7 @@ import pytest
 
 from pipeline.settings import ClickHouseSettings, Settings
 from pipeline.sinks.clickhouse import (
+    BatchRefused,
     ClickHouse,
     ClickHouseError,
     ClickHouseUnavailable,
@@ -500,3 +501,40 @@ def test_aware_non_utc_datetimes_are_converted(clickhouse: ClickHouse) -> None:
     [(got,)] = clickhouse.query("SELECT ts FROM attempts")
     assert got == ts
     assert got.utcoffset() == timedelta(0)
+
+
+def test_too_many_partitions_for_one_insert_is_a_batch_refusal(clickhouse: ClickHouse) -> None:
+    """Code 252 for the per-insert partition limit: BatchRefused (too_many_partitions)."""
+    days = [recent_minute() - timedelta(days=d) for d in range(101)]
+    rows = [attempt_row(ts, f"ev-{i}") for i, ts in enumerate(days)]
+    with pytest.raises(BatchRefused) as refused:
+        clickhouse.insert("attempts", ATTEMPT_COLUMNS, rows)
+    assert (refused.value.code, refused.value.reason) == (252, "too_many_partitions")
+    assert not isinstance(refused.value, ClickHouseUnavailable)
+    assert clickhouse.query("SELECT count() FROM attempts") == [(0,)]
+
+
+def test_too_many_parts_stays_transient(clickhouse: ClickHouse) -> None:
+    """Code 252 for merges behind inserts ("Too many parts"): ClickHouseUnavailable, retry."""
+    clickhouse.command(
+        "CREATE TABLE busy (x UInt64) ENGINE = MergeTree ORDER BY x "
+        "SETTINGS parts_to_delay_insert = 1, parts_to_throw_insert = 2, max_delay_to_insert = 0"
+    )
+    clickhouse.command("SYSTEM STOP MERGES busy")
+    with pytest.raises(ClickHouseUnavailable) as busy:
+        for x in range(5):
+            clickhouse.insert("busy", ["x"], [[x]])
+    assert busy.value.code == 252
+    assert not isinstance(busy.value, BatchRefused)
+
+
+def test_column_oriented_insert_stores_the_same_rows(clickhouse: ClickHouse) -> None:
+    """column_oriented=True takes one sequence per column and stores the same rows."""
+    minute = recent_minute()
+    rows = [attempt_row(minute, f"ev-{i}", offset=i) for i in range(3)]
+    clickhouse.insert("attempts", ATTEMPT_COLUMNS, list(zip(*rows, strict=True)), column_oriented=True)
+    assert clickhouse.query("SELECT event_id, kafka_offset FROM attempts ORDER BY kafka_offset") == [
+        ("ev-0", 0), ("ev-1", 1), ("ev-2", 2),
+    ]  # fmt: skip
+    with pytest.raises(ClickHouseError, match="one sequence of values per column"):
+        clickhouse.insert("attempts", ATTEMPT_COLUMNS, [("x",)], column_oriented=True)

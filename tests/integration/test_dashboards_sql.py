@@ -22,7 +22,7 @@ import pytest
 from pipeline.contracts.models import AUDIT_COLUMNS, datetime_to_ms
 from pipeline.settings import ClickHouseSettings
 from pipeline.sinks.audit import ALERTS_COLUMNS, DEAD_LETTERS_COLUMNS, DECISIONS_COLUMNS
-from pipeline.sinks.clickhouse import ClickHouse, open_clickhouse
+from pipeline.sinks.clickhouse import ClickHouse, ClickHouseError, open_clickhouse
 from pipeline.sinks.migrate import apply_migrations
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -330,3 +330,54 @@ def test_two_tenants_add_up(seeded: ClickHouse) -> None:
     (panel,) = [p for u, p in panels() if p["title"] == "Attempts by outcome"]
     sql = expand(panel["targets"][0]["rawSql"], tenants=("acme", "globex"))
     assert seeded.query(sql)[0] == (at(0), "failure", 57)
+
+
+USERS_XML = REPO_ROOT / "deploy" / "clickhouse" / "users.d" / "grafana.xml"
+COMPOSE = REPO_ROOT / "deploy" / "docker-compose.yml"
+
+
+def grafana_profile() -> dict[str, str]:
+    """The settings of the profile of the user the provisioned data source reads as."""
+    import xml.etree.ElementTree as ET
+
+    match = re.search(r"^\s*username:\s*(\S+)\s*$", DATASOURCE_YAML.read_text(), re.MULTILINE)
+    assert match is not None
+    root = ET.parse(USERS_XML).getroot()
+    user = root.find(f"users/{match[1]}")
+    assert user is not None, f"no user {match[1]} in {USERS_XML}"
+    assert [q.text for q in user.findall("grants/query")] == ["GRANT SELECT ON authpipe.*"]
+    password = user.find("password")
+    assert password is not None and password.get("from_env") == "AUTHPIPE_CLICKHOUSE_GRAFANA_PASSWORD"
+    profile = root.find(f"profiles/{user.findtext('profile')}")
+    assert profile is not None
+    return {child.tag: child.text or "" for child in profile if child.tag != "constraints"}
+
+
+def test_grafana_reads_as_a_readonly_clickhouse_user() -> None:
+    """The data source's user has readonly = 1 and SELECT on authpipe only; compose wires it."""
+    assert grafana_profile()["readonly"] == "1"
+    assert "$AUTHPIPE_CLICKHOUSE_GRAFANA_PASSWORD" in DATASOURCE_YAML.read_text()
+    compose = COMPOSE.read_text()
+    assert "./clickhouse/users.d/grafana.xml:/etc/clickhouse-server/users.d/grafana.xml:ro" in compose
+    assert compose.count("AUTHPIPE_CLICKHOUSE_GRAFANA_PASSWORD: ${AUTHPIPE_CLICKHOUSE_GRAFANA_PASSWORD") == 2
+
+
+def test_every_panel_runs_under_the_readonly_profile_and_writes_are_refused(
+    seeded: ClickHouse,
+) -> None:
+    """With the profile's settings (readonly = 1) every panel gives its answer; writes fail."""
+    settings = ", ".join(f"{name} = {value}" for name, value in grafana_profile().items())
+    for uid, panel in panels():
+        (target,) = panel["targets"]
+        sql = f"{expand(target['rawSql'])}\nSETTINGS {settings}"
+        assert seeded.query(sql) == EXPECTED[(uid, panel["title"])], (uid, panel["title"])
+    for statement in (
+        "INSERT INTO attempts SELECT * FROM attempts",
+        "ALTER TABLE attempts DELETE WHERE 1",
+        "DROP TABLE attempts",
+        "CREATE TABLE evil (x UInt8) ENGINE = Memory",
+    ):
+        with pytest.raises(ClickHouseError) as refused:
+            seeded.command(statement, settings={"readonly": 1})
+        assert refused.value.code == 164, statement  # READONLY
+    assert seeded.query("SELECT count() FROM attempts")[0][0] > 0

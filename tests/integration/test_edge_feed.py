@@ -202,3 +202,23 @@ async def test_view_started_during_writes_converges(upstream: Upstream) -> None:
         staleness = feed.staleness_ms()
         assert staleness is not None and staleness < 5 * SEC
     assert format_key(keys[0]).startswith("account_source|default|")
+
+
+async def test_missing_topic_is_the_reason_until_it_exists(kafka_bootstrap: str, topic_name: str) -> None:
+    """An edge pointed at a decisions topic that does not exist says so (not 'catching up'):
+    the reason names the topic and AUTHPIPE_KAFKA_DECISIONS_TOPIC; once the topic is created
+    the feed becomes ready and the reason clears."""
+    config = FeedConfig(kafka_bootstrap, topic_name, poll_interval_ms=100, retry_backoff_s=0.2)
+    feed = DecisionFeed(DecisionView(normaliser()), config)
+    async with feed:
+        await wait_until_async(lambda: "does not exist" in (feed.not_ready_reason() or ""),
+                               READY_TIMEOUT_S, description="the missing-topic reason")  # fmt: skip
+        assert feed.not_ready_reason() == (
+            f"topic {topic_name!r} does not exist on {kafka_bootstrap}: start the worker that "
+            "creates it, or set AUTHPIPE_KAFKA_DECISIONS_TOPIC to the topic your worker writes "
+            "decisions to"
+        )
+        assert not feed.ready()
+        await ensure_topics(kafka_bootstrap, [TopicSpec(topic_name, 1, DECISIONS_CONFIG)])
+        await feed.wait_ready(READY_TIMEOUT_S)
+        assert feed.not_ready_reason() is None

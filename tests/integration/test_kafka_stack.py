@@ -135,7 +135,8 @@ def run_cli(cwd: Path, env: dict[str, str], *args: str) -> subprocess.CompletedP
 
 
 async def test_stack_cli_up_twice_status_down_keeps_data(tmp_path: Path) -> None:
-    """stack up twice is harmless, status reports it, down leaves no process, data survives."""
+    """stack up twice is harmless, status reports it, down leaves no process, data survives;
+    the first up writes a random digest key (0600) into the state dir, later ups keep it."""
     port, controller_port = free_port_pair()  # the CLI puts the controller on port + 1
     state_dir = tmp_path / "state"
     kafka_dir = state_dir / "kafka"
@@ -150,19 +151,26 @@ async def test_stack_cli_up_twice_status_down_keeps_data(tmp_path: Path) -> None
         "AUTHPIPE_LOG_FORMAT": "json",
     }
     env.pop("AUTHPIPE_CONFIG", None)
+    env.pop("AUTHPIPE_IDENTITY_DIGEST_KEY", None)
     bootstrap = f"127.0.0.1:{port}"
     cleanup = LocalKafka(kafka_dir, port, controller_port)
     try:
         first = run_cli(tmp_path, env, "stack", "up")
         assert first.returncode == 0, first.stderr + first.stdout
+        key_file = state_dir / "digest.key"
+        key = key_file.read_text()
+        assert len(key.strip()) >= 32
+        assert key_file.stat().st_mode & 0o777 == 0o600
+        assert f"digest key: {key_file} (identity.digest_key; give gateways the same key)" in first.stdout
         pid = int((kafka_dir / "broker.pid").read_text())
         assert pid != os.getpid()
         assert "kafka: running" in first.stdout.splitlines()
 
         second = run_cli(tmp_path, env, "stack", "up")
         assert second.returncode == 0, second.stderr + second.stdout
-        assert '"event": "kafka_already_running"' in second.stdout
+        assert '"event": "kafka_already_running"' in second.stderr  # log events: stderr
         assert int((kafka_dir / "broker.pid").read_text()) == pid
+        assert key_file.read_text() == key
 
         status = run_cli(tmp_path, env, "stack", "status")
         assert status.returncode == 0, status.stderr + status.stdout

@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 from pipeline.core.keys import Digester
-from pipeline.settings import DEV_DIGEST_KEY
+from tests.conftest import TEST_DIGEST_KEY
 from tests.integration.test_sim_pipeline import (
     INGEST_TIMEOUT_S,
     QUIET_S,
@@ -52,7 +52,7 @@ def test_lock_run_and_notice_window_survive_sigkill(
     After the restart: victim's guess inside the lock is refused, its 7th after the lock
     locks again without a second notice; counted's 5th locks it and notifies once."""
     base = datetime.now(UTC) - timedelta(hours=2)
-    digest = Digester(DEV_DIGEST_KEY)
+    digest = Digester(TEST_DIGEST_KEY)
     victim, counted = digest.account("default", "victim"), digest.account("default", "counted")
     at = lambda s: base + timedelta(seconds=s)  # noqa: E731
     first = [event(i, at(i), "victim", f"203.0.113.{i + 1}", run="a") for i in range(5)]

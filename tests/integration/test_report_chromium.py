@@ -6,6 +6,7 @@ missing browser fails this test with that advice: it never skips.
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -62,7 +63,9 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_report_renders_every_chart_without_errors(report: Path, tmp_path: Path) -> None:
     """The dumped DOM has the success marker for 6 sections, an SVG per chart with its marks,
-    the scorecard rows, no error element, and Chromium logged no console error."""
+    the scorecard rows with their statuses and closing line, the role legend, the overlap
+    note, alerts clustered (every alert counted once), round-minute ticks, no error element,
+    and Chromium logged no console error."""
     done = headless(report, tmp_path / "profile", "--dump-dom")
     assert done.returncode == 0, done.stderr[-2000:]
     dom = done.stdout
@@ -73,7 +76,16 @@ def test_report_renders_every_chart_without_errors(report: Path, tmp_path: Path)
     assert 'data-series="attempts"' in dom and 'data-series="refused"' in dom
     assert dom.count("data-decision=") >= 5
     assert dom.count("data-alert=") >= 5
-    assert dom.count('class="status-stopped"') == 4 and dom.count('class="status-detected"') == 3
+    statuses = re.findall(r'class="status-([a-z_]+)"', dom)
+    assert len(statuses) == 7 and set(statuses) <= {"stopped", "slowed", "detected_only", "missed"}
+    assert 'data-summary="1"' in dom and "all attacks caught" not in dom
+    assert 'data-legend="roles"' in dom and "mostly attacker" in dom
+    assert 'data-note="overlap"' in dom
+    data = json.loads(re.search(r'id="report-data">(.*?)</script>', report.read_text(), re.S)[1])
+    marks = [int(n) for n in re.findall(r'data-alerts="(\d+)"', dom)]
+    assert sum(marks) == len(data["alerts"]) and len(marks) < len(data["alerts"])  # clustered
+    ticks = [int(t) for t in re.findall(r'data-tick="(\d+)"', dom)]
+    assert ticks and all(t % 60_000 == 0 for t in ticks), ticks  # round minutes
     assert not re.search(r"CONSOLE|Uncaught|SyntaxError", done.stderr), done.stderr[-2000:]
 
 

@@ -18,7 +18,8 @@ import socket
 import tempfile
 import uuid
 from collections.abc import Iterator
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -90,32 +91,132 @@ def _fail(what: str, exc: BaseException) -> None:
     )
 
 
+@dataclass(frozen=True)
+class SaslBroker:
+    """The SASL/SCRAM listener of a test broker, the users it knows (name: password), and
+    its plaintext listener, where the principal is the administrator (sets ACLs)."""
+
+    bootstrap: str
+    users: dict[str, str]
+    admin_bootstrap: str
+
+    def env(self, user: str, mechanism: str = "SCRAM-SHA-512") -> dict[str, str]:
+        """AUTHPIPE_KAFKA_* variables of a service connecting as ``user``."""
+        return {
+            "AUTHPIPE_KAFKA_BOOTSTRAP_SERVERS": self.bootstrap,
+            "AUTHPIPE_KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT",
+            "AUTHPIPE_KAFKA_SASL_MECHANISM": mechanism,
+            "AUTHPIPE_KAFKA_SASL_USERNAME": user,
+            "AUTHPIPE_KAFKA_SASL_PASSWORD": self.users[user],
+        }
+
+
+# SCRAM users of every test broker's SASL listener (dev secrets of a throwaway broker).
+SCRAM_USERS = {
+    "authpipe-worker": "worker-secret-0123",
+    "authpipe-gateway": "gateway-secret-0123",
+    "login-service": "login-secret-0123",
+    "authpipe-sink": "sink-secret-0123",
+}
+
+# Kafka's ACL codes (org.apache.kafka.common.acl / resource), as CreateAcls takes them.
+RESOURCE = {"topic": 2, "group": 3, "cluster": 4}
+PATTERN = {"literal": 3, "prefixed": 4}
+OPERATION = {"all": 2, "read": 3, "write": 4, "create": 5, "describe": 8}
+ALLOW = 3
+
+
+@dataclass(frozen=True)
+class Acl:
+    """One ALLOW binding: ``operation`` on ``resource`` ``name`` (``pattern``) for ``user``."""
+
+    user: str
+    operation: str
+    resource: str
+    name: str
+    pattern: str = "literal"
+
+
+def grant(admin_bootstrap: str, acls: list[Acl]) -> None:
+    """Create ``acls`` through the plaintext (administrator) listener, one CreateAcls each
+    (aiokafka has no ACL API; its protocol module has the request)."""
+    from aiokafka.admin import AIOKafkaAdminClient
+    from aiokafka.protocol.admin import CreateAclsRequest
+
+    async def run() -> None:
+        admin = AIOKafkaAdminClient(bootstrap_servers=admin_bootstrap)
+        await admin.start()
+        try:
+            for acl in acls:
+                request = CreateAclsRequest(
+                    RESOURCE[acl.resource], acl.name, PATTERN[acl.pattern], f"User:{acl.user}",
+                    "*", OPERATION[acl.operation], ALLOW,
+                )  # fmt: skip
+                response = await admin._send_request(request)
+                errors = [e for e in response.creation_responses if e[0] != 0]
+                assert not errors, f"CreateAcls {acl}: {errors}"
+        finally:
+            await admin.close()
+
+    asyncio.run(run())
+
+
+def _start_local(kafka: LocalKafka) -> None:
+    try:
+        kafka.up()
+    except AuthpipeError as exc:
+        kafka.down()
+        _fail("the test Kafka broker did not start", exc)
+
+
+@contextmanager
+def _local_broker() -> Iterator[LocalKafka]:
+    """A LocalKafka on free ports in a temp dir, with a SASL/SCRAM listener beside the
+    plaintext one (one broker serves both kinds of test); stopped and removed after."""
+    _reap_orphan_brokers(TEST_STATE_BASE)
+    state_dir = TEST_STATE_BASE / f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    port, controller_port, sasl_port = free_ports(3)
+    kafka = LocalKafka(state_dir, port, controller_port, libs_dir=SHARED_LIBS_DIR,
+                       sasl_port=sasl_port, scram_users=SCRAM_USERS)  # fmt: skip
+    _start_local(kafka)
+    try:
+        yield kafka
+    finally:
+        kafka.down()
+        shutil.rmtree(state_dir, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
-def kafka_bootstrap() -> Iterator[str]:
-    """Bootstrap ``host:port`` of the session's real Kafka broker."""
+def local_kafka() -> Iterator[LocalKafka | None]:
+    """The session's own broker, or None when AUTHPIPE_TEST_KAFKA_BOOTSTRAP names one."""
     external = os.environ.get(ENV_BOOTSTRAP)
     if external:
         try:
             asyncio.run(wait_for_broker(external, EXTERNAL_READY_TIMEOUT_S))
         except AuthpipeError as exc:
             _fail(f"the broker at {ENV_BOOTSTRAP}={external} is not reachable", exc)
-        yield external
+        yield None
         return
+    with _local_broker() as kafka:
+        yield kafka
 
-    _reap_orphan_brokers(TEST_STATE_BASE)
-    state_dir = TEST_STATE_BASE / f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    port, controller_port = free_ports(2)
-    kafka = LocalKafka(state_dir, port, controller_port, libs_dir=SHARED_LIBS_DIR)
-    try:
-        kafka.up()
-    except AuthpipeError as exc:
-        kafka.down()
-        _fail("the test Kafka broker did not start", exc)
-    try:
-        yield kafka.bootstrap
-    finally:
-        kafka.down()
-        shutil.rmtree(state_dir, ignore_errors=True)
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(local_kafka: LocalKafka | None) -> str:
+    """Bootstrap ``host:port`` of the session's real Kafka broker (plaintext listener)."""
+    if local_kafka is None:
+        return os.environ[ENV_BOOTSTRAP]
+    return local_kafka.bootstrap
+
+
+@pytest.fixture(scope="session")
+def kafka_sasl(local_kafka: LocalKafka | None) -> Iterator[SaslBroker]:
+    """The SASL/SCRAM listener of the session broker (with an external broker, a local
+    one of its own starts for these tests)."""
+    with ExitStack() as stack:
+        kafka = local_kafka or stack.enter_context(_local_broker())
+        assert kafka.sasl_bootstrap is not None
+        yield SaslBroker(kafka.sasl_bootstrap, dict(SCRAM_USERS), kafka.bootstrap)
 
 
 @pytest.fixture

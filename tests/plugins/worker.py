@@ -155,9 +155,10 @@ def start_worker(
 # -- topic I/O ------------------------------------------------------------------------------
 
 
-def produce(bootstrap: str, topic: str, messages: list[tuple[bytes | None, bytes]]) -> None:
+def produce(bootstrap: str, topic: str, messages: list[tuple[bytes | None, bytes]],
+            security: dict[str, Any] | None = None) -> None:  # fmt: skip
     async def run() -> None:
-        producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
+        producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, **(security or {}))
         await producer.start()
         try:
             batch = [await producer.send(topic, value=v, key=k) for k, v in messages]
@@ -168,11 +169,12 @@ def produce(bootstrap: str, topic: str, messages: list[tuple[bytes | None, bytes
     asyncio.run(run())
 
 
-def read_topic(bootstrap: str, topic: str) -> list[Any]:
-    """Every message of ``topic`` up to its end offsets now (no consumer group)."""
+def read_topic(bootstrap: str, topic: str, security: dict[str, Any] | None = None) -> list[Any]:
+    """Every message of ``topic`` up to its end offsets now (no consumer group);
+    ``security``: ``pipeline.kafka_client.security_kwargs``."""
 
     async def run() -> list[Any]:
-        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, **(security or {}))
         await consumer.start()
         try:
             partitions = consumer.partitions_for_topic(topic) or set()

@@ -51,6 +51,9 @@ class FakeHealth:
     def ready(self) -> bool:
         return self.is_ready
 
+    def not_ready_reason(self) -> str | None:
+        return None if self.is_ready else "topic 'auth.throttle-decisions' does not exist"
+
     def lag_messages(self) -> int:
         return 0 if self.is_ready else 42
 
@@ -273,15 +276,21 @@ async def test_refusal_is_logged_with_key_and_decision_id_not_the_account(edge: 
 
 
 async def test_not_ready_is_503_for_checks_and_feed(edge: Edge) -> None:
-    """Before the view caught up, checks, the feed and /readyz answer 503; /healthz 200."""
+    """Before the view caught up, checks, the feed and /readyz answer 503 with the feed's reason
+    (here: its topic is missing); /healthz 200."""
     edge.health.is_ready = False
     for path in (check_url(), "/v1/blocklist"):
         response = await edge.client.get(path)
         assert response.status == 503
         assert response.headers["Retry-After"] == "1"
-        assert orjson.loads(await response.read())["error"] == "not_ready"
+        assert orjson.loads(await response.read()) == {
+            "error": "not_ready",
+            "message": "the decision view is not ready: topic 'auth.throttle-decisions' does "
+            "not exist; retry shortly",
+        }
     assert await edge.get_json("/readyz", status=503) == {
-        "ready": False, "lag_messages": 42, "staleness_ms": 150, "decisions": 0
+        "ready": False, "lag_messages": 42, "staleness_ms": 150, "decisions": 0,
+        "reason": "topic 'auth.throttle-decisions' does not exist",
     }  # fmt: skip
     assert await edge.get_json("/healthz") == {"status": "ok"}
     edge.health.is_ready = True
@@ -340,6 +349,7 @@ async def test_blocklist_formats(edge: Edge) -> None:
         b'# authpipe source block-list: 2 sources, tenant="default", block\n'
         b"deny 2001:db8:1:2::/64;\ndeny 203.0.113.7;\n"
     )
+    edge.view.apply(*message(account_key(tenant="acme"), T0 + 5 * MIN))  # acme is now known
     response = await edge.client.get("/v1/blocklist?format=nginx-geo&tenant=acme")
     assert (
         await response.read() == b'# authpipe source block-list: 0 sources, tenant="acme", block\n'

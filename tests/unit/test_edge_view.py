@@ -124,16 +124,28 @@ def test_bad_keys_are_counted_and_ignored(key: bytes | None, value: bytes, reaso
         (lambda d: b"", "not_json"),
     ],
 )
-def test_bad_values_are_counted_and_lift_their_key(mutate: object, reason: str) -> None:
-    """A bad value under a valid key is counted, logged, and lifts that key (it is now the
-    key's latest value on the compacted topic); the view never raises."""
+def test_bad_values_are_counted_and_keep_the_last_good_decision(mutate: object, reason: str) -> None:
+    """Issue 15 #2: a bad value under a valid key is counted and logged, and the key keeps
+    its last good decision (the check still refuses); the view never raises."""
     view = new_view()
     key_bytes, good = message(account_key(), UNTIL)
     view.apply(key_bytes, good)
     bad = mutate(orjson.loads(good))  # type: ignore[operator]
     assert view.apply(key_bytes, bad) == "bad"
     assert view.stats.bad_reasons == {reason: 1}
-    assert len(view) == 0
+    assert len(view) == 1
+    assert view.check(TENANT, ACCOUNT, PEER).allowed is False
+
+
+def test_garbage_on_a_source_block_keeps_the_block_and_the_blocklist_entry() -> None:
+    """Issue 15 #2 as reported: a block on 6.6.6.6, then b"garbage" on its key: still refused."""
+    view = new_view()
+    key_bytes, good = message(source_key("6.6.6.6"), UNTIL)
+    view.apply(key_bytes, good)
+    assert view.apply(key_bytes, b"garbage") == "bad"
+    assert view.check(TENANT, ACCOUNT, "6.6.6.6").allowed is False
+    assert [entry.source for entry in view.blocklist()[0]] == ["6.6.6.6"]
+    assert view.stats.outcomes["bad"] == 1
 
 
 def test_extra_fields_from_a_newer_worker_are_ignored() -> None:
@@ -166,7 +178,7 @@ def test_normalisation_matches_the_worker() -> None:
 
 def test_other_digest_key_means_other_digests() -> None:
     """An edge configured with another digest key does not match the worker's decisions."""
-    view = new_view(settings=Settings(identity={"digest_key": "another-key-0123456789"}))
+    view = new_view(settings=Settings(identity={"digest_key": "another-key-0123456789-0123456789"}))
     view.apply(*message(account_key(), UNTIL))
     assert view.check(TENANT, ACCOUNT, PEER).allowed is True
 

@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
 from pipeline.contracts.models import LoginAttempt
 from pipeline.core.attempt import Normaliser, Recent
@@ -17,8 +18,11 @@ from pipeline.core.normalise import (
     NetworkSet,
     SourceRules,
     client_address,
+    embedded_ipv4,
+    format_source,
     normalise_account,
     parse_address,
+    parse_hop,
     parse_network,
 )
 
@@ -55,20 +59,44 @@ def test_spoof_of_a_trusted_proxy_address_only_moves_the_claim() -> None:
     assert source("10.0.0.1", ["10.1.1.1", "198.51.100.3"]) == "198.51.100.3"
 
 
-def test_garbage_entries_are_skipped_one_by_one() -> None:
-    """Unparseable XFF entries are skipped individually, never a crash."""
+def test_a_hop_that_does_not_parse_stops_the_walk_at_its_proxy() -> None:
+    """Garbage appended inside the trusted chain fails closed: the proxy that appended it
+    (here the peer) is the source, never a client claim further left."""
     xff = ["203.0.113.8", "not-an-ip", "", "999.1.1.1", "10.0.0.3", "unknown", " "]
-    assert source("10.0.0.1", xff) == "203.0.113.8"
+    assert source("10.0.0.1", xff) == "10.0.0.1"  # " " is no hop; "unknown" stops the walk
+    assert source("10.0.0.1", ["203.0.113.8", "", " "]) == "203.0.113.8"
 
 
-def test_garbage_between_trusted_hops_does_not_stop_the_walk() -> None:
-    """Garbage between trusted proxies is skipped; the walk goes on to the left."""
-    assert source("10.0.0.1", ["198.51.100.9", "%%%", "10.0.0.2"]) == "198.51.100.9"
+def test_garbage_between_trusted_hops_stops_at_the_proxy_right_of_it() -> None:
+    """Garbage between trusted proxies: the trusted hop to its right is the source."""
+    assert source("10.0.0.1", ["198.51.100.9", "%%%", "10.0.0.2"]) == "10.0.0.2"
+
+
+@pytest.mark.parametrize(
+    ("hop", "expected"),
+    [
+        ("203.0.113.7:51234", "203.0.113.7"),
+        ("[2001:db8::7]:443", "2001:db8::/64"),
+        ("unknown", "10.0.0.1"),
+        ("_hidden", "10.0.0.1"),
+        ("203.0.113.7:", "10.0.0.1"),
+        ("203.0.113.7:123456", "10.0.0.1"),
+        ("[2001:db8::7]:x", "10.0.0.1"),
+    ],
+)
+def test_a_client_claim_left_of_a_port_or_obfuscated_hop_is_never_the_source(
+    hop: str, expected: str
+) -> None:
+    """Issue 15 #5: behind a trusted proxy that appends ip:port, [v6]:port, unknown or
+    _hidden, the client's own X-Forwarded-For: 6.6.6.6 is never the source."""
+    assert source("10.0.0.1", ["6.6.6.6", hop]) == expected
 
 
 def test_all_trusted_chain_gives_the_left_most_proxy() -> None:
-    """If every hop is a trusted proxy, the left-most parseable one is the source."""
+    """If every hop is a trusted proxy, the left-most one is the source (a hop that does
+    not parse left of it ends the walk there)."""
     assert source("10.0.0.1", ["junk", "10.0.0.7", "10.0.0.2"]) == "10.0.0.7"
+    assert source("10.0.0.1", ["10.0.0.7:80", "10.0.0.2"]) == "10.0.0.7"
 
 
 def test_trusted_peer_with_empty_xff_is_the_source() -> None:
@@ -176,7 +204,88 @@ def test_source_of_never_raises_and_parses_back(
     address = parse_address(result.partition("/")[0])
     assert address is not None
     assert network.value == address.value
-    assert SourceRules(PROXIES, ipv4_prefix=v4, ipv6_prefix=v6).source_of(result.partition("/")[0], []) == result
+    # A grouped network's own address can fall in a range that carries IPv4 (2001::/16
+    # covers Teredo): re-reading it extracts the IPv4; every other result reads back as itself.
+    if embedded_ipv4(address) is address:
+        assert SourceRules(PROXIES, ipv4_prefix=v4, ipv6_prefix=v6).source_of(result.partition("/")[0], []) == result
+
+
+_trusted_hop = st.sampled_from(
+    ["10.0.0.2", "10.255.0.1", "10.0.0.3:8443", "::ffff:10.0.0.9", "2001:db8:aaaa::1",
+     "[2001:db8:aaaa::2]:443"]
+)  # fmt: skip
+_appended_hop = st.one_of(
+    _trusted_hop,
+    st.ip_addresses(v=4).map(str),
+    st.ip_addresses(v=4).map(lambda a: f"{a}:51234"),
+    st.ip_addresses(v=6).map(lambda a: f"[{a}]:443"),
+    st.sampled_from(["unknown", "_hidden", "", "garbage", "1.2.3.4:"]),
+)
+
+
+@given(
+    claim=st.lists(_xff_entry, max_size=8),
+    chain=st.lists(_appended_hop, max_size=6),
+    v6=st.sampled_from([48, 64, 128]),
+)
+def test_what_the_client_writes_left_of_the_trusted_chain_never_changes_the_source(
+    claim: list[str], chain: list[str], v6: int
+) -> None:
+    """Issue 15 #5 (property): the hops the trusted proxies appended decide the source;
+    any client-written prefix (an attacker's choice) gives the same source as none, unless
+    every appended hop is a parseable trusted proxy (then the claim is read on, as before)."""
+    rules = SourceRules(PROXIES, ipv6_prefix=v6)
+    alone = rules.source_of("10.0.0.1", chain)
+    parsed = [parse_hop(hop) for hop in chain]
+    reaches_claim = all(
+        (hop is not None and hop in PROXIES) or not text.strip()
+        for hop, text in zip(parsed, chain, strict=True)
+    )
+    if not reaches_claim:
+        assert rules.source_of("10.0.0.1", [*claim, *chain]) == alone
+    # The source is always the peer or one of the parsed hops, never text from elsewhere.
+    candidates = {"10.0.0.1"} | {
+        format_source(embedded_ipv4(a), ipv6_prefix=v6) for a in parsed if a is not None
+    }
+    assert alone in candidates
+
+
+@given(ip=st.ip_addresses(v=4), port=st.integers(0, 65535))
+def test_ip_port_hops_read_as_their_address(ip: object, port: int) -> None:
+    """a.b.c.d:port and [v6]:port hops parse to the address without the port."""
+    assert parse_hop(f"{ip}:{port}") == parse_address(str(ip))
+    assert parse_hop(f"[2001:db8::{port:x}]:{port}") == parse_address(f"2001:db8::{port:x}")
+
+
+@pytest.mark.parametrize(
+    ("peer", "expected"),
+    [
+        ("64:ff9b::203.0.113.5", "203.0.113.5"),  # NAT64 well-known prefix
+        ("64:ff9b::c633:6407", "198.51.100.7"),
+        ("::203.0.113.9", "203.0.113.9"),  # IPv4-compatible
+        ("::ffff:0:203.0.113.10", "203.0.113.10"),  # IPv4-translated
+        ("2002:cb00:7105::1", "203.0.113.5"),  # 6to4: one host, 65,536 /64s
+        ("2002:cb00:7105:ffff::9", "203.0.113.5"),
+        ("2001:0:4136:e378:8000:63bf:3fff:fdd2", "192.0.2.45"),  # Teredo (RFC 4380 example)
+        ("::1", "::1"),  # loopback is not IPv4-compatible
+        ("2001:db8::1", "2001:db8::/64"),
+    ],
+)
+def test_addresses_that_carry_an_ipv4_address_are_that_ipv4_source(
+    peer: str, expected: str
+) -> None:
+    """Issue 15 #6: NAT64, IPv4-compatible, IPv4-translated, 6to4 and Teredo addresses are
+    counted as the IPv4 address they carry, not as a shared or a fresh /64."""
+    assert source(peer, ipv6_prefix=128 if peer == "::1" else 64) == expected
+    assert source("10.0.0.1", [peer], ipv6_prefix=128 if peer == "::1" else 64) == expected
+
+
+def test_embedded_ipv4_leaves_other_addresses_and_ranges_alone() -> None:
+    """Trusted-proxy ranges written in those prefixes keep their IPv6 meaning."""
+    net = parse_network("64:ff9b::/96")
+    assert (net.version, net.prefix) == (6, 96)
+    address = parse_address("2001:db8::5")
+    assert address is not None and embedded_ipv4(address) is address
 
 
 # -- accounts ---------------------------------------------------------------------------
@@ -213,6 +322,22 @@ def test_account_ideographic_space_is_trimmed() -> None:
 def test_account_case_sensitive_tenant_keeps_case() -> None:
     """A case-sensitive tenant keeps case but still applies NFKC and trimming."""
     assert normalise_account(" \uff22\uff4f\uff22 ", case_sensitive=True) == "BoB"
+
+
+@pytest.mark.parametrize(
+    "variant",
+    ["al\u200bice", "\u00adalice", "ali\u200dce", "alice\ufeff", "a\u2060lice", "al\u034fice",
+     "alic\ufe0fe", "\u202ealice", "al\U000e0041ice", "ALI\u200cCE"],
+)  # fmt: skip
+def test_account_default_ignorable_code_points_are_dropped(variant: str) -> None:
+    """Issue 15 #7: zero-width space/joiners, soft hyphen, BOM, word joiner, variation
+    selectors, bidi controls and tags are invisible: the variant is the same account."""
+    assert normalise_account(variant) == "alice"
+
+
+def test_account_look_alike_letters_of_other_scripts_stay_distinct() -> None:
+    """Cyrillic a is a different letter, not an ignorable one (the login service's matter)."""
+    assert normalise_account("\u0430lice") != "alice"
 
 
 def test_account_empty_after_normalisation_is_invalid() -> None:
@@ -280,11 +405,15 @@ def test_bad_peer_ip_from_wire_event() -> None:
     assert info.value.reason == "bad_peer_ip"
 
 
-@pytest.mark.parametrize("tenant", ["a|b", "-", "|"])
-def test_tenant_that_breaks_key_syntax_is_invalid(tenant: str) -> None:
-    """A tenant with '|' (or '-') cannot form a parseable decision key: bad_tenant."""
+@pytest.mark.parametrize("tenant", ["a|b", "-", "|", "a\\", "Acme", "a'"])
+def test_tenant_outside_the_syntax_is_invalid(tenant: str) -> None:
+    """Issue 15 #15: the wire model refuses a tenant outside [a-z0-9][a-z0-9._-]{0,63}, and
+    the Normaliser, given one anyway (an unvalidated event), raises bad_tenant."""
+    with pytest.raises(ValidationError, match="tenant must match"):
+        _event(tenant=tenant)
+    unvalidated = LoginAttempt.model_construct(**{**_event().__dict__, "tenant": tenant})
     with pytest.raises(InvalidAttempt) as info:
-        NORMALISER.normalise(_event(tenant=tenant))
+        NORMALISER.normalise(unvalidated)
     assert info.value.reason == "bad_tenant"
 
 

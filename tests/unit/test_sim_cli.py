@@ -112,7 +112,7 @@ def test_dry_run_scorecard_backtest_report_end_to_end(tmp_path: Path) -> None:
     card = orjson.loads(card_path.read_bytes())
     assert [(a["attack"], a["status"]) for a in card["attacks"]] == [("brute_force", "stopped")]
     assert card["legitimate"]["refused"] == 0
-    assert "all attacks caught" in printed
+    assert "1 of 1 attacks stopped, no account taken over" in printed
 
     policy = tmp_path / "candidate.toml"
     policy.write_text(POLICY)

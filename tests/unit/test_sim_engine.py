@@ -33,8 +33,8 @@ def test_default_policy_catches_every_attack_and_refuses_nobody_legitimate(tmp_p
     statuses = {a.attack: a.status for a in card.attacks}
     assert statuses == {
         "brute_force": "stopped", "distributed_brute_force": "stopped", "lockout_dos": "stopped",
-        "uia_bruteforce": "stopped", "spray": "detected", "low_and_slow_spray": "detected",
-        "credential_stuffing": "detected",
+        "uia_bruteforce": "stopped", "spray": "detected_only", "low_and_slow_spray": "detected_only",
+        "credential_stuffing": "detected_only",
     }  # fmt: skip
     alerts = {a.attack: set(a.alerts) for a in card.attacks}
     assert "spray_source" in alerts["spray"]

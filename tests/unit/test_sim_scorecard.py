@@ -108,7 +108,7 @@ EXPECTED_ATTACKS = [
         "alerts": {}, "blocks": {"account_source": 1, "lockout": 1}, "observes": {},
     },
     {
-        "attack": "spray", "tenant": "acme", "status": "detected", "attempts": 4,
+        "attack": "spray", "tenant": "acme", "status": "detected_only", "attempts": 4,
         "start": "2026-09-21T14:00:03.000Z", "end": "2026-09-21T14:00:06.000Z",
         "first_block": None, "first_block_rule": None,
         "first_alert": "2026-09-21T14:00:04.000Z", "first_alert_type": "spray_tenant",

@@ -26,3 +26,15 @@ def test_tune_gc_sets_the_worker_thresholds_and_returns_the_old_ones() -> None:
         assert gc.get_threshold() == GC_THRESHOLDS == (50_000, 20, 100)
     finally:
         gc.set_threshold(*before)
+
+
+def test_worker_web_binds_loopback_and_serves_no_faust_pages() -> None:
+    """By default the web server binds 127.0.0.1, and faust's router, table, stats, graph and
+    performance pages are off (they expose internal state without auth)."""
+    worker = Worker(Settings(), DEFAULT_POLICY)
+    conf = worker.app.conf
+    assert conf.web_bind == "127.0.0.1"
+    assert (conf.web_router_enabled, conf.web_tables_enabled, conf.web_stats_enabled,
+            conf.web_graph_enabled, conf.web_metrics_enabled) == (False,) * 5  # fmt: skip
+    mounted = sorted(prefix for prefix, _ in worker.app.web.blueprints._enabled)
+    assert mounted == [""]  # faust's production index: {"status": "OK"} at /

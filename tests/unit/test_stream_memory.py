@@ -109,6 +109,35 @@ def test_every_record_is_either_a_row_or_a_dead_letter() -> None:
     assert (headers["source_topic"], headers["source_offset"]) == (b"t", b"100")
 
 
+def test_events_older_than_the_past_skew_or_before_1970_are_dead_letters() -> None:
+    """occurred_at beyond max_past_skew_ms behind now, or before 1970: past_timestamp."""
+    ingest = Ingest(build_normaliser(Settings()), partitions=8, max_past_skew_ms=3_600_000)
+    body = orjson.loads(records(1, seed=1)[0].value)
+
+    def at(when: datetime) -> bytes:
+        return orjson.dumps({**body, "occurred_at": when.isoformat()})
+
+    now = T0 + timedelta(days=1)
+    values = [
+        at(now - timedelta(hours=1)),  # at the limit: kept
+        at(now - timedelta(hours=1, milliseconds=1)),  # 1 ms past it
+        at(datetime(1969, 12, 31, 23, 59, 59, tzinfo=UTC)),
+        at(datetime(1900, 1, 1, tzinfo=UTC)),
+    ]
+    batch = [Record("t", 0, i, None, value) for i, value in enumerate(values)]
+    result = ingest.process(batch, int(now.timestamp() * 1000))
+    assert sum(len(rows) for rows in result.rows.values()) == 1
+    assert [(d.record.offset, d.reason) for d in result.dead] == [
+        (1, "past_timestamp"), (2, "past_timestamp"), (3, "past_timestamp"),
+    ]  # fmt: skip
+    assert [d.detail for d in result.dead][1:] == ["occurred_at is before 1970"] * 2
+
+    # Before 1970 is refused whatever the skew: the tables cannot hold it.
+    lenient = Ingest(build_normaliser(Settings()), partitions=8, max_past_skew_ms=10**15)
+    assert lenient.process(batch, int(now.timestamp() * 1000)).reasons == {"past_timestamp": 2}
+    assert Settings().ingest.max_past_skew_ms == 7 * 86_400_000
+
+
 def test_a_tenants_policy_flag_reaches_the_shared_normaliser(tmp_path: Path) -> None:
     """case_sensitive = true under [tenants.acme] keeps acme's case, from a given policy or policy_path."""
     text = '[tenants.acme]\ncase_sensitive = true\n'

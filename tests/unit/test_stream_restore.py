@@ -16,7 +16,7 @@ A, B = TopicPartition("app-account-state-changelog", 0), TopicPartition("app-acc
 
 
 def fake_reader(release: asyncio.Event) -> Any:
-    async def read(bootstrap: str, tps: Collection[TopicPartition]) -> AsyncIterator[tuple[TopicPartition, LiveRecords]]:
+    async def read(bootstrap: str, tps: Collection[TopicPartition], security: Any = None) -> AsyncIterator[tuple[TopicPartition, LiveRecords]]:
         for tp in tps:
             await release.wait()
             yield tp, {b"key-%d" % tp.partition: b"value"}

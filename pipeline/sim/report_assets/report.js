@@ -73,16 +73,32 @@
       html("span", { style: "--swatch:" + item[1] }, box, item[0]);
     });
   }
-  function timeTicks(svg, x, t0, t1, y, count) {
-    for (var i = 0; i <= count; i++) {
-      var t = t0 + (t1 - t0) * i / count;
-      el("line", { x1: x(t), x2: x(t), y1: y, y2: y + 4, stroke: "#9aa5b1" }, svg);
-      label(svg, x(t), y + 16, clock(t), { "text-anchor": i === 0 ? "start" : i === count ? "end" : "middle" });
+  // Tick steps, in ms: ticks fall on round UTC times (every 5 min at :00, :05, ...).
+  var TICK_STEPS = [1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800,
+                    21600, 43200, 86400].map(function (s) { return s * 1000; });
+  function tickStep(span, most) {
+    for (var i = 0; i < TICK_STEPS.length; i++) { if (span / TICK_STEPS[i] <= most) { return TICK_STEPS[i]; } }
+    return TICK_STEPS[TICK_STEPS.length - 1];
+  }
+  function tickLabel(ms, step) {
+    var d = new Date(ms);
+    var hm = pad(d.getUTCHours()) + ":" + pad(d.getUTCMinutes());
+    return step < 60000 ? hm + ":" + pad(d.getUTCSeconds()) : hm;
+  }
+  function timeTicks(svg, x, t0, t1, y, most) {
+    var step = tickStep(t1 - t0, most || 8);
+    var ticks = 0;
+    for (var t = Math.ceil(t0 / step) * step; t <= t1; t += step) {
+      el("line", { x1: x(t), x2: x(t), y1: y, y2: y + 4, stroke: "#9aa5b1", "data-tick": t }, svg);
+      label(svg, x(t), y + 16, tickLabel(t, step), { "text-anchor": "middle" });
+      ticks++;
     }
+    label(svg, x(t1), y + 28, "UTC", { "text-anchor": "end" });
+    return ticks;
   }
 
   function trafficChart(container, series) {
-    var W = 1100, H = 300, L = 56, R = 16, T = 12, B = 30;
+    var W = 1100, H = 310, L = 56, R = 16, T = 12, B = 40;
     var n = series.attempts.length;
     var t0 = series.start_ms, t1 = series.start_ms + n * series.bucket_ms;
     var names = [["attempts", "attempts"], ["failures", "failures"]];
@@ -98,7 +114,7 @@
       el("line", { x1: L, x2: W - R, y1: y(v), y2: y(v), stroke: "#e3e7ec" }, svg);
       label(svg, L - 6, y(v) + 4, compact(v), { "text-anchor": "end" });
     }
-    timeTicks(svg, x, t0, t1, H - B, 6);
+    timeTicks(svg, x, t0, t1, H - B);
     names.forEach(function (p) {
       var values = series[p[0]];
       var points = values.map(function (val, i) {
@@ -114,47 +130,108 @@
       if (p[0] === "attacker") { line.setAttribute("stroke-dasharray", "4 3"); }
       tip(line, p[1] + ": " + number(values.reduce(function (a, b) { return a + b; }, 0)) + " in total");
     });
+    var cut = series.trimmed || {};
+    if (cut.first || cut.last) {
+      html("p", { "class": "note", "data-note": "trimmed" }, container,
+           "Whole " + series.bucket_label + " buckets only: the " +
+           (cut.first && cut.last ? "first and last buckets" : cut.first ? "first bucket" : "last bucket") +
+           ", which the run covers only in part, are left out (" + number(cut.events) +
+           " attempts) so the line does not drop at the edges.");
+    }
     return svg;
+  }
+
+  // Alerts of one lane less than this many pixels after the previous one join its group,
+  // drawn as one mark (a band when the group spans time) with a count: room for the label.
+  var CLUSTER_PX = 40;
+  function clusters(alerts, x) {
+    var byLane = {};
+    alerts.forEach(function (a) { (byLane[a.type] = byLane[a.type] || []).push(a); });
+    var out = [];
+    Object.keys(byLane).forEach(function (type) {
+      var group = null;
+      byLane[type].sort(function (a, b) { return a.t - b.t; }).forEach(function (a) {
+        if (group && x(a.t) - x(group.last) < CLUSTER_PX) {
+          group.items.push(a); group.last = a.t;
+        } else {
+          group = { type: type, first: a.t, last: a.t, items: [a] };
+          out.push(group);
+        }
+      });
+    });
+    return out;
   }
 
   function timelineChart(container, data) {
     var lanes = data.lanes;
-    var W = 1100, L = 205, R = 16, T = 8, ROW = 24, B = 30;
+    var W = 1100, L = 235, R = 16, T = 8, ROW = 24, B = 40;
     var H = T + Math.max(lanes.length, 1) * ROW + B;
-    legend(container, [["block (issued to expiry)", COLORS.block], ["observe", COLORS.observe],
-                       ["alert", COLORS.alert]]);
+    legend(container, [["block (issued to expiry)", COLORS.block], ["observe-only decision", COLORS.observe],
+                       ["alert (\u00d7n: n alerts close together, the band spans them)", COLORS.alert]]);
     var svg = svgRoot(container, W, H, "timeline");
     var t0 = data.range.start_ms, t1 = Math.max(data.range.end_ms, t0 + 1);
     var x = function (t) { return L + (W - L - R) * (Math.min(Math.max(t, t0), t1) - t0) / (t1 - t0); };
-    var laneY = {};
+    var laneY = {}, counts = {};
+    data.decisions.forEach(function (d) { counts[d.rule] = (counts[d.rule] || 0) + 1; });
+    data.alerts.forEach(function (a) { counts["alert: " + a.type] = (counts["alert: " + a.type] || 0) + 1; });
     lanes.forEach(function (name, i) {
       laneY[name] = T + i * ROW;
       el("rect", { x: L, y: T + i * ROW, width: W - L - R, height: ROW, fill: i % 2 ? "#ffffff" : "#eef1f4" }, svg);
-      label(svg, L - 8, T + i * ROW + 16, name, { "text-anchor": "end", "class": "title" });
+      label(svg, L - 8, T + i * ROW + 16, name + " (" + number(counts[name] || 0) + ")",
+            { "text-anchor": "end", "class": "title" });
     });
-    timeTicks(svg, x, t0, t1, T + lanes.length * ROW, 6);
+    timeTicks(svg, x, t0, t1, T + lanes.length * ROW);
     data.decisions.forEach(function (d) {
       var x0 = x(d.t), x1 = Math.max(x(d.until), x0 + 2);
       var bar = el("rect", { x: x0, y: laneY[d.rule] + 5, width: x1 - x0, height: ROW - 10, rx: 2,
-        fill: COLORS[d.action] || COLORS.block, "fill-opacity": 0.75, "data-decision": d.rule }, svg);
+        fill: COLORS[d.action] || COLORS.block, "fill-opacity": 0.35, "data-decision": d.rule }, svg);
       tip(bar, d.rule + " " + d.action + " " + clock(d.t) + " to " + clock(d.until) +
           (d.attack ? " (" + d.attack + ")" : ""));
     });
-    data.alerts.forEach(function (a) {
-      var cx = x(a.t), cy = laneY["alert: " + a.type] + ROW / 2;
+    clusters(data.alerts, x).forEach(function (g) {
+      var cx = x(g.first), cy = laneY["alert: " + g.type] + ROW / 2, n = g.items.length;
+      var end = x(g.last);
+      if (end - cx >= 1) {
+        el("rect", { x: cx, y: cy - 3, width: end - cx, height: 6, rx: 3, fill: COLORS.alert,
+          "fill-opacity": 0.45, "data-alert-span": g.type }, svg);
+      }
       var mark = el("path", { d: "M" + cx + "," + (cy - 6) + " l6,6 l-6,6 l-6,-6 Z", fill: COLORS.alert,
-        stroke: "#9c640c", "stroke-width": 0.6, "data-alert": a.type }, svg);
-      tip(mark, a.type + " " + clock(a.t) + " " + (a.subject || "") + " count " + a.count);
+        stroke: "#9c640c", "stroke-width": 0.6, "data-alert": g.type, "data-alerts": n }, svg);
+      var first = g.items[0];
+      tip(mark, n === 1 ? g.type + " " + clock(g.first) + " " + (first.subject || "") + " count " + first.count
+                        : n + " " + g.type + " alerts " + clock(g.first) + " to " + clock(g.last));
+      if (n > 1) { label(svg, end + 8, cy + 4, "\u00d7" + n, { "class": "count" }); }
     });
+    html("p", { "class": "note", "data-note": "overlap" }, container,
+         "Each bar is one decision, from issue to expiry (the lane's count in brackets). Bars are " +
+         "translucent: where a bar is darker, several decisions overlap in time, e.g. one block per " +
+         "attacked account or source. Hover a bar or mark for its details.");
     if (data.decisions_truncated) {
       html("p", { "class": "note" }, container, data.decisions_truncated + " more decisions not drawn");
     }
     return svg;
   }
 
+  var ROLE_NAMES = { attacker: "attacker", legit: "legitimate user", owner: "account owner",
+                     unknown: "unlabelled" };
+  function roleLegend(container, rows) {
+    var seen = {};
+    rows.forEach(function (r) { seen[r.role] = true; });
+    var items = Object.keys(ROLE_NAMES).filter(function (r) { return seen[r]; }).map(function (r) {
+      return ["mostly " + ROLE_NAMES[r], COLORS[r]];
+    });
+    if (rows.some(function (r) { return r.takeover; })) { items.push(["taken over by an attacker", "#000"]); }
+    if (items.length) {
+      var box = html("div", { "class": "legend", "data-legend": "roles" }, container);
+      items.forEach(function (item) { html("span", { style: "--swatch:" + item[1] }, box, item[0]); });
+      html("span", { "class": "plain" }, box, "(bar colour: who made most of the failures, from the ground truth)");
+    }
+  }
+
   function barChart(container, rows, name, valueLabel, width) {
     var W = width || 540, L = 230, R = 60, ROW = 20, T = 6;
     var H = T + Math.max(rows.length, 1) * ROW + 6;
+    if (name !== "alerts") { roleLegend(container, rows); }
     var svg = svgRoot(container, W, H, name);
     var top = niceMax(Math.max.apply(null, rows.map(function (r) { return r.value; }).concat([1])));
     rows.forEach(function (r, i) {
@@ -164,8 +241,14 @@
             { "text-anchor": "end", "class": "title" });
       var bar = el("rect", { x: L, y: y + 3, width: w, height: ROW - 6, rx: 2,
         fill: COLORS[r.role] || COLORS.unknown, "data-bar": r.role }, svg);
-      tip(bar, r.label + ": " + number(r.value) + " " + valueLabel + (r.note ? " (" + r.note + ")" : ""));
+      tip(bar, r.label + ": " + number(r.value) + " " + valueLabel + (r.note ? " (" + r.note + ")" : "") +
+          (r.takeover ? "; TAKEN OVER" : ""));
       label(svg, L + w + 5, y + 14, compact(r.value));
+      if (r.takeover) {
+        bar.setAttribute("stroke", "#000"); bar.setAttribute("stroke-width", 2);
+        bar.setAttribute("data-takeover", "1");
+        label(svg, 4, y + 14, "\u26a0", { "class": "takeover" });
+      }
     });
     if (!rows.length) { label(svg, L, T + 14, "no failures"); }
     return svg;
@@ -179,8 +262,10 @@
     rows.forEach(function (row) {
       var r = html("tr", {}, body);
       row.forEach(function (cell, i) {
-        var td = html("td", numeric[i] ? { "class": "num" } : {}, r, cell === null ? "-" : String(cell));
+        var text = cell === null ? "-" : head[i] === "status" ? String(cell).replace("_", " ") : String(cell);
+        var td = html("td", numeric[i] ? { "class": "num" } : {}, r, text);
         if (head[i] === "status") { td.className = "status-" + cell; }
+        if (head[i] === "takeovers" && cell > 0) { r.className = "takeover"; td.className = "num bad"; }
       });
     });
     return t;
@@ -201,6 +286,13 @@
                 a.successes_allowed, a.status];
       }),
       [false, false, true, true, false, true, true, true, true, false]);
+    if (card.summary) {
+      html("p", { "class": card.account_takeovers ? "bad" : "summary", "data-summary": "1" }, container, card.summary);
+    }
+    html("p", { "class": "note" }, container, "status: stopped = blocks refused it, no account taken " +
+         "over, at most 10 % of its attempts after the first response got through; slowed = refused " +
+         "in part, or an account was taken over; detected only = alerted or observed, nothing refused; " +
+         "missed = nothing.");
     var legit = card.legitimate;
     var p = html("p", {}, container);
     html("span", { "class": legit.refused ? "bad" : "good" }, p,
@@ -213,6 +305,17 @@
       html("p", { "class": "note" }, container, "unmatched " + a.type + " " +
            (a.source || a.account_digest || a.tenant) + " at " + a.at + ": " + a.note);
     });
+  }
+
+  function takeoverSection(container, data) {
+    if (!data.takeovers || !data.takeovers.length) { return; }
+    var total = data.takeovers.reduce(function (a, t) { return a + t.successes; }, 0);
+    var box = html("div", { "class": "takeovers", "data-takeovers": data.takeovers.length }, container);
+    html("strong", {}, box, "\u26a0 " + number(data.takeovers.length) + " accounts taken over (" +
+         number(total) + " attacker logins allowed): ");
+    box.appendChild(document.createTextNode(data.takeovers.map(function (t) {
+      return t.account + (t.tenant !== "default" ? " (" + t.tenant + ")" : "");
+    }).join(", ")));
   }
 
   function alertsSection(container, data) {
@@ -236,6 +339,7 @@
     barChart(document.getElementById("sources"), data.top_sources, "sources", "failures"); rendered++;
     barChart(document.getElementById("accounts"), data.top_accounts, "accounts", "failures"); rendered++;
     alertsSection(document.getElementById("alerts"), data); rendered++;
+    takeoverSection(document.getElementById("scorecard"), data);
     scorecardSection(document.getElementById("scorecard"), data.scorecard); rendered++;
     document.body.setAttribute("data-charts-rendered", String(rendered));
   }

@@ -1,0 +1,49 @@
+"""The one place Kafka client options are built from settings: bootstrap and security.
+
+Every client authpipe opens (the faust app, the worker's ingest and restore readers, the
+admin client, the audit sink, the edge feed, the simulator, the scorecard and backtest
+readers) takes ``client_kwargs(settings.kafka)``, or ``security_kwargs`` beside a
+bootstrap it already has, so TLS and SASL apply everywhere or nowhere.
+"""
+
+from __future__ import annotations
+
+import ssl
+from typing import Any
+
+from pipeline.settings import KafkaSettings
+
+
+def ssl_context(kafka: KafkaSettings) -> ssl.SSLContext:
+    """A client TLS context: verifies the broker (against ``ssl_cafile`` if given, else the
+    system's CAs) and checks its host name; presents a client certificate if configured."""
+    context = ssl.create_default_context(
+        cafile=str(kafka.ssl_cafile) if kafka.ssl_cafile is not None else None
+    )
+    if kafka.ssl_certfile is not None and kafka.ssl_keyfile is not None:
+        context.load_cert_chain(str(kafka.ssl_certfile), str(kafka.ssl_keyfile))
+    return context
+
+
+def security_kwargs(kafka: KafkaSettings) -> dict[str, Any]:
+    """aiokafka keyword arguments for the connection security of ``kafka`` (empty for
+    PLAINTEXT, so a plain setup passes nothing new)."""
+    protocol = kafka.security_protocol
+    if protocol == "PLAINTEXT":
+        return {}
+    options: dict[str, Any] = {"security_protocol": protocol}
+    if protocol.endswith("SSL"):
+        options["ssl_context"] = ssl_context(kafka)
+    if protocol.startswith("SASL_"):
+        assert kafka.sasl_password is not None  # KafkaSettings checks it
+        options.update(
+            sasl_mechanism=kafka.sasl_mechanism,
+            sasl_plain_username=kafka.sasl_username,
+            sasl_plain_password=kafka.sasl_password.get_secret_value(),
+        )
+    return options
+
+
+def client_kwargs(kafka: KafkaSettings) -> dict[str, Any]:
+    """``bootstrap_servers`` plus ``security_kwargs``: what every aiokafka client takes."""
+    return {"bootstrap_servers": kafka.bootstrap_servers, **security_kwargs(kafka)}
