@@ -426,6 +426,8 @@ class AccountShard(_Shard):
         t = self.tenants.get(a.tenant) or self.tenant(a.tenant)
         if a.occurred_ms <= self.watermark_ms - t.max_span_ms:
             self.metrics.late += 1
+            if not a.success and a.failure_reason != "refused":
+                self._late_streak(a, t, out, seq)
             return verdict
         if a.success:
             self._success(a, t, out, seq)
@@ -566,6 +568,19 @@ class AccountShard(_Shard):
         self.metrics.alerts += 1
 
     # -- consecutive failures: seed 002's lock, seed 004's mfa curve, the lifetime bound ----
+
+    def _late_streak(self, a: Attempt, t: _TenantTables, out: Outbox, seq: int) -> None:
+        """A failure too late for the windows still counts in its consecutive run: the
+        lock and the mfa curve have no window, so only the order within the account
+        matters (which the stream keeps), not how far the shard's watermark ran ahead."""
+        flow = a.flow
+        if flow in PASSWORD_FLOWS:
+            if not (a.trusted and a.device):
+                self._lock_failure(a, t, out, seq)
+        elif flow == "mfa" and t.mfa_curve:
+            handle = a.device or a.session
+            key = mfa_key(a.tenant, a.account, a.source, a.device, a.session)
+            self._mfa_failure(a, t, key, None if handle else a.source, handle, out, seq)
 
     def _streak(self, t: _TenantTables, key: Key) -> StreakState:
         entry = t.streaks.mapping.get(key)

@@ -268,3 +268,15 @@ def test_any_pacing_gets_at_most_the_seed_002_allowance(gaps: list[int]) -> None
         t += gap
         allowed += gateway(engine, att(t, source=f"203.0.113.{i % 13}")).allowed
     assert allowed <= min(100, 5 + t // (900 * SEC) + 1)
+
+
+def test_a_late_failure_still_counts_in_its_run() -> None:
+    """Failures older than the windows' reach (the shard's watermark ran ahead on another
+    account) are late for rules 1-4 but still counted by the lock: 5 of them lock it."""
+    engine = Engine()
+    gateway(engine, att(10 * HOUR, account="b" * 32))  # another account moves the watermark
+    for i in range(5):
+        gateway(engine, att(i * MIN))  # hours behind: late for every window
+    assert engine.accounts.metrics.late == 5
+    (lock,) = [d for d in decisions(engine.out) if d.scope == "lock"]
+    assert (lock.count, datetime_to_ms(lock.issued_at)) == (5, T0 + 4 * MIN)
