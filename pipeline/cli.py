@@ -208,12 +208,14 @@ def _backtest(args: argparse.Namespace, settings: Settings) -> int:
         args.parser.error("--to-ts must be after --from-ts")
     if args.from_offset is not None and args.to_offset is not None and args.to_offset <= args.from_offset:
         args.parser.error("--to-offset must be above --from-offset")
+    if args.policy is None and args.verdicts is None:
+        args.parser.error("--policy is required (or --verdicts OUT.jsonl for per-event verdicts)")
     topic_range = None
     if args.events is None:
         topic_range = TopicRange(args.from_ts, args.to_ts, args.from_offset, args.to_offset)
     return run_backtest_command(
         settings, candidate=args.policy, baseline=args.baseline_policy, events=args.events,
-        topic_range=topic_range, truth=args.truth, out=args.out,
+        topic_range=topic_range, truth=args.truth, out=args.out, verdicts=args.verdicts,
     )  # fmt: skip
 
 
@@ -236,9 +238,10 @@ def _report(args: argparse.Namespace, settings: Settings) -> int:
 def _add_sim_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     simulate = sub.add_parser("simulate", help="produce simulated login traffic with ground truth")
     simulate.add_argument("--scenario", type=_scenario_list, default="mixed",
-                          help="mixed (default: baseline and every attack) or a comma list of "
+                          help="mixed (default: baseline and every attack but the two slow ones) or a comma list of "
                                "baseline, brute_force, distributed_brute_force, spray, "
-                               "low_and_slow_spray, credential_stuffing, lockout_dos, uia_bruteforce")
+                               "low_and_slow_spray, credential_stuffing, lockout_dos, uia_bruteforce, "
+                               "low_and_slow_bruteforce, low_and_slow_bruteforce_rotating")
     simulate.add_argument("--rate", type=_positive, default=20.0,
                           help="ordinary events per simulated second in the main tenant (default 20); "
                                "office, small tenant and attacks come on top")
@@ -274,7 +277,9 @@ def _add_sim_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     card.set_defaults(handler=_scorecard, parser=card)
 
     backtest = sub.add_parser("backtest", help="replay recorded input through a candidate policy")
-    backtest.add_argument("--policy", type=_existing_file, required=True, help="candidate policy TOML")
+    backtest.add_argument("--policy", type=_existing_file,
+                          help="candidate policy TOML (required for the diff; with --verdicts "
+                               "the policy to run, default: settings policy_path, else built-in)")
     backtest.add_argument("--baseline-policy", type=_existing_file,
                           help="current policy TOML (default: settings policy_path, else built-in)")
     where = backtest.add_mutually_exclusive_group(required=True)
@@ -285,6 +290,9 @@ def _add_sim_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     backtest.add_argument("--to-offset", type=_offset, help="up to this offset, exclusive (default: the end)")
     backtest.add_argument("--truth", type=_existing_file, help="truth JSONL: adds both scorecards")
     backtest.add_argument("--out", type=Path, help="write the diff as JSON here")
+    backtest.add_argument("--verdicts", type=Path, metavar="OUT.jsonl",
+                          help="instead of a diff: one verdict line per event under --policy, "
+                               "emulating the gateway (refused attempts counted nowhere)")
     backtest.set_defaults(handler=_backtest, parser=backtest)
 
     report = sub.add_parser("report", help="write a self-contained HTML report with charts")

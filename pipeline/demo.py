@@ -2,7 +2,8 @@
 
 Starts the broker (``stack up``), migrates embedded ClickHouse, starts the worker, the
 audit sink and the edge as subprocesses (each the same command a user would run), plays
-a mixed attack scenario through them with ``authpipe simulate``, waits until every event
+a day of the patient attackers (``low_and_slow_bruteforce`` and its 13-source variant)
+and then a mixed attack scenario through them with ``authpipe simulate``, waits until every event
 is counted or dead-lettered, then prints the scorecard, writes ``report.html`` and says
 where to look next. Each run uses its own topics and consumer groups (named in the
 output), so runs never mix; the broker keeps running afterwards for exploration
@@ -26,11 +27,13 @@ from pipeline.errors import AuthpipeError
 from pipeline.logs import get_logger
 from pipeline.settings import Settings, ensure_digest_key_file
 from pipeline.sim.demo_notes import blocklist_note, load_source_decisions, wall_ms
+from pipeline.sim.scenarios import SLOW_ATTACKS
 from pipeline.stack import LocalKafka
 
 log = get_logger("demo")
 
 READY_TIMEOUT_S = 120.0
+PATIENT_DAY_S = 86_400
 
 
 class DemoError(AuthpipeError):
@@ -87,6 +90,12 @@ def _wait(predicate: Callable[[], bool], timeout_s: float, service: Service, wha
             return
         time.sleep(0.25)
     raise service.failed(f"did not get {what} within {timeout_s:g} s")
+
+
+def _rfc3339(epoch_ms: int) -> str:
+    from pipeline.contracts.models import format_utc_ms, ms_to_datetime
+
+    return format_utc_ms(ms_to_datetime(epoch_ms))
 
 
 def _http_ok(url: str) -> bool:
@@ -154,6 +163,7 @@ def _env(settings: Settings, run_id: str, bootstrap: str) -> dict[str, str]:
         "AUTHPIPE_KAFKA_INPUT_TOPIC": f"{run_id}.login-attempts",
         "AUTHPIPE_KAFKA_DECISIONS_TOPIC": f"{run_id}.throttle-decisions",
         "AUTHPIPE_KAFKA_ALERTS_TOPIC": f"{run_id}.alerts",
+        "AUTHPIPE_KAFKA_NOTICES_TOPIC": f"{run_id}.account-notices",
         "AUTHPIPE_KAFKA_DLQ_TOPIC": f"{run_id}.login-attempts.dlq",
         "AUTHPIPE_KAFKA_AUDIT_TOPIC": f"{run_id}.audit",
         "AUTHPIPE_STATE_DIR": str(state),
@@ -182,16 +192,31 @@ def run_demo(settings: Settings, options: DemoOptions) -> int:
     try:
         worker, edge = _start_services(settings, env, demo_dir, services, say)
         truth = demo_dir / "truth.jsonl"
+        port = int(env["AUTHPIPE_WORKER_WEB_PORT"])
+        # The patient attackers first: their day of event time ends where the mixed run's
+        # hour begins, so the watermark only moves forward and one truth file holds both.
+        patient_truth = demo_dir / "truth-patient.jsonl"
+        start_ms = (int(time.time()) - int(options.duration_s) - PATIENT_DAY_S) * 1000
+        say(f"simulating patient attackers ({', '.join(SLOW_ATTACKS)}): a day of event time, "
+            "replayed as fast as the broker takes it")  # fmt: skip
+        _show(_run_showing_progress([
+            "simulate", "--scenario", ",".join(SLOW_ATTACKS), "--rate", "1",
+            "--duration-s", str(PATIENT_DAY_S), "--seed", str(options.seed), "--speedup", "0",
+            "--start", _rfc3339(start_ms), "--truth", str(patient_truth),
+        ], env, demo_dir, "simulate-patient", say))  # fmt: skip
+        patient = sum(1 for _ in patient_truth.open("rb"))
+        _wait(lambda: _drained(port, patient), 900, worker, "every patient attempt through every stage")
+        mixed_truth = demo_dir / "truth-mixed.jsonl"
         say(f"simulating a mixed attack scenario ({options.duration_s:g} s of traffic at "
             f"{options.rate:g} logins/s, replayed as fast as the broker takes it)")  # fmt: skip
         _show(_run_showing_progress([
             "simulate", "--scenario", "mixed", "--rate", str(options.rate),
             "--duration-s", str(options.duration_s), "--seed", str(options.seed),
-            "--speedup", "0", "--truth", str(truth),
+            "--speedup", "0", "--truth", str(mixed_truth),
         ], env, demo_dir, "simulate", say))  # fmt: skip
+        truth.write_bytes(patient_truth.read_bytes() + mixed_truth.read_bytes())
         produced = sum(1 for _ in truth.open("rb"))
         say(f"waiting for the worker to count all {produced} events")
-        port = int(env["AUTHPIPE_WORKER_WEB_PORT"])
         _wait(lambda: _drained(port, produced), 900, worker, "every event through every stage")
         _wait(_quiet_checker(port), 60, worker, "the stages to settle")
         say("scoring the decisions on the topic against the ground truth")
@@ -232,7 +257,7 @@ def _start_services(
         "bootstrap_servers": env["AUTHPIPE_KAFKA_BOOTSTRAP_SERVERS"], "app_id": env["AUTHPIPE_KAFKA_APP_ID"],
         "input_topic": env["AUTHPIPE_KAFKA_INPUT_TOPIC"], "decisions_topic": env["AUTHPIPE_KAFKA_DECISIONS_TOPIC"],
         "alerts_topic": env["AUTHPIPE_KAFKA_ALERTS_TOPIC"], "dlq_topic": env["AUTHPIPE_KAFKA_DLQ_TOPIC"],
-        "audit_topic": env["AUTHPIPE_KAFKA_AUDIT_TOPIC"],
+        "audit_topic": env["AUTHPIPE_KAFKA_AUDIT_TOPIC"], "notices_topic": env["AUTHPIPE_KAFKA_NOTICES_TOPIC"],
     })})  # fmt: skip
     asyncio.run(prepare_topics(topic_settings))
     say(f"starting the worker, the audit sink and the edge (logs in {demo_dir})")

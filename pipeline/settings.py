@@ -48,6 +48,9 @@ class KafkaSettings(_Section):
     input_topic: str = Field("auth.login-attempts", description="login attempts from producers")
     decisions_topic: str = Field("auth.throttle-decisions", description="compacted decisions")
     alerts_topic: str = Field("auth.alerts", description="alerts, once per subject per window")
+    notices_topic: str = Field(
+        "auth.account-notices", description="owner notices: an untrusted lock tripped (seed 001)"
+    )
     dlq_topic: str = Field("auth.login-attempts.dlq", description="dead letters, bytes untouched")
     audit_topic: str = Field("auth.audit", description="audit rows for the ClickHouse sink")
     app_id: str = Field("authpipe", description="faust app id: consumer group and topic prefix")

@@ -15,6 +15,14 @@ If the edge cannot be reached within ``EDGE_TIMEOUT_S`` the handler fails open (
 attempt is tried and still reported, so the worker keeps counting it); set
 ``FAIL_OPEN = False`` to refuse instead.
 
+The owner's way out (seed 001's unlock mail): when an untrusted lock trips on an account
+(the consecutive-failure lock, the ceiling, the lifetime bound), the worker publishes at
+most one notice per account per window to ``auth.account-notices``. It names the account
+only by its keyed digest; ``NoticeMailer`` maps the digest back through the service's own
+accounts (``account_digest``, with the digest key shared with authpipe) and mails the
+owner a sign-in link that, on success, trusts the device (then the lock never applies to
+it). ``consume_notices`` runs it over the topic; here it prints what it would send.
+
 Only the standard library and aiohttp (for the edge) are needed; the optional report
 uses aiokafka. Run the edge with ``authpipe edge serve`` next to the login service.
 """
@@ -41,6 +49,11 @@ EDGE_TIMEOUT_S = 0.1
 FAIL_OPEN = True
 SERVICE = "example-login"
 SCRYPT = {"n": 2**14, "r": 8, "p": 1, "dklen": 32}
+# The account-digest secret shared with authpipe (``identity.digest_key``; the local stack
+# writes it to ``.state/digest.key``). Needed only to map notices back to accounts.
+DIGEST_KEY = os.environ.get("AUTHPIPE_IDENTITY_DIGEST_KEY", "")
+NOTICES_TOPIC = os.environ.get("AUTHPIPE_KAFKA_NOTICES_TOPIC", "auth.account-notices")
+BOOTSTRAP = os.environ.get("AUTHPIPE_KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092")
 
 log = logging.getLogger("login")
 
@@ -178,6 +191,75 @@ def kafka_report(producer: Any, topic: str = "auth.login-attempts") -> Report:
     return send
 
 
+# -- the owner's way out: notices from auth.account-notices ---------------------------------
+
+
+def account_digest(tenant: str, account: str, key: str = DIGEST_KEY) -> str:
+    """authpipe's keyed account digest: BLAKE2b-128 over the NFKC, trimmed, case-folded
+    account (for a tenant that is not case-sensitive), with the shared digest key."""
+    import unicodedata
+
+    if not key:
+        raise ValueError("set AUTHPIPE_IDENTITY_DIGEST_KEY to authpipe's identity.digest_key")
+    text = unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", account).strip().casefold())
+    raw = key.encode()
+    h = hashlib.blake2b(digest_size=16, key=raw if len(raw) <= 64 else hashlib.blake2b(raw).digest())
+    for part in (b"acct\x00", tenant.encode(), b"\x00", text.encode("utf-8", "surrogatepass")):
+        h.update(part)
+    return h.hexdigest()
+
+
+Mailer = Callable[[str, str, str], Awaitable[None]]
+
+
+class NoticeMailer:
+    """Turns a notice into the owner's unlock mail: at most one per notice (the worker
+    already sends at most one per account per window)."""
+
+    def __init__(self, accounts: Mapping[tuple[str, str], str], send: Mailer) -> None:
+        # (tenant, digest) -> the account's mail address, from the service's own records.
+        self.accounts = accounts
+        self.send = send
+
+    @classmethod
+    def for_users(
+        cls, tenant: str, users: Sequence[str], send: Mailer, key: str = DIGEST_KEY
+    ) -> NoticeMailer:
+        return cls({(tenant, account_digest(tenant, u, key)): u for u in users}, send)
+
+    async def handle(self, notice: Mapping[str, Any]) -> bool:
+        """Mail the owner; False when the digest is not one of ours (an unknown account:
+        the pipeline counts those too, and there is nobody to tell)."""
+        address = self.accounts.get((notice["tenant"], notice["account_digest"]))
+        if address is None:
+            return False
+        link = f"https://login.example/unlock?t={secrets.token_urlsafe(24)}"
+        body = (
+            f"Someone failed to sign in to your account many times ({notice['reason']}); "
+            f"sign-ins from new devices are paused until {notice['expires_at']}. If it was "
+            f"you, this link signs you in and remembers this device: {link}"
+        )
+        await self.send(address, "Unusual sign-in attempts on your account", body)
+        return True
+
+
+async def print_mail(to: str, subject: str, body: str) -> None:
+    print(f"would mail {to}: {subject}\n  {body}")
+
+
+async def consume_notices(consumer: Any, mailer: NoticeMailer) -> None:
+    """Run ``mailer`` over an ``aiokafka.AIOKafkaConsumer`` subscribed to the notices topic."""
+    import json
+
+    async for message in consumer:
+        try:
+            notice = json.loads(message.value)
+        except ValueError:
+            log.warning("skipping a notice that is not JSON at offset %s", message.offset)
+            continue
+        await mailer.handle(notice)
+
+
 async def main() -> None:
     """Try one login from the command line against a running edge."""
     users = {"alice@example.com": hash_password("correct horse battery staple")}
@@ -187,5 +269,25 @@ async def main() -> None:
         print(await login(attempt, edge, users))
 
 
+async def notices_main(users: Sequence[str]) -> None:
+    """Print the unlock mail for every notice on the topic about one of ``users``."""
+    from aiokafka import AIOKafkaConsumer
+
+    consumer = AIOKafkaConsumer(
+        NOTICES_TOPIC, bootstrap_servers=BOOTSTRAP, group_id=f"{SERVICE}-notices",
+        auto_offset_reset="earliest",
+    )  # fmt: skip
+    await consumer.start()
+    try:
+        await consume_notices(consumer, NoticeMailer.for_users("default", users, print_mail))
+    finally:
+        await consumer.stop()
+
+
 if __name__ == "__main__":
-    asyncio.run(main())
+    import sys
+
+    if sys.argv[1:2] == ["notices"]:  # login_service.py notices alice@example.com ...
+        asyncio.run(notices_main(sys.argv[2:]))
+    else:
+        asyncio.run(main())

@@ -33,7 +33,8 @@ def valid_tenant(tenant: object) -> bool:
 Flow = Literal["login", "uia", "mfa", "recovery", "token"]
 Outcome = Literal["success", "failure"]
 FailureReason = Literal["bad_password", "unknown_account", "bad_second_factor", "refused", "other"]
-Scope = Literal["account_source", "account", "device", "uia", "mfa", "source"]
+Scope = Literal["account_source", "account", "device", "uia", "mfa", "source", "lock"]
+NoticeReason = Literal["consecutive_lock", "account_ceiling", "lifetime_bound"]
 AppliesTo = Literal["untrusted", "device", "uia", "mfa", "all"]
 Action = Literal["block", "observe"]
 AppliedDecision = Literal["allowed", "block", "observe"]
@@ -146,6 +147,25 @@ class Alert(_Output):
     account_digest: str | None
     count: int = Field(ge=0)
     distinct_accounts: int = Field(ge=0)
+    window_start: UtcMs
+    window_end: UtcMs
+    policy_version: str
+
+
+class AccountNotice(_Output):
+    """Seed 001's unlock mail, on auth.account-notices (Kafka key: ``account_digest``).
+
+    Emitted at most once per account per ``[window_start, window_end)`` when an untrusted
+    lock on the account trips, so the login service can mail the owner a sign-in link
+    that, on success, trusts the device. It carries no plain identifier: the login
+    service maps the digest back to its own account.
+    """
+
+    notice_id: str
+    tenant: str
+    account_digest: str
+    reason: NoticeReason
+    expires_at: UtcMs
     window_start: UtcMs
     window_end: UtcMs
     policy_version: str

@@ -16,6 +16,7 @@ from pydantic import BaseModel
 from pipeline.contracts.models import (
     AUDIT_COLUMNS,
     SCHEMA_VERSION,
+    AccountNotice,
     Alert,
     AuditRow,
     Decision,
@@ -28,6 +29,7 @@ MODELS: dict[str, tuple[type[BaseModel], str]] = {
     "login_attempt.v1.json": (LoginAttempt, "validation"),
     "decision.v1.json": (Decision, "serialization"),
     "alert.v1.json": (Alert, "serialization"),
+    "account_notice.v1.json": (AccountNotice, "serialization"),
     "audit_row.v1.json": (AuditRow, "serialization"),
 }
 

@@ -8,8 +8,11 @@ dict lookups:
 * every flow: ``source|t|-|s|-`` (source blocks apply to all; off by default);
 * password flows from a trusted device: ``device|t|a|-|d`` only, never the
   account_source or account blocks: a stranger cannot lock the owner out of their device;
-* other password flows: ``account_source|t|a|s|-`` and ``account|t|a|-|-``;
-* ``uia``: ``uia|t|a|-|<session or device>`` (or ``uia|t|a|s|-`` with neither);
+* other password flows: ``account_source|t|a|s|-``, ``account|t|a|-|-`` and the
+  consecutive-failure lock ``lock|t|a|-|-`` (seed 002, and the lifetime bound);
+* ``uia``: ``uia|t|a|-|<session or device>`` (or ``uia|t|a|s|-`` with neither), and
+  ``uia|t|a|-|<device>`` as well when both a session and a device are given (seed 000:
+  a new session per attempt from one device is still counted against that device);
 * ``mfa``: ``mfa|t|a|-|<device or session>`` (or ``mfa|t|a|s|-`` with neither).
 """
 
@@ -29,6 +32,19 @@ def uia_key(tenant: str, account: str, source: str, session: str | None, device:
     if handle:
         return decision_key("uia", tenant, account, None, handle)
     return decision_key("uia", tenant, account, source, None)
+
+
+def uia_device_key(tenant: str, account: str, session: str | None, device: str | None) -> Key | None:
+    """The re-auth bucket of the device when the attempt also has a session (else None:
+    ``uia_key`` is already the device's bucket or there is no device)."""
+    if session and device:
+        return decision_key("uia", tenant, account, None, device)
+    return None
+
+
+def lock_key(tenant: str, account: str) -> Key:
+    """The account's consecutive-failure lock (seed 002) and lifetime bound."""
+    return ("lock", tenant, account, None, None)
 
 
 def mfa_key(tenant: str, account: str, source: str, device: str | None, session: str | None) -> Key:
@@ -58,8 +74,11 @@ def applicable_keys(
             source_key,
             ("account_source", tenant, account, source, None),
             ("account", tenant, account, None, None),
+            ("lock", tenant, account, None, None),
         )
     if flow == "uia":
+        if session and device:
+            return (source_key, uia_key(tenant, account, source, session, device), ("uia", tenant, account, None, device))
         return (source_key, uia_key(tenant, account, source, session, device))
     return (source_key, mfa_key(tenant, account, source, device, session))
 

@@ -4,7 +4,8 @@ The work is split the way the stream partitions it, so one worker, many workers 
 single-process replay all run the same code:
 
 * ``AccountShard`` sees every attempt of its accounts (partitioned by account digest):
-  rules 1-4 and mfa, escalation (6), the lifetime bound (7), the ceiling alert, and its
+  rules 1-4 and mfa, escalation (6), the lifetime bound (7), seed 002's consecutive
+  lock and seed 004's mfa curve (``lockout``), the owner's notices, the ceiling alert, and its
   share of the tenant-wide count of distinct failing accounts (exact when summed,
   because accounts are disjoint across shards). It forwards untrusted password
   failures to the source stage.
@@ -34,7 +35,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from pipeline.contracts.models import Alert, Decision, ms_to_datetime
+from pipeline.contracts.models import AccountNotice, Alert, Decision, ms_to_datetime
 from pipeline.core.attempt import PASSWORD_FLOWS, Attempt
 from pipeline.core.decisions import (
     ALLOWED,
@@ -42,11 +43,14 @@ from pipeline.core.decisions import (
     DecisionIndex,
     Verdict,
     keys_for,
+    lock_key,
     mfa_key,
+    uia_device_key,
     uia_key,
 )
 from pipeline.core.dedupe import Deduper
 from pipeline.core.keys import Key, format_key, stable_id
+from pipeline.core.lockout import FOREVER_MS, StreakState, lock_ms, wait_ms
 from pipeline.core.normalise import parse_address
 from pipeline.core.policy import (
     DEFAULT_POLICY,
@@ -66,6 +70,7 @@ APPLIES_TO = {
     "uia": "uia",
     "mfa": "mfa",
     "source": "all",
+    "lock": "untrusted",
 }
 COUNTER_RULES = ("account_source", "account", "device", "uia", "mfa")
 
@@ -79,8 +84,10 @@ class Outbox:
     alerts: list[Alert] = field(default_factory=list)
     forwards: list[Attempt] = field(default_factory=list)
     partials: dict[tuple[str, int], int] = field(default_factory=dict)
+    notices: list[AccountNotice] = field(default_factory=list)
 
     def clear(self) -> None:
+        self.notices.clear()
         self.decisions.clear()
         self.alerts.clear()
         self.forwards.clear()
@@ -171,6 +178,19 @@ class _TenantTables:
             policy.entry_cap, _marker(shard, "sources")
         )
         self.pairs: BoundedTable[PairState] = BoundedTable(policy.entry_cap, _marker(shard, "pairs"))
+        # Consecutive-failure records (seed 002's lock, seed 004's mfa curve): no decay,
+        # bounded by the cap. Their decisions' configs (window 0: no window).
+        self.streaks: BoundedTable[StreakState] = BoundedTable(policy.entry_cap, _marker(shard, "streaks"))
+        lockout, lifetime, curve = policy.lockout, policy.lifetime, policy.mfa_curve
+        self.streak_cfg: dict[str, RuleConfig] = {
+            "lockout": RuleConfig.model_construct(threshold=lockout.threshold, window_ms=0, mode=lockout.mode),
+            "lifetime_bound": RuleConfig.model_construct(threshold=lifetime.threshold, window_ms=0, mode=lifetime.mode),
+            "mfa_curve": RuleConfig.model_construct(threshold=1, window_ms=0, mode=curve.mode),
+        }
+        self.lifetime_block_ms = lifetime.block_ms
+        self.lifetime_memory_ms = lifetime.memory_ms or FOREVER_MS
+        self.mfa_curve = curve.enabled
+        self.notice_window_ms = policy.notice.window_ms if policy.notice.enabled else 0
         self.max_span_ms = max(spec.span_ms for spec in self.specs.values())
         # Numbers of the rarer paths, read once here rather than through the models.
         self.streak_memory_ms = policy.streak_memory_ms
@@ -187,8 +207,10 @@ class _TenantTables:
         self.allowlist = policy.allowlist_set if policy.allowlist else None
         self._allowed: dict[str, bool] = {}
 
-    def tables(self) -> list[BoundedTable[KeyState] | BoundedTable[SourceState] | BoundedTable[PairState]]:
-        return [*self.counters.values(), self.sources, self.pairs]
+    def tables(
+        self,
+    ) -> list[BoundedTable[KeyState] | BoundedTable[SourceState] | BoundedTable[PairState] | BoundedTable[StreakState]]:
+        return [*self.counters.values(), self.sources, self.pairs, self.streaks]
 
     def allowlisted(self, source: str) -> bool:
         """Whether the source is in the allowlist; cached, because parsing the address
@@ -301,6 +323,8 @@ class _Shard:
             return tables.sources
         if name == "pairs":
             return tables.pairs
+        if name == "streaks":
+            return tables.streaks
         return tables.counters[name]
 
     def take_dirty(self) -> list[tuple[list[Any], list[Any] | None]]:
@@ -332,7 +356,7 @@ class _Shard:
         if value is None:
             self._table(name, entry_key[1]).pop(entry_key)
             return
-        loader: Any = {"sources": SourceState, "pairs": PairState}.get(name, KeyState)
+        loader: Any = {"sources": SourceState, "pairs": PairState, "streaks": StreakState}.get(name, KeyState)
         self._table(name, entry_key[1]).put(entry_key, loader.load(value))
 
     def finish_restore(self, out: Outbox) -> None:
@@ -352,6 +376,11 @@ class _Shard:
                         action = "block" if mode == "enforce" else "observe"
                         active = Active(entry.decision_id, action, entry.blocked_until_ms, rule)
                         self.index.put(key, active)
+            for key, streak in tables.streaks.items():
+                if streak.blocked_until_ms > self.watermark_ms and streak.decision_id:
+                    mode = tables.streak_cfg[streak.rule].mode
+                    action = "block" if mode == "enforce" else "observe"
+                    self.index.put(key, Active(streak.decision_id, action, streak.blocked_until_ms, streak.rule))
         self.advance(self.watermark_ms, out)
 
     def evictions(self) -> int:
@@ -397,6 +426,8 @@ class AccountShard(_Shard):
         t = self.tenants.get(a.tenant) or self.tenant(a.tenant)
         if a.occurred_ms <= self.watermark_ms - t.max_span_ms:
             self.metrics.late += 1
+            if not a.success and a.failure_reason != "refused":
+                self._late_streak(a, t, out, seq)
             return verdict
         if a.success:
             self._success(a, t, out, seq)
@@ -420,7 +451,14 @@ class AccountShard(_Shard):
         # Each success resets its own counter; most find none (a dict miss, no call).
         flow = a.flow
         if flow in PASSWORD_FLOWS:
-            key: Key = ("account_source", tenant, account, a.source, None)
+            key: Key = ("lock", tenant, account, None, None)
+            streak = t.streaks.mapping.get(key)
+            if streak is not None and (
+                not (a.trusted and a.device) or t.policy.lockout.trusted_success_clears
+                or (streak.rule == "lifetime_bound" and streak.blocked_until_ms > wm)
+            ):  # fmt: skip
+                self._clear_streak(t, key, streak, out, seq)
+            key = ("account_source", tenant, account, a.source, None)
             entry = t.pair_rule.entries.get(key)
             if entry is not None and entry.keep_until_ms > wm:
                 self._reset(t.pair_rule, key, entry, out, seq)
@@ -433,9 +471,17 @@ class AccountShard(_Shard):
         if flow == "uia":
             rule = t.uia
             key = uia_key(tenant, account, a.source, a.session, a.device)
+            device_key = uia_device_key(tenant, account, a.session, a.device)
+            if device_key is not None:
+                entry = rule.entries.get(device_key)
+                if entry is not None and entry.keep_until_ms > wm:
+                    self._reset(rule, device_key, entry, out, seq)
         else:
             rule = t.mfa
             key = mfa_key(tenant, account, a.source, a.device, a.session)
+            streak = t.streaks.mapping.get(key)
+            if streak is not None:
+                self._clear_streak(t, key, streak, out, seq)
         entry = rule.entries.get(key)
         if entry is not None and entry.keep_until_ms > wm:
             self._reset(rule, key, entry, out, seq)
@@ -463,7 +509,7 @@ class AccountShard(_Shard):
         if fresh:
             # Rule 7's streak (inlined; the alert itself is rare).
             acct.streak += 1
-            memory = a.occurred_ms + t.streak_memory_ms
+            memory = a.occurred_ms + t.lifetime_memory_ms
             if memory > acct.keep_until_ms:
                 acct.keep_until_ms = memory
             if acct.streak >= t.lifetime_threshold and not acct.lifetime_alerted:
@@ -477,6 +523,7 @@ class AccountShard(_Shard):
             else:
                 key = ("account_source", tenant, account, a.source, None)
                 self._count(a, t.pair_rule, key, a.source, None, out, seq)
+                self._lock_failure(a, t, out, seq)
                 if fresh:
                     if self._count_entry(a, acct_rule, acct_key, acct, None, None, out):
                         self._under_attack(a, t, acct, out)
@@ -487,10 +534,16 @@ class AccountShard(_Shard):
             handle = a.session or a.device
             key = uia_key(tenant, account, a.source, a.session, a.device)
             self._count(a, t.uia, key, None if handle else a.source, handle, out, seq)
+            device_key = uia_device_key(tenant, account, a.session, a.device)
+            if device_key is not None:
+                self._count(a, t.uia, device_key, None, a.device, out, seq)
         else:
             handle = a.device or a.session
             key = mfa_key(tenant, account, a.source, a.device, a.session)
-            self._count(a, t.mfa, key, None if handle else a.source, handle, out, seq)
+            if t.mfa_curve:
+                self._mfa_failure(a, t, key, None if handle else a.source, handle, out, seq)
+            else:
+                self._count(a, t.mfa, key, None if handle else a.source, handle, out, seq)
         if fresh:
             self._mark(acct_rule, acct_key, acct, seq)
 
@@ -514,8 +567,127 @@ class AccountShard(_Shard):
         ))  # fmt: skip
         self.metrics.alerts += 1
 
+    # -- consecutive failures: seed 002's lock, seed 004's mfa curve, the lifetime bound ----
+
+    def _late_streak(self, a: Attempt, t: _TenantTables, out: Outbox, seq: int) -> None:
+        """A failure too late for the windows still counts in its consecutive run: the
+        lock and the mfa curve have no window, so only the order within the account
+        matters (which the stream keeps), not how far the shard's watermark ran ahead."""
+        flow = a.flow
+        if flow in PASSWORD_FLOWS:
+            if not (a.trusted and a.device):
+                self._lock_failure(a, t, out, seq)
+        elif flow == "mfa" and t.mfa_curve:
+            handle = a.device or a.session
+            key = mfa_key(a.tenant, a.account, a.source, a.device, a.session)
+            self._mfa_failure(a, t, key, None if handle else a.source, handle, out, seq)
+
+    def _streak(self, t: _TenantTables, key: Key) -> StreakState:
+        entry = t.streaks.mapping.get(key)
+        if entry is None:
+            return t.streaks.create(key, StreakState)
+        t.streaks.mapping.move_to_end(key)
+        return entry
+
+    def _lock_failure(self, a: Attempt, t: _TenantTables, out: Outbox, seq: int) -> None:
+        """One more consecutive untrusted password failure of the account: lock it on seed
+        002's curve, or until a success once the lifetime bound is reached. A lock already
+        in force is not shortened or re-issued, except to become the lifetime bound."""
+        key = lock_key(a.tenant, a.account)
+        streak = self._streak(t, key)
+        if seq >= 0 and streak.seq >= seq:
+            return
+        now = a.occurred_ms
+        if now < streak.blocked_until_ms and t.streak_cfg[streak.rule].mode == "enforce":
+            return  # the lock refused it (seed 002 refuses before counting): not counted
+        streak.count += 1
+        n = streak.count
+        if n >= t.lifetime_threshold:
+            rule, expires = "lifetime_bound", now + t.lifetime_block_ms
+        else:
+            lock = t.policy.lockout
+            length = lock_ms(n, lock.threshold, lock.base_ms, lock.step, lock.cap_ms)
+            rule, expires = "lockout", now + length if length else 0
+        if expires and (now >= streak.blocked_until_ms or rule != streak.rule):
+            self._hold(a, t, key, streak, rule, expires, None, None, out)
+            if t.streak_cfg[rule].mode == "enforce":
+                self._notice(a, t, streak, "consecutive_lock" if rule == "lockout" else rule, expires, out)
+        self._mark_streak(key, streak, seq)
+
+    def _mfa_failure(
+        self, a: Attempt, t: _TenantTables, key: Key, source: str | None, device: str | None,
+        out: Outbox, seq: int,
+    ) -> None:  # fmt: skip
+        """Seed 004: the n-th consecutive second-factor failure makes the next attempt
+        wait ``factor * 2**(n-1)`` (capped)."""
+        streak = self._streak(t, key)
+        if seq >= 0 and streak.seq >= seq:
+            return
+        if a.occurred_ms < streak.blocked_until_ms and t.streak_cfg["mfa_curve"].mode == "enforce":
+            return  # refused by the wait, not a failure of the factor (seed 004)
+        streak.count += 1
+        curve = t.policy.mfa_curve
+        expires = a.occurred_ms + wait_ms(streak.count, curve.factor_ms, curve.cap_ms)
+        if expires > streak.blocked_until_ms:
+            self._hold(a, t, key, streak, "mfa_curve", expires, source, device, out)
+        self._mark_streak(key, streak, seq)
+
+    def _hold(
+        self, a: Attempt, t: _TenantTables, key: Key, streak: StreakState, rule: str,
+        expires: int, source: str | None, device: str | None, out: Outbox,
+    ) -> None:  # fmt: skip
+        streak.rule = rule
+        streak.blocked_until_ms = expires
+        streak.decision_id = self._issue(
+            out, rule, key[0], key, a.tenant, a.account, source, device, t.streak_cfg[rule],
+            streak.count, a.occurred_ms, expires,
+        )  # fmt: skip
+
+    def _clear_streak(self, t: _TenantTables, key: Key, streak: StreakState, out: Outbox, seq: int) -> None:
+        """A success ends the run and lifts the lock it holds (seed 002: same step)."""
+        if seq >= 0 and streak.seq >= seq:
+            return
+        streak.count = 0
+        if streak.blocked_until_ms:
+            streak.blocked_until_ms = 0
+            self._lift(out, key)
+        self._mark_streak(key, streak, seq)
+
+    def _mark_streak(self, key: Key, streak: StreakState, seq: int) -> None:
+        if seq > streak.seq:
+            streak.seq = seq
+        if self.track_changes:
+            self.dirty[("streaks", key)] = None
+
+    def _notice(
+        self, a: Attempt, t: _TenantTables, streak: StreakState, reason: str, expires: int,
+        out: Outbox,
+    ) -> None:  # fmt: skip
+        """Seed 001's unlock mail: at most one notice per account per notice window."""
+        now = a.occurred_ms
+        window_ms = t.notice_window_ms
+        if not window_ms or now < streak.notice_until_ms:
+            return
+        streak.notice_until_ms = now + window_ms
+        out.notices.append(AccountNotice(
+            notice_id=stable_id("notice", a.tenant, a.account, now, self.version),
+            tenant=a.tenant,
+            account_digest=a.account,
+            reason=reason,  # type: ignore[arg-type]
+            expires_at=ms_to_datetime(expires),
+            window_start=ms_to_datetime(now),
+            window_end=ms_to_datetime(now + window_ms),
+            policy_version=self.version,
+        ))  # fmt: skip
+
     def _under_attack(self, a: Attempt, t: _TenantTables, acct: KeyState, out: Outbox) -> None:
-        """The ceiling tripped: raise ``account_under_attack``."""
+        """The ceiling tripped: raise ``account_under_attack`` (and the owner's notice
+        when the ceiling enforces)."""
+        if t.acct.cfg.mode == "enforce":
+            key = lock_key(a.tenant, a.account)
+            streak = self._streak(t, key)
+            self._notice(a, t, streak, "account_ceiling", acct.blocked_until_ms, out)
+            self._mark_streak(key, streak, -1)
         out.alerts.append(_alert(
             "account_under_attack", a.tenant, None, a.account, acct.total,
             0, a.occurred_ms - t.acct.cfg.window_ms, a.occurred_ms, self.version,

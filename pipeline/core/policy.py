@@ -62,9 +62,68 @@ class BackoffConfig(_Frozen):
 
 
 class LifetimeConfig(_Frozen):
-    """NIST 800-63B: this many consecutive failures with no success raise ``lifetime_bound``."""
+    """NIST 800-63B: this many consecutive failures with no success raise ``lifetime_bound``
+    (rule 7's alert counts every flow's failures), and this many consecutive untrusted
+    password failures (the lockout's count) refuse untrusted password attempts for
+    ``block_ms`` or until a success, whichever comes first.
+
+    ``memory_ms`` is how long rule 7's streak survives a quiet account; 0 (the default)
+    never forgets: memory is bounded by ``entry_cap``, not by time.
+    """
 
     threshold: int = Field(100, ge=1)
+    block_ms: int = Field(MAX_BLOCK_MS, ge=1000, le=MAX_BLOCK_MS)
+    memory_ms: int = Field(0, ge=0, le=MAX_BLOCK_MS)
+    mode: Mode = "enforce"
+
+
+class LockoutConfig(_Frozen):
+    """Seed 002's consecutive-failure lock on an account, against the untrusted world.
+
+    After ``n >= threshold`` consecutive untrusted password failures (login, token,
+    recovery; a success clears ``n``; nothing decays) untrusted password attempts are
+    refused for ``min(cap_ms, base_ms * 2**(n // step - 1))``.
+
+    A success from an untrusted client clears ``n`` and lifts the lock. A success from a
+    device trusted for the account (never refused by the lock) clears it only when
+    ``trusted_success_clears`` is true, or when the lifetime bound holds the account:
+    otherwise every sign-in of the owner would hand the stranger ``threshold`` fresh
+    guesses (measured: 1,391 of 10,000 stranger guesses through against an owner who
+    signs in every 3 minutes for 14 h, against 25 with the default).
+    """
+
+    threshold: int = Field(5, ge=1, le=1_000_000)
+    base_ms: int = Field(WINDOW_MS, ge=1000, le=MAX_BLOCK_MS)
+    step: int = Field(5, ge=1, le=1_000_000)
+    cap_ms: int = Field(HOUR_MS, ge=1000, le=MAX_BLOCK_MS)
+    trusted_success_clears: bool = False
+    mode: Mode = "enforce"
+
+    @model_validator(mode="after")
+    def _cap_not_below_base(self) -> LockoutConfig:
+        if self.cap_ms < self.base_ms:
+            raise ValueError("lockout.cap_ms must be >= lockout.base_ms")
+        return self
+
+
+class MfaCurveConfig(_Frozen):
+    """Seed 004's second-factor curve: after the n-th consecutive failure per (account,
+    device or session) the next attempt waits ``min(cap_ms, factor_ms * 2**(n-1))``; a
+    success resets n; nothing decays. ``enabled = false`` falls back to the ``mfa``
+    window rule."""
+
+    enabled: bool = True
+    factor_ms: int = Field(1000, ge=1, le=MAX_BLOCK_MS)
+    cap_ms: int = Field(HOUR_MS, ge=1000, le=MAX_BLOCK_MS)
+    mode: Mode = "enforce"
+
+
+class NoticeConfig(_Frozen):
+    """Seed 001's unlock mail: at most one notice per account per ``window_ms`` when an
+    untrusted lock on it trips (consecutive lock, ceiling, lifetime bound)."""
+
+    enabled: bool = True
+    window_ms: int = Field(24 * HOUR_MS, ge=1000, le=MAX_BLOCK_MS)
 
 
 class StuffingConfig(_Frozen):
@@ -106,6 +165,9 @@ class TenantPolicy(_Frozen):
     source: RuleConfig = RuleConfig(threshold=200, mode="observe")
     backoff: BackoffConfig = BackoffConfig()
     lifetime: LifetimeConfig = LifetimeConfig()
+    lockout: LockoutConfig = LockoutConfig()
+    mfa_curve: MfaCurveConfig = MfaCurveConfig()
+    notice: NoticeConfig = NoticeConfig()
     stuffing: StuffingConfig = StuffingConfig()
     tenant_spray: TenantSprayConfig = TenantSprayConfig()
     allowlist: tuple[str, ...] = Field((), description="CIDRs exempt from the source signal")
@@ -113,7 +175,7 @@ class TenantPolicy(_Frozen):
     sub_buckets: int = Field(15, ge=1, le=240, description="sliding-window resolution")
     entry_cap: int = Field(100_000, ge=10, description="entries per table for this tenant")
     streak_memory_ms: int = Field(
-        24 * HOUR_MS, ge=0, le=MAX_BLOCK_MS, description="escalation level and failure streak kept this long"
+        24 * HOUR_MS, ge=0, le=MAX_BLOCK_MS, description="escalation level kept this long"
     )
 
     @field_validator("allowlist")

@@ -366,10 +366,12 @@ def write_json(d: Diff, path: Path) -> None:
 
 
 def run_backtest_command(
-    settings: Settings, *, candidate: Path, baseline: Path | None, events: Path | None,
+    settings: Settings, *, candidate: Path | None, baseline: Path | None, events: Path | None,
     topic_range: TopicRange | None, truth: Path | None, out: Path | None,
+    verdicts: Path | None = None,
 ) -> int:  # fmt: skip
-    """``authpipe backtest``: load the input, run both policies, print and write the diff."""
+    """``authpipe backtest``: load the input, run both policies, print and write the diff;
+    with ``verdicts``, write one verdict line per event under one policy instead."""
     from pipeline.stream.app import build_normaliser
     from pipeline.stream.worker import load_policy
 
@@ -392,6 +394,16 @@ def run_backtest_command(
         labelled = True
     if not loaded:
         raise BacktestError("no valid events in the chosen range; check the range or the topic")
+    if verdicts is not None:
+        from pipeline.sim.verdicts import write_verdicts
+
+        summary = write_verdicts(loaded, load_policy(candidate or settings.policy_path), verdicts)
+        print(summary.render())
+        print(f"verdicts JSONL: {verdicts}")
+        log.info("verdicts_finished", events=summary.events, refused=summary.refused)
+        return 0
+    if candidate is None:
+        raise BacktestError("a diff needs the candidate policy: pass --policy (or --verdicts)")
     result = backtest(
         loaded, load_policy(baseline or settings.policy_path), load_policy(candidate),
         invalid=invalid, labelled=labelled,

@@ -38,7 +38,15 @@ Scenarios (sizes fixed, placed on the timeline by ``PLACEMENT`` as fractions of 
 * ``credential_stuffing``: 60 proxy addresses, 4,200 leaked pairs, 88 % of them for
   accounts that do not exist (``unknown_account``), 3 % of the rest succeed;
 * ``lockout_dos``: a stranger fails 400 times against a victim who keeps signing in
-  from a trusted device (with one typo there);
+  from a trusted device (with one typo there), and as often against a second owner who
+  has no trusted device: the seed 002 lock refuses that owner too (capped at an hour;
+  cohort ``owner_without_trusted_device``, classed "refused by design"), and the notice
+  topic
+  carries the owner's way out (seed 001's unlock mail);
+* ``low_and_slow_bruteforce``: one address, one account, one guess every 4 minutes for
+  the whole run (360 in 24 h): under every window;
+* ``low_and_slow_bruteforce_rotating``: another account, 13 rotating addresses, one
+  guess every 20 s for the whole run (4,320 in 24 h), each address under every window.
 * ``uia_bruteforce``: a thief holding the victim's laptop session guesses 60 times via
   re-auth while the owner keeps working on the phone.
 """
@@ -68,7 +76,11 @@ ATTACKS = (
     "lockout_dos",
     "uia_bruteforce",
 )
-SCENARIOS = (BASELINE, *ATTACKS)
+SLOW_ATTACKS = ("low_and_slow_bruteforce", "low_and_slow_bruteforce_rotating")
+"""Paced in absolute time (a guess every 4 min, every 20 s), so they mean something only
+in runs of hours (``--duration-s 86400``): named explicitly, not part of ``mixed``."""
+MIXED_SCENARIOS = (BASELINE, *ATTACKS)
+SCENARIOS = (*MIXED_SCENARIOS, *SLOW_ATTACKS)
 MIXED = "mixed"
 
 MAIN_TENANT = "default"
@@ -86,7 +98,12 @@ PLACEMENT: dict[str, tuple[float, float]] = {
     "credential_stuffing": (0.35, 0.70),
     "lockout_dos": (0.45, 0.90),
     "uia_bruteforce": (0.55, 0.90),
+    "low_and_slow_bruteforce": (0.0, 1.0),
+    "low_and_slow_bruteforce_rotating": (0.0, 1.0),
 }
+SLOW_SINGLE_EVERY_MS = 4 * 60 * 1000
+SLOW_ROTATING_EVERY_MS = 20 * 1000
+SLOW_ROTATING_SOURCES = 13
 """(start, end) of each attack as fractions of the run."""
 
 BROWSER_UAS = (
@@ -163,10 +180,10 @@ class SimConfig:
 
 
 def parse_scenarios(text: str) -> tuple[str, ...]:
-    """``mixed`` (baseline and every attack) or a comma-separated list of names."""
+    """``mixed`` (baseline and every attack but the slow ones) or a comma-separated list."""
     names = [part.strip() for part in text.split(",") if part.strip()]
     if names == [MIXED]:
-        return SCENARIOS
+        return MIXED_SCENARIOS
     unknown = [name for name in names if name not in SCENARIOS]
     if unknown or not names:
         raise ScenarioError(
@@ -632,6 +649,45 @@ def lockout_dos(cfg: SimConfig, rng: random.Random) -> list[Draft]:
     out.extend(
         _owner_logins("lockout_dos", victim, victim.devices[0], _paced(rng, t0, t1, 10), typo_at=4)
     )
+    # A second owner with no trusted device: the lock holds them too (seed 002's cost,
+    # capped at an hour); the notice topic mails them the way out (seed 001).
+    other = make_user(cfg.seed, MAIN_TENANT, "victim-lockout_dos-untrusted", 0)
+    account = "victim.lockout_dos.untrusted@example.com"
+    fields = _failure(MAIN_TENANT, account, "203.0.113.67", "curl/8.5.0")
+    out.extend(Draft(t, fields, label) for t in _paced(rng, t0, t1, 400))
+    owner = Label(
+        "lockout_dos", "owner", "owner:lockout_dos:untrusted", "owner_without_trusted_device"
+    )
+    base = {"tenant": MAIN_TENANT, "service": "web-login", "flow": "login", "account": account,
+            "peer_ip": other.home_v4, "user_agent": BROWSER_UAS[1], "outcome": "success"}  # fmt: skip
+    out.extend(Draft(t, base, owner) for t in _paced(rng, t0, t1, 10))
+    return out
+
+
+def _every(t0: int, t1: int, every_ms: int) -> range:
+    return range(t0 + every_ms // 2, t1, every_ms)
+
+
+def low_and_slow_bruteforce(cfg: SimConfig, rng: random.Random) -> list[Draft]:
+    """One address guessing one account every 4 minutes: under every window's threshold."""
+    t0, t1 = _span(cfg, "low_and_slow_bruteforce")
+    account = "victim.low_and_slow_bruteforce@example.com"
+    label = Label("low_and_slow_bruteforce", "attacker", "attacker:low_and_slow_bruteforce", "attacker")
+    fields = _failure(MAIN_TENANT, account, "203.0.113.24", "python-requests/2.31.0")
+    return [Draft(t, fields, label) for t in _every(t0, t1, SLOW_SINGLE_EVERY_MS)]
+
+
+def low_and_slow_bruteforce_rotating(cfg: SimConfig, rng: random.Random) -> list[Draft]:
+    """13 addresses taking turns on one account, one guess every 20 s in all."""
+    name = "low_and_slow_bruteforce_rotating"
+    t0, t1 = _span(cfg, name)
+    account = f"victim.{name}@example.com"
+    sources = _pool_addresses(3, SLOW_ROTATING_SOURCES, rng)
+    out = []
+    for i, t in enumerate(_every(t0, t1, SLOW_ROTATING_EVERY_MS)):
+        ip = sources[i % len(sources)]
+        label = Label(name, "attacker", f"bot:{ip}", "attacker")
+        out.append(Draft(t, _failure(MAIN_TENANT, account, ip, BROWSER_UAS[3]), label))
     return out
 
 
@@ -672,6 +728,8 @@ ATTACK_BUILDERS: dict[str, Callable[[SimConfig, random.Random], list[Draft]]] = 
     "credential_stuffing": credential_stuffing,
     "lockout_dos": lockout_dos,
     "uia_bruteforce": uia_bruteforce,
+    "low_and_slow_bruteforce": low_and_slow_bruteforce,
+    "low_and_slow_bruteforce_rotating": low_and_slow_bruteforce_rotating,
 }
 
 
@@ -710,7 +768,7 @@ def generate(cfg: SimConfig) -> Iterator[SimEvent]:
     streams: list[Iterator[Draft]] = []
     if BASELINE in cfg.scenarios:
         streams.append(baseline(cfg))
-    streams.extend(_attack_stream(cfg, name) for name in ATTACKS if name in cfg.scenarios)
+    streams.extend(_attack_stream(cfg, name) for name in SCENARIOS[1:] if name in cfg.scenarios)
     prefix = f"sim-{cfg.seed}-{cfg.start_ms:x}-"
     index = 0
     for draft in heapq.merge(*streams, key=lambda d: d.occurred_ms):

@@ -35,8 +35,18 @@ at least 10 % of the distinct failing accounts counted when it fired (the first
 gave at least half of them; otherwise it matches no attack (ordinary failures tripped
 it: typically a cold start, when the tenant has no trailing baseline yet).
 
+Per attack also: ``guesses_per_account_24h``, the most attacker failures let through
+against one account in any 24 h (what a patient attacker gets), and
+``account_takeovers``, the accounts with an attacker success let through.
+
 Legitimate attempts refused (roles ``legit`` and ``owner``) are counted per cohort:
-``owner_trusted_device``, ``nat_office``, ``ordinary``, ``ipv6_rotating``.
+``owner_trusted_device``, ``nat_office``, ``ordinary``, ``ipv6_rotating``, ``stale_app``,
+``owner_without_trusted_device``. A refusal a seed's rule makes on purpose is counted apart, as
+"refused by design" (``BY_DESIGN``: the cohort and the rule that refused it; or a lock
+whose run holds an attacker's failures, ``ATTACKED_RUN``), and is not
+in ``legit_refused_total``. Blocks of the seed rules (``lockout``, ``mfa_curve``,
+``lifetime_bound``) that match no attack and refused nothing legitimate but by design
+(an honest mfa typo's one-second wait, a stale app's lock) are counted, not listed.
 """
 
 from __future__ import annotations
@@ -54,7 +64,7 @@ import orjson
 from pipeline.contracts.codec import DecodeError, decode_attempt
 from pipeline.contracts.models import Alert, Decision, datetime_to_ms, format_utc_ms, ms_to_datetime
 from pipeline.core.attempt import Attempt, Normaliser
-from pipeline.core.decisions import Active, DecisionIndex, Verdict, keys_for
+from pipeline.core.decisions import Active, DecisionIndex, Verdict, keys_for, lock_key
 from pipeline.core.engine import Engine
 from pipeline.core.errors import InvalidAttempt
 from pipeline.core.keys import Key, decision_key, parse_key
@@ -71,6 +81,37 @@ UNKNOWN = "unknown"
 MIN_ATTACK_SHARE = 0.10
 MIN_ATTACKER_SHARE = 0.5
 EXAMPLES = 10
+DAY_MS = 86_400_000
+SEED_RULES = frozenset({"lockout", "mfa_curve", "lifetime_bound"})
+BY_DESIGN: dict[tuple[str, str], str] = {
+    ("stale_app", "lock"): (
+        "seed 002: an app retrying a stale password from changing addresses is "
+        "indistinguishable from a guesser, so it is locked like one (untrusted only, an "
+        "hour at most; the owner's trusted device and the reset link still work)"
+    ),
+    ("owner_without_trusted_device", "account"): (
+        "the ceiling (rule 2) holds the untrusted world of an account under attack, the "
+        "owner without a trusted device included (escalating, an hour at most)"
+    ),
+    ("owner_without_trusted_device", "lock"): (
+        "seed 002: a stranger's failures lock the untrusted world, the owner without a "
+        "trusted device included (an hour at most); seed 001's notice mails them a sign-in "
+        "link that trusts their device"
+    ),
+}
+"""(cohort, refusing decision's scope) -> why the seeds make that refusal right."""
+ATTACKED_RUN = (
+    "seed 002: a stranger's failures on this account are in its consecutive run; with the "
+    "owner's own untrusted failures they reached the lock, which holds the whole untrusted "
+    "world, owner included (an hour at most; trusted devices and the notice's link still work)"
+)
+"""Why a lock refusal of any legitimate cohort is right when attackers fed the run."""
+STALE_APP_RUN = (
+    "seed 002: the account's own app, retrying a stale password, fed its consecutive run; "
+    "the lock it reached holds every untrusted client of the account (an hour at most; "
+    "trusted devices still work, and updating the app's password ends it)"
+)
+"""Why a lock refusal of the owner is right when their own stale app fed the run."""
 
 
 class ScorecardError(AuthpipeError):
@@ -330,10 +371,13 @@ def lifted_keys(a: Attempt) -> tuple[Key, ...]:
         return ()
     if a.password_flow:
         pair = decision_key("account_source", a.tenant, a.account, a.source, None)
+        lock = lock_key(a.tenant, a.account)
         if a.trusted and a.device:
-            return (pair, decision_key("device", a.tenant, a.account, None, a.device))
-        return (pair,)
-    return (keys_for(a)[1],)
+            # The lock is lifted by a trusted success only under the lifetime bound
+            # (``replay`` checks the rule of the decision in force).
+            return (pair, decision_key("device", a.tenant, a.account, None, a.device), lock)
+        return (pair, lock)
+    return keys_for(a)[1:]
 
 
 @dataclass(frozen=True, slots=True)
@@ -395,6 +439,8 @@ def replay(events: Sequence[TruthEvent], records: Sequence[DecisionRecord]) -> l
         if a.success and pending:
             for key in lifted_keys(a):
                 current = index.get(key)
+                if key[0] == "lock" and a.trusted and current is not None and current.rule != "lifetime_bound":
+                    continue
                 if current is not None and pending.get(key) == current.decision_id:
                     index.lift(key)
                     del pending[key]
@@ -428,6 +474,8 @@ class AttackScore:
     alerts: Counter[str] = field(default_factory=Counter)
     blocks: Counter[str] = field(default_factory=Counter)
     observes: Counter[str] = field(default_factory=Counter)
+    guesses_per_account_24h: int = 0
+    account_takeovers: int = 0
 
     @property
     def response_ms(self) -> int | None:
@@ -477,6 +525,8 @@ class AttackScore:
             "refused": self.refused,
             "allowed": self.allowed,
             "successes_allowed": self.successes_allowed,
+            "guesses_per_account_24h": self.guesses_per_account_24h,
+            "account_takeovers": self.account_takeovers,
             "alerts": dict(sorted(self.alerts.items())),
             "blocks": dict(sorted(self.blocks.items())),
             "observes": dict(sorted(self.observes.items())),
@@ -503,6 +553,9 @@ class Scorecard:
     tombstones: int
     unmatched_blocks: list[dict[str, Any]]
     missing_decision_records: int = 0
+    seed_holds_matching_no_attack: int = 0
+    legit_by_design: Counter[str] = field(default_factory=Counter)
+    legit_by_design_why: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def all_caught(self) -> bool:
@@ -547,6 +600,10 @@ class Scorecard:
             "legitimate": {
                 "attempts": sum(self.legit_attempts.values()),
                 "refused": self.legit_refused_total,
+                "refused_by_design": {
+                    cohort: {"refused": n, "why": self.legit_by_design_why.get(cohort, [])}
+                    for cohort, n in sorted(self.legit_by_design.items())
+                },
                 "by_cohort": {
                     cohort: {"attempts": n, "refused": self.legit_refused.get(cohort, 0)}
                     for cohort, n in sorted(self.legit_attempts.items())
@@ -560,6 +617,7 @@ class Scorecard:
                 "records_compacted_away": self.missing_decision_records,
             },
             "blocks_matching_no_attack": self.unmatched_blocks,
+            "seed_holds_matching_no_attack": self.seed_holds_matching_no_attack,
             "alerts": {
                 "total": sum(self.alerts_by_type.values()),
                 "by_type": dict(sorted(self.alerts_by_type.items())),
@@ -595,22 +653,42 @@ class _AttackIndex:
 def score(events: Sequence[TruthEvent], outputs: Outputs) -> Scorecard:
     """The scorecard of ``outputs`` against the labelled ``events``."""
     verdicts = replay(events, outputs.decisions)
+    design = design_reasons(events, verdicts)
     attacks = _AttackIndex.build(events)
     scores = {name: _new_score(name, evs) for name, evs in sorted(attacks.events.items())}
-    decision_stats = _score_decisions(outputs.decisions, attacks, scores, events, verdicts)
+    decision_stats = _score_decisions(outputs.decisions, attacks, scores, events, verdicts, design)
     alerts_by_type, unmatched_alerts = _score_alerts(outputs.alerts, events, attacks, scores)
     legit_attempts: Counter[str] = Counter()
     legit_refused: Counter[str] = Counter()
+    by_design: Counter[str] = Counter()
+    why: dict[str, list[str]] = defaultdict(list)
     examples: list[dict[str, Any]] = []
-    for event, verdict in zip(events, verdicts, strict=True):
+    let_through: dict[tuple[str, str, str], list[int]] = defaultdict(list)
+    taken: dict[str, set[tuple[str, str]]] = defaultdict(set)
+    for event, verdict, reason in zip(events, verdicts, design, strict=True):
         if event.role == ATTACKER:
             _count_attacker(scores[event.scenario], event, verdict)
+            a = event.attempt
+            if verdict.allowed and a.success:
+                taken[event.scenario].add((a.tenant, a.account))
+            elif verdict.allowed:
+                let_through[(event.scenario, a.tenant, a.account)].append(event.occurred_ms)
         elif event.role in LEGIT_ROLES:
             legit_attempts[event.cohort] += 1
             if not verdict.allowed:
+                if reason is not None:
+                    by_design[event.cohort] += 1
+                    if reason not in why[event.cohort]:
+                        why[event.cohort].append(reason)
+                    continue
                 legit_refused[event.cohort] += 1
                 if len(examples) < EXAMPLES:
                     examples.append(_example(event, verdict))
+    for (name, _, _), times in let_through.items():
+        s = scores[name]
+        s.guesses_per_account_24h = max(s.guesses_per_account_24h, most_in_a_day(times))
+    for name, accounts in taken.items():
+        scores[name].account_takeovers = len(accounts)
     versions = {r.decision.policy_version for r in outputs.decisions if r.decision is not None}
     versions |= {r.alert.policy_version for r in outputs.alerts}
     return Scorecard(
@@ -621,11 +699,52 @@ def score(events: Sequence[TruthEvent], outputs: Outputs) -> Scorecard:
         legit_attempts=legit_attempts,
         legit_refused=legit_refused,
         legit_examples=examples,
+        legit_by_design=by_design,
+        legit_by_design_why=dict(why),
         alerts_by_type=alerts_by_type,
         unmatched_alerts=unmatched_alerts,
         missing_decision_records=outputs.missing_decision_records,
         **decision_stats,
     )
+
+
+def most_in_a_day(times: Sequence[int]) -> int:
+    """The most of ``times`` (sorted epoch ms) inside any 24 h."""
+    most = first = 0
+    for last, t in enumerate(times):
+        while t - times[first] >= DAY_MS:
+            first += 1
+        most = max(most, last - first + 1)
+    return most
+
+
+def design_reasons(events: Sequence[TruthEvent], verdicts: Sequence[Verdict]) -> list[str | None]:
+    """Per event: why a seed's rule refused this legitimate attempt on purpose, else None.
+
+    ``BY_DESIGN`` names the cohorts a rule refuses on purpose; a lock refusal of any other
+    legitimate attempt is by design when attacker failures let through on the account are
+    in its run (since its last untrusted success), ``ATTACKED_RUN``, or failures of the
+    account's own stale app, ``STALE_APP_RUN``."""
+    fed: dict[tuple[str, str], str] = {}
+    reasons: list[str | None] = []
+    for event, verdict in zip(events, verdicts, strict=True):
+        a = event.attempt
+        account = (a.tenant, a.account)
+        key = verdict.matched_key
+        reason = None
+        if event.role in LEGIT_ROLES and not verdict.allowed and key is not None:
+            reason = BY_DESIGN.get((event.cohort, key[0]))
+            if reason is None and key[0] == "lock":
+                reason = fed.get(account)
+        reasons.append(reason)
+        counted = verdict.allowed and a.password_flow and not a.trusted
+        if counted and not a.success and event.role == ATTACKER:
+            fed[account] = ATTACKED_RUN
+        elif counted and not a.success and event.cohort == "stale_app":
+            fed.setdefault(account, STALE_APP_RUN)
+        elif counted and a.success:
+            fed.pop(account, None)
+    return reasons
 
 
 def _new_score(name: str, evs: list[TruthEvent]) -> AttackScore:
@@ -663,14 +782,16 @@ def _example(event: TruthEvent, verdict: Verdict) -> dict[str, Any]:
 
 def _score_decisions(
     records: Sequence[DecisionRecord], attacks: _AttackIndex, scores: dict[str, AttackScore],
-    events: Sequence[TruthEvent], verdicts: Sequence[Verdict],
+    events: Sequence[TruthEvent], verdicts: Sequence[Verdict], design: Sequence[str | None],
 ) -> dict[str, Any]:  # fmt: skip
     blocks = observes = tombstones = 0
     unmatched: list[dict[str, Any]] = []
     refused_by: Counter[Key] = Counter()
-    for event, verdict in zip(events, verdicts, strict=True):
-        if not verdict.allowed and verdict.matched_key is not None and event.role != ATTACKER:
-            refused_by[verdict.matched_key] += 1
+    seed_holds = 0
+    for event, verdict, reason in zip(events, verdicts, design, strict=True):
+        key = verdict.matched_key
+        if key is not None and event.role != ATTACKER and reason is None:
+            refused_by[key] += 1
     for rec in records:
         d = rec.decision
         if d is None:
@@ -688,7 +809,9 @@ def _score_decisions(
                 s.blocks[d.rule] += 1
                 if s.first_block_ms is None or issued < s.first_block_ms:
                     s.first_block_ms, s.first_block_rule = issued, d.rule
-            if not matched:
+            if not matched and d.rule in SEED_RULES and not refused_by.get(key, 0):
+                seed_holds += 1
+            elif not matched:
                 unmatched.append({"key": rec.key, "rule": d.rule, "issued_at": ts(issued),
                                   "refused_legitimate": refused_by.get(key, 0)})  # fmt: skip
         else:
@@ -700,6 +823,7 @@ def _score_decisions(
         "observes": observes,
         "tombstones": tombstones,
         "unmatched_blocks": unmatched,
+        "seed_holds_matching_no_attack": seed_holds,
     }
 
 
@@ -820,8 +944,8 @@ def _duration(ms: int | None) -> str:
 
 def render(card: Scorecard) -> str:
     """The scorecard as a plain-text table."""
-    head = (f"{'attack':<24} {'tenant':<8} {'attempts':>8} {'responded':>9}  {'by':<26}"
-            f"{'through':>7} {'refused':>8} {'allowed':>8} {'ATO':>4}  status")  # fmt: skip
+    head = (f"{'attack':<32} {'tenant':<8} {'attempts':>8} {'responded':>9}  {'by':<26}"
+            f"{'through':>7} {'refused':>8} {'allowed':>8} {'g/acct/24h':>10} {'ATO':>4}  status")  # fmt: skip
     lines = [
         f"scorecard: {card.origin}, policy {card.policy_version or '-'}, {card.events:,} events",
         head,
@@ -830,22 +954,25 @@ def render(card: Scorecard) -> str:
         response = a.response_ms
         took = None if response is None else response - a.start_ms
         lines.append(
-            f"{a.attack:<24} {a.tenant:<8} {a.attempts:>8} {_duration(took):>9}  "
+            f"{a.attack:<32} {a.tenant:<8} {a.attempts:>8} {_duration(took):>9}  "
             f"{a.response_by or '-':<26}{a.allowed_before_response:>7} {a.refused:>8} "
-            f"{a.allowed:>8} {a.successes_allowed:>4}  {a.status.replace('_', ' ')}"
+            f"{a.allowed:>8} {a.guesses_per_account_24h:>10} {a.successes_allowed:>4}  {a.status.replace('_', ' ')}"
             + ("  <- ACCOUNTS TAKEN OVER" if a.successes_allowed else "")
         )
     cohorts = ", ".join(
         f"{c} {card.legit_refused.get(c, 0)}/{n}" for c, n in sorted(card.legit_attempts.items())
     )
     lines.append(f"legitimate attempts refused: {card.legit_refused_total} ({cohorts})")
+    for cohort, n in sorted(card.legit_by_design.items()):
+        lines.append(f"  refused by design: {cohort} {n}: {'; '.join(card.legit_by_design_why.get(cohort, []))}")
     for ex in card.legit_examples:
         lines.append(
             f"  {ex['at']} {ex['cohort']} {ex['actor']} {ex['flow']} refused by {ex['refused_by']}"
         )
     lines.append(
         f"decisions: {card.blocks} blocks, {card.observes} observe, {card.tombstones} tombstones; "
-        f"blocks matching no attack: {len(card.unmatched_blocks)}"
+        f"blocks matching no attack: {len(card.unmatched_blocks)} "
+        f"(and {card.seed_holds_matching_no_attack} seed holds that refused nobody wrongly)"
     )
     types = ", ".join(f"{t} {n}" for t, n in sorted(card.alerts_by_type.items()))
     lines.append(f"alerts: {sum(card.alerts_by_type.values())} ({types or 'none'}); "
@@ -855,7 +982,8 @@ def render(card: Scorecard) -> str:
         lines.append(f"  {un['type']} {subject} at {un['at']} ({un['count']}): {un['note']}")
     lines.append(
         "responded: time from the attack's first attempt to its first block or alert; "
-        "through: its attempts allowed until then; ATO: its successes allowed (account "
+        "through: its attempts allowed until then; g/acct/24h: the most guesses let through "
+        "against one account in any 24 h; ATO: its successes allowed (account "
         "takeovers); status: stopped (refused, no takeover, <= 10 % through after the response), "
         "slowed (refused, but more through or a takeover), detected only (nothing refused), missed"
     )

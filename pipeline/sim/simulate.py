@@ -70,10 +70,10 @@ class Summary:
         return self.events / self.wall_s if self.wall_s > 0 else 0.0
 
     def render(self) -> str:
-        lines = [f"{'scenario':<26}{'role':<10}{'events':>9}"]
+        lines = [f"{'scenario':<34}{'role':<10}{'events':>9}"]
         for (scenario, role), count in sorted(self.by_scenario.items()):
-            lines.append(f"{scenario:<26}{role:<10}{count:>9}")
-        lines.append(f"{'total':<36}{self.events:>9}")
+            lines.append(f"{scenario:<34}{role:<10}{count:>9}")
+        lines.append(f"{'total':<44}{self.events:>9}")
         if self.first_ms is not None and self.last_ms is not None:
             lines.append(
                 f"event time {format_utc_ms(ms_to_datetime(self.first_ms))} .. "

@@ -207,6 +207,7 @@ class Worker:
         self.shares = app.topic(t.shares, partitions=self.partitions, **RAW)
         self.decisions = app.topic(t.decisions, partitions=self.partitions, **RAW)
         self.alerts = app.topic(t.alerts, partitions=self.partitions, **RAW)
+        self.notices = app.topic(t.notices, partitions=self.partitions, **RAW)
         self.dlq = app.topic(t.dlq, partitions=self.partitions, **RAW)
         self.audit = app.topic(t.audit, partitions=self.partitions, **RAW)
         # No faust tables: the changelog topics are created with the others
@@ -461,6 +462,8 @@ class Worker:
             pending.append(await self.decisions.send(key=key, value=value))
         for alert in result.alerts:
             pending.append(await self.alerts.send(value=alert))
+        for key, notice in result.notices:
+            pending.append(await self.notices.send(key=key, value=notice))
         for audit in result.audit_messages():
             pending.append(await self.audit.send(key=str(partition).encode(), value=audit, partition=partition))
         gathering = {self.forwarder.add(target, rows) for target, rows in result.forwards.items()}

@@ -59,6 +59,7 @@ class StageOutput:
 
     decisions: list[tuple[bytes, bytes | None]] = field(default_factory=list)
     alerts: list[bytes] = field(default_factory=list)
+    notices: list[tuple[bytes, bytes]] = field(default_factory=list)
     audit: list[list[Any]] = field(default_factory=list)
     forwards: dict[int, list[list[Any]]] = field(default_factory=dict)
     shares: list[list[Any]] = field(default_factory=list)
@@ -83,8 +84,10 @@ def _collect(out: Outbox, result: StageOutput) -> None:
     for key, decision in out.decisions:
         result.decisions.append((key.encode(), encode(decision) if decision else None))
     result.alerts.extend(encode(alert) for alert in out.alerts)
+    result.notices.extend((n.account_digest.encode(), encode(n)) for n in out.notices)
     out.decisions.clear()
     out.alerts.clear()
+    out.notices.clear()
 
 
 def partition_share(policy: Policy, partitions: int) -> Policy:

@@ -8,6 +8,7 @@
 | ``<app>.tenant-shares`` | P | delete, 1 day | shards' shares of rule 8 -> rollup |
 | ``auth.throttle-decisions`` | P | compact, fast segments | decisions and tombstones |
 | ``auth.alerts`` | P | delete, 30 days | alerts |
+| ``auth.account-notices`` | P | delete, 7 days | owner notices (key: account digest) |
 | ``auth.login-attempts.dlq`` | P | delete, 30 days | dead letters, bytes untouched |
 | ``auth.audit`` | P | delete, 7 days | audit batches for the ClickHouse sink |
 
@@ -59,6 +60,7 @@ class Topics:
     shares: str
     decisions: str
     alerts: str
+    notices: str
     dlq: str
     audit: str
     app_id: str
@@ -73,6 +75,7 @@ class Topics:
             shares=f"{prefix}.tenant-shares",
             decisions=kafka.decisions_topic,
             alerts=kafka.alerts_topic,
+            notices=kafka.notices_topic,
             dlq=kafka.dlq_topic,
             audit=kafka.audit_topic,
             app_id=kafka.app_id,
@@ -93,6 +96,7 @@ class Topics:
             TopicSpec(self.shares, partitions, deleting(1)),
             TopicSpec(self.decisions, partitions, DECISIONS_CONFIG),
             TopicSpec(self.alerts, partitions, deleting(30)),
+            TopicSpec(self.notices, partitions, deleting(7)),
             TopicSpec(self.dlq, partitions, deleting(30)),
             TopicSpec(self.audit, partitions, deleting(7)),
             # Created here, before faust starts, so no client ever sees them missing.

@@ -17,7 +17,7 @@ import pytest
 from pipeline.core.policy import DEFAULT_POLICY
 from pipeline.settings import load_settings
 from pipeline.sim.report import ReportInputs, write_report
-from pipeline.sim.scenarios import SCENARIOS, SimConfig
+from pipeline.sim.scenarios import MIXED_SCENARIOS, SimConfig
 from pipeline.sim.scorecard import load_truth, run_engine, score
 from pipeline.sim.simulate import SimulateOptions, dry_run
 from pipeline.stream.app import build_normaliser
@@ -53,7 +53,7 @@ def headless(page: Path, profile: Path, *extra: str) -> subprocess.CompletedProc
 def report(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A report of a small mixed run decided by the core Engine."""
     tmp = tmp_path_factory.mktemp("report")
-    config = SimConfig(SCENARIOS, 5.0, 300_000, 5, 1_790_000_123_000)
+    config = SimConfig(MIXED_SCENARIOS, 5.0, 300_000, 5, 1_790_000_123_000)
     dry_run(SimulateOptions(config, 0, tmp / "truth.jsonl", tmp / "events.jsonl"))
     events = load_truth(tmp / "truth.jsonl", build_normaliser(load_settings()))
     outputs = run_engine(events, DEFAULT_POLICY)

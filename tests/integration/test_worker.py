@@ -142,7 +142,8 @@ def test_brute_force_is_decided_and_bad_events_are_dead_lettered(
     kafka_bootstrap: str, stream_names: StreamNames, worker_env: dict[str, str],
     workers: list[Any], tmp_path: Path,
 ) -> None:  # fmt: skip
-    """Five failures issue one account_source block; three bad events land in the DLQ with reasons."""
+    """Five failures issue one account_source block (and seed 002's account lock); three bad
+    events land in the DLQ with reasons."""
     now = datetime.now(UTC)
     good = [event(i, now + timedelta(milliseconds=i), "alice", "203.0.113.9") for i in range(5)]
     bad = [b"not json", b'{"event_id": "x"}', b"\xff\xfe"]
@@ -155,9 +156,12 @@ def test_brute_force_is_decided_and_bad_events_are_dead_lettered(
     assert sorted(dict(m.headers)["error"] for m in dlq) == [b"bad_utf8", b"missing_field", b"not_json"]
     assert sorted(m.value for m in dlq) == sorted(bad)
     assert {dict(m.headers)["stage"] for m in dlq} == {b"ingest"}
-    decisions = wait_until(lambda: read_topic(kafka_bootstrap, stream_names.decisions), 60,
-                           interval_s=0.5, description="a decision")  # fmt: skip
-    assert len(decisions) == 1
+    decisions = wait_until(
+        lambda: d if len(d := read_topic(kafka_bootstrap, stream_names.decisions)) >= 2 else None,
+        60, interval_s=0.5, description="two decisions",
+    )
+    assert sorted(orjson.loads(d.value)["scope"] for d in decisions) == ["account_source", "lock"]
+    decisions = [d for d in decisions if b'"scope":"account_source"' in d.value]
     decision = orjson.loads(decisions[0].value)
     assert (decision["scope"], decision["action"], decision["count"]) == ("account_source", "block", 5)
     assert decision["source"] == "203.0.113.9"
@@ -179,8 +183,8 @@ def test_counters_and_active_decisions_survive_sigkill(
     produce(kafka_bootstrap, stream_names.input, as_messages(first))
     wait_until(lambda: len(audited_ids(kafka_bootstrap, stream_names)) == 9, 60, interval_s=0.5,
                description="9 audited attempts")  # fmt: skip
-    wait_until(lambda: len(read_topic(kafka_bootstrap, stream_names.decisions)) == 1, 30,
-               interval_s=0.5, description="the block of 'blocked'")  # fmt: skip
+    wait_until(lambda: len(read_topic(kafka_bootstrap, stream_names.decisions)) == 2, 30,
+               interval_s=0.5, description="the blocks of 'blocked'")  # fmt: skip
     worker.kill()
 
     start_worker(workers, worker_env, tmp_path).wait_ready()
@@ -191,7 +195,7 @@ def test_counters_and_active_decisions_survive_sigkill(
     ]))  # fmt: skip
     decisions = wait_until(
         lambda: [m for m in read_topic(kafka_bootstrap, stream_names.decisions) if m.value]
-        if len(read_topic(kafka_bootstrap, stream_names.decisions)) >= 2 else None,
+        if len(read_topic(kafka_bootstrap, stream_names.decisions)) >= 4 else None,
         60, interval_s=0.5, description="the 5th failure's decision after restart",
     )
     counted = [orjson.loads(m.value) for m in decisions if b"203.0.113.1" in m.key]

@@ -34,6 +34,7 @@ class StreamNames:
     input: str = field(default_factory=lambda: unique_topic("in"))
     decisions: str = field(default_factory=lambda: unique_topic("decisions"))
     alerts: str = field(default_factory=lambda: unique_topic("alerts"))
+    notices: str = field(default_factory=lambda: unique_topic("notices"))
     dlq: str = field(default_factory=lambda: unique_topic("dlq"))
     audit: str = field(default_factory=lambda: unique_topic("audit"))
 
@@ -43,6 +44,7 @@ class StreamNames:
             "AUTHPIPE_KAFKA_INPUT_TOPIC": self.input,
             "AUTHPIPE_KAFKA_DECISIONS_TOPIC": self.decisions,
             "AUTHPIPE_KAFKA_ALERTS_TOPIC": self.alerts,
+            "AUTHPIPE_KAFKA_NOTICES_TOPIC": self.notices,
             "AUTHPIPE_KAFKA_DLQ_TOPIC": self.dlq,
             "AUTHPIPE_KAFKA_AUDIT_TOPIC": self.audit,
         }
@@ -211,6 +213,6 @@ def ensure_stream_topics(bootstrap: str, names: StreamNames, partitions: int = 4
     kafka = KafkaSettings(
         bootstrap_servers=bootstrap, partitions=partitions, app_id=names.app_id,
         input_topic=names.input, decisions_topic=names.decisions, alerts_topic=names.alerts,
-        dlq_topic=names.dlq, audit_topic=names.audit,
+        notices_topic=names.notices, dlq_topic=names.dlq, audit_topic=names.audit,
     )  # fmt: skip
     asyncio.run(ensure_topics(bootstrap, Topics.from_settings(kafka).specs(partitions)))

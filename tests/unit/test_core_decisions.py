@@ -9,11 +9,12 @@ A, S, D, SESS = "a" * 32, "203.0.113.5", "d" * 32, "5" * 32
 
 
 def test_untrusted_password_flow_keys() -> None:
-    """An untrusted login is checked against source, account_source and account."""
+    """An untrusted login is checked against source, account_source, account and lock."""
     assert applicable_keys("t", A, S, D, None, False, "login") == (
         ("source", "t", None, S, None),
         ("account_source", "t", A, S, None),
         ("account", "t", A, None, None),
+        ("lock", "t", A, None, None),
     )
 
 

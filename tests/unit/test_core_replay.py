@@ -25,8 +25,9 @@ def test_two_engines_give_byte_identical_outputs() -> None:
     second, _ = run(TRAFFIC)
     rows = serialised(first.out)
     assert rows == serialised(second.out)
-    assert sum(1 for _, v in rows if v is None) == 8  # tombstones are part of the replay
-    assert len(rows) == 25 + len(first.out.alerts)
+    # Tombstones are part of the replay (most lift seed 004's short mfa waits).
+    assert sum(1 for _, v in rows if v is None) == 100
+    assert len(rows) == 212 + len(first.out.alerts)
 
 
 _DIGEST_SCRIPT = """

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pipeline.contracts.models import Decision, datetime_to_ms
 from pipeline.core.attempt import Attempt
 from pipeline.core.decisions import Verdict
 from pipeline.core.engine import Engine, TenantRollup
 from pipeline.core.keys import format_key
-from pipeline.core.policy import policy_from_toml
+from pipeline.core.policy import Policy, policy_from_toml
 from tests.unit.test_core_support import (
     ACCOUNT,
     MIN,
@@ -26,6 +28,15 @@ ACCT_KEY = f"account|default|{ACCOUNT}|-|-"
 DEV = "d" * 32
 DEV2 = "e" * 32
 SESSION = "5" * 32
+
+
+def window_rules(**defaults: Any) -> Policy:
+    """The policy with seed 002's lock and seed 004's mfa curve out of the way, so each
+    window rule is seen alone (those have their own tests in test_core_lockout.py)."""
+    return policy(
+        version="default-1", lockout={"threshold": 1_000_000}, mfa_curve={"enabled": False},
+        **defaults,
+    )  # fmt: skip
 
 
 def step(engine: Engine, a: Attempt) -> Verdict:
@@ -49,14 +60,14 @@ def account_entry(engine: Engine, rule: str, key: tuple[object, ...]):  # type: 
 
 def test_account_source_does_not_trip_at_four() -> None:
     """Four untrusted failures from one source in 15 minutes issue nothing."""
-    engine = Engine()
+    engine = Engine(window_rules())
     engine.step_batch([att(i * MIN) for i in range(4)])
     assert engine.out.decisions == []
 
 
 def test_account_source_trips_at_exactly_five() -> None:
     """The fifth failure issues one exact account_source block for 15 minutes."""
-    engine = Engine()
+    engine = Engine(window_rules())
     verdicts = engine.step_batch([att(i * MIN) for i in range(5)])
     assert all(v is not None and v.allowed for v in verdicts)  # checked before counting
     d = only_decision(engine)
@@ -73,14 +84,14 @@ def test_account_source_trips_at_exactly_five() -> None:
 
 def test_account_source_failures_outside_the_window_do_not_add_up() -> None:
     """Five failures spread over more than 16 minutes never trip."""
-    engine = Engine()
+    engine = Engine(window_rules())
     engine.step_batch([att(i * 4 * MIN + i) for i in range(5)])  # 0..16 min + a little
     assert engine.out.decisions == []
 
 
 def test_account_source_refuses_only_that_pair() -> None:
     """The block refuses that (account, source) only, never the owner's trusted device."""
-    engine = Engine()
+    engine = Engine(window_rules())
     engine.step_batch([att(i * SEC) for i in range(5)])
     refused = step(engine, att(10 * SEC))
     assert (refused.allowed, refused.retry_after_ms) == (False, 15 * MIN - 6 * SEC)
@@ -92,7 +103,7 @@ def test_account_source_refuses_only_that_pair() -> None:
 
 def test_block_expires_at_expires_at() -> None:
     """The block refuses until expires_at and no longer; its tombstone follows within 1 s."""
-    engine = Engine()
+    engine = Engine(window_rules())
     engine.step_batch([att(i) for i in range(5)])  # trips at +4 ms, expires at 15 min + 4 ms
     last = step(engine, att(15 * MIN + 3))
     assert (last.allowed, last.retry_after_ms) == (False, 1)
@@ -104,7 +115,7 @@ def test_block_expires_at_expires_at() -> None:
 
 def test_refused_failures_are_not_counted() -> None:
     """failure_reason "refused" (the service applied our block) counts nowhere."""
-    engine = Engine()
+    engine = Engine(window_rules())
     engine.step_batch([att(i * SEC, reason="refused") for i in range(60)])
     assert engine.out.decisions == []
     assert engine.accounts.metrics.counted == 0
@@ -119,7 +130,7 @@ def _from_many_sources(n: int, t0: int = 0) -> list[Attempt]:
 
 def test_ceiling_does_not_trip_at_49() -> None:
     """49 failures from 49 sources issue nothing."""
-    engine = Engine()
+    engine = Engine(window_rules())
     engine.step_batch(_from_many_sources(49))
     assert engine.out.decisions == []
     assert engine.out.alerts == []
@@ -127,7 +138,7 @@ def test_ceiling_does_not_trip_at_49() -> None:
 
 def test_ceiling_trips_at_50_from_many_sources() -> None:
     """The 50th failure from 50 sources issues an account block and account_under_attack."""
-    engine = Engine()
+    engine = Engine(window_rules())
     engine.step_batch(_from_many_sources(50))
     d = only_decision(engine)
     assert d.key == ACCT_KEY
@@ -141,7 +152,7 @@ def test_ceiling_trips_at_50_from_many_sources() -> None:
 
 def test_ceiling_refuses_untrusted_everywhere_but_never_a_trusted_device() -> None:
     """After the ceiling trips, a new source is refused; the owner's trusted device is not."""
-    engine = Engine()
+    engine = Engine(window_rules())
     engine.step_batch(_from_many_sources(50))
     fresh = step(engine, att(MIN, source="192.0.2.200"))
     assert not fresh.allowed
@@ -154,7 +165,7 @@ def test_ceiling_refuses_untrusted_everywhere_but_never_a_trusted_device() -> No
 
 def test_success_never_clears_the_ceiling() -> None:
     """49 failures, an owner success, then one more failure still trips the ceiling."""
-    engine = Engine()
+    engine = Engine(window_rules())
     engine.step_batch(_from_many_sources(49))
     engine.step_batch([att(50 * SEC, source="192.0.2.1", success=True)])
     engine.step_batch([att(51 * SEC, source="192.0.2.2")])
@@ -166,7 +177,7 @@ def test_success_never_clears_the_ceiling() -> None:
 
 def test_device_rule_refuses_that_device_only() -> None:
     """Ten trusted-device failures block that device; other devices and untrusted pass."""
-    engine = Engine()
+    engine = Engine(window_rules())
     engine.step_batch([att(i * SEC, device=DEV, trusted=True) for i in range(9)])
     assert engine.out.decisions == []
     engine.step_batch([att(9 * SEC, device=DEV, trusted=True)])
@@ -180,7 +191,7 @@ def test_device_rule_refuses_that_device_only() -> None:
 
 def test_trusted_failures_never_feed_rules_1_2_or_spray() -> None:
     """Trusted-device failures leave account_source, the ceiling and the source stage alone."""
-    engine = Engine()
+    engine = Engine(window_rules())
     # 300 accounts x 9 trusted failures each, all from one source.
     engine.step_batch(
         att(i, account=f"{i:032x}", device=DEV, trusted=True) for i in range(300) for _ in range(9)
@@ -198,7 +209,7 @@ def test_trusted_failures_never_feed_rules_1_2_or_spray() -> None:
 
 def test_uia_trips_at_five_per_session() -> None:
     """Five uia failures in one session block re-auth there only."""
-    engine = Engine()
+    engine = Engine(window_rules())
     engine.step_batch([att(i * SEC, flow="uia", session=SESSION) for i in range(5)])
     d = only_decision(engine)
     assert d.key == f"uia|default|{ACCOUNT}|-|{SESSION}"
@@ -210,7 +221,7 @@ def test_uia_trips_at_five_per_session() -> None:
 
 def test_login_failures_never_touch_uia() -> None:
     """Login failures (enough to trip the ceiling) never refuse a uia re-check."""
-    engine = Engine()
+    engine = Engine(window_rules())
     engine.step_batch(_from_many_sources(60))
     assert step(engine, att(MIN, flow="uia", session=SESSION, success=True)).allowed
     assert len(engine.accounts.tenants["default"].counters["uia"]) == 0
@@ -218,7 +229,7 @@ def test_login_failures_never_touch_uia() -> None:
 
 def test_uia_never_feeds_the_ceiling() -> None:
     """60 uia failures over 60 sessions issue 0 account decisions."""
-    engine = Engine()
+    engine = Engine(window_rules())
     engine.step_batch(att(i * SEC, flow="uia", session=f"{i:032x}") for i in range(60))
     assert engine.out.decisions == []
     entry = account_entry(engine, "account", ("account", "default", ACCOUNT, None, None))
@@ -227,7 +238,7 @@ def test_uia_never_feeds_the_ceiling() -> None:
 
 def test_uia_without_session_falls_back_to_device_then_source() -> None:
     """uia keys use the session, else the device, else the source."""
-    engine = Engine()
+    engine = Engine(window_rules())
     engine.step_batch([att(i, flow="uia", device=DEV) for i in range(5)])
     engine.step_batch([att(10 + i, flow="uia") for i in range(5)])
     keys = [d.key for d in decisions(engine.out)]
@@ -236,7 +247,7 @@ def test_uia_without_session_falls_back_to_device_then_source() -> None:
 
 def test_mfa_bucket_per_device() -> None:
     """Five mfa failures from one device block mfa there; a success resets it."""
-    engine = Engine()
+    engine = Engine(window_rules())
     mfa = {"flow": "mfa", "device": DEV, "reason": "bad_second_factor"}
     engine.step_batch([att(i, **mfa) for i in range(4)])  # type: ignore[arg-type]
     engine.step_batch([att(5, flow="mfa", device=DEV, success=True)])
@@ -258,7 +269,7 @@ def _spray(n: int, t0: int = 0, source: str = SOURCE) -> list[Attempt]:
 
 def test_spray_source_alert_at_200_distinct_accounts() -> None:
     """199 distinct accounts raise nothing; the 200th raises one spray_source alert."""
-    engine = Engine()
+    engine = Engine(window_rules())
     engine.step_batch(_spray(199))
     assert alerts(engine.out, "spray_source") == []
     engine.step_batch([att(19_900, account="f" * 32)])
@@ -269,7 +280,7 @@ def test_spray_source_alert_at_200_distinct_accounts() -> None:
 
 def test_spray_source_once_per_window() -> None:
     """1,000 accounts in one window raise one alert; the next window raises another."""
-    engine = Engine()
+    engine = Engine(window_rules())
     engine.step_batch(_spray(1000))  # 100 s
     assert len(alerts(engine.out, "spray_source")) == 1
     engine.step_batch(att(16 * MIN + i * 100, account=f"{10_000 + i:032x}") for i in range(200))
@@ -278,14 +289,14 @@ def test_spray_source_once_per_window() -> None:
 
 def test_spray_repeat_failures_of_one_account_count_once() -> None:
     """Failures against the same 199 accounts again and again never reach 200 distinct."""
-    engine = Engine(policy(account_source={"threshold": 1000}, account={"threshold": 1000}))
+    engine = Engine(window_rules(account_source={"threshold": 1000}, account={"threshold": 1000}))
     engine.step_batch(att(i * 10, account=f"{i % 199:032x}") for i in range(2000))
     assert alerts(engine.out, "spray_source") == []
 
 
 def test_spray_allowlisted_cidr_is_exempt() -> None:
     """A source inside the allowlist never raises spray_source."""
-    engine = Engine(policy(allowlist=["198.51.100.0/24"]))
+    engine = Engine(window_rules(allowlist=["198.51.100.0/24"]))
     engine.step_batch(_spray(500))
     assert alerts(engine.out, "spray_source") == []
     assert engine.sources.entries() == 0
@@ -293,7 +304,7 @@ def test_spray_allowlisted_cidr_is_exempt() -> None:
 
 def test_spray_observe_mode_never_blocks() -> None:
     """In observe mode (the default) the spraying source is never refused."""
-    engine = Engine()
+    engine = Engine(window_rules())
     verdicts = engine.step_batch(_spray(1000))
     assert all(v is not None and v.allowed for v in verdicts)
     (d,) = [d for d in decisions(engine.out) if d.scope == "source"]
@@ -303,7 +314,7 @@ def test_spray_observe_mode_never_blocks() -> None:
 
 def test_spray_enforce_mode_issues_a_source_block() -> None:
     """In enforce mode the 200th account issues a source block refusing everything."""
-    engine = Engine(policy(source={"mode": "enforce"}))
+    engine = Engine(window_rules(source={"mode": "enforce"}))
     verdicts = engine.step_batch(_spray(201))
     (d,) = [d for d in decisions(engine.out) if d.scope == "source"]
     assert (d.action, d.count, d.threshold, d.device_id, d.account_digest) == ("block", 200, 200, None, None)
@@ -317,7 +328,7 @@ def test_spray_enforce_mode_issues_a_source_block() -> None:
 
 def test_credential_stuffing_at_50_attempts_80_percent_unknown() -> None:
     """40 unknown_account + 10 bad_password failures raise credential_stuffing at the 50th."""
-    engine = Engine()
+    engine = Engine(window_rules())
     mix = ["unknown_account"] * 40 + ["bad_password"] * 9
     engine.step_batch(att(i * 10, account=f"{i:032x}", reason=r) for i, r in enumerate(mix))
     assert alerts(engine.out, "credential_stuffing") == []
@@ -328,7 +339,7 @@ def test_credential_stuffing_at_50_attempts_80_percent_unknown() -> None:
 
 def test_credential_stuffing_needs_the_ratio() -> None:
     """39 of 50 unknown (78 %) raise nothing; neither do 49 all-unknown failures."""
-    engine = Engine()
+    engine = Engine(window_rules())
     mix = ["unknown_account"] * 39 + ["bad_password"] * 11
     engine.step_batch(att(i * 10, account=f"{i:032x}", reason=r) for i, r in enumerate(mix))
     engine.step_batch(att(i * 10, account=f"{i:032x}", source="192.0.2.9", reason="unknown_account") for i in range(49))
@@ -337,7 +348,7 @@ def test_credential_stuffing_needs_the_ratio() -> None:
 
 def test_credential_stuffing_once_per_window() -> None:
     """500 unknown-account failures raise one credential_stuffing alert."""
-    engine = Engine()
+    engine = Engine(window_rules())
     engine.step_batch(att(i * 10, account=f"{i:032x}", reason="unknown_account") for i in range(500))
     assert len(alerts(engine.out, "credential_stuffing")) == 1
 
@@ -347,7 +358,7 @@ def test_credential_stuffing_once_per_window() -> None:
 
 def test_lifetime_bound_at_100_once_and_reset_by_success() -> None:
     """100 consecutive failures raise lifetime_bound once; a success re-arms it."""
-    engine = Engine()
+    engine = Engine(window_rules())
     sources = [f"203.0.113.{i % 200}" for i in range(250)]
     engine.step_batch(att(i * MIN, source=sources[i]) for i in range(99))
     assert alerts(engine.out, "lifetime_bound") == []
@@ -392,7 +403,7 @@ def test_spray_tenant_needs_min_sources_and_sums_parts() -> None:
 
 def test_spray_tenant_through_the_engine() -> None:
     """150 accounts failing from 15 sources in a fresh tenant raise spray_tenant at 100."""
-    engine = Engine()
+    engine = Engine(window_rules())
     engine.step_batch(
         att(i * 100, account=f"{i:032x}", source=f"203.0.113.{i % 15}") for i in range(150)
     )
@@ -405,7 +416,7 @@ def test_spray_tenant_through_the_engine() -> None:
 
 def test_success_clears_only_its_own_source_counter() -> None:
     """A success from S1 clears S1's counter; S2's and the ceiling's stay."""
-    engine = Engine()
+    engine = Engine(window_rules())
     s2 = "203.0.113.2"
     engine.step_batch([att(i) for i in range(4)] + [att(10 + i, source=s2) for i in range(4)])
     engine.step_batch([att(20, success=True)])
@@ -419,7 +430,7 @@ def test_success_clears_only_its_own_source_counter() -> None:
 
 def test_success_lifts_its_active_decision_with_a_tombstone() -> None:
     """A success on a blocked (account, source) lifts the block: (key, None) is published."""
-    engine = Engine(policy(account_source={"mode": "observe"}))
+    engine = Engine(window_rules(account_source={"mode": "observe"}))
     engine.step_batch([att(i) for i in range(5)])
     assert only_decision(engine).action == "observe"
     engine.step_batch([att(10, success=True)])
@@ -430,7 +441,7 @@ def test_success_lifts_its_active_decision_with_a_tombstone() -> None:
 
 def test_success_from_another_source_lifts_nothing() -> None:
     """A success from another source neither lifts nor clears the blocked pair."""
-    engine = Engine()
+    engine = Engine(window_rules())
     engine.step_batch([att(i) for i in range(5)])
     engine.step_batch([att(10, source="192.0.2.1", success=True)])
     assert tombstones(engine.out) == []
@@ -439,7 +450,7 @@ def test_success_from_another_source_lifts_nothing() -> None:
 
 def test_success_resets_device_uia_and_mfa_counters() -> None:
     """Own successes reset device, uia and mfa counters (9 + success + 9 never trips)."""
-    engine = Engine()
+    engine = Engine(window_rules())
     for kw in (
         {"device": DEV, "trusted": True},
         {"flow": "uia", "session": SESSION},
@@ -454,7 +465,7 @@ def test_success_resets_device_uia_and_mfa_counters() -> None:
 
 def test_trusted_success_does_not_clear_the_ceiling() -> None:
     """The owner's trusted success leaves the ceiling's count alone."""
-    engine = Engine()
+    engine = Engine(window_rules())
     engine.step_batch(_from_many_sources(30))
     engine.step_batch([att(MIN, device=DEV, trusted=True, success=True)])
     acct = account_entry(engine, "account", ("account", "default", ACCOUNT, None, None))
@@ -482,13 +493,13 @@ def _trip_durations(engine: Engine, trips: int, t: int) -> tuple[list[int], int]
 
 def test_escalation_15_30_60_60() -> None:
     """Consecutive trips of one key block for 15, 30, 60 and 60 minutes."""
-    durations, _ = _trip_durations(Engine(), 4, 0)
+    durations, _ = _trip_durations(Engine(window_rules()), 4, 0)
     assert durations == [15, 30, 60, 60]
 
 
 def test_success_resets_escalation() -> None:
     """A success on the same key resets escalation: the next trip blocks 15 minutes again."""
-    engine = Engine()
+    engine = Engine(window_rules())
     durations, t = _trip_durations(engine, 3, 0)
     assert durations == [15, 30, 60]
     engine.step_batch([att(t, success=True)])
@@ -498,7 +509,7 @@ def test_success_resets_escalation() -> None:
 
 def test_escalation_forgotten_after_streak_memory() -> None:
     """Past streak_memory_ms without failures, the level starts over at 15 minutes."""
-    engine = Engine(policy(streak_memory_ms=2 * 3_600_000))
+    engine = Engine(window_rules(streak_memory_ms=2 * 3_600_000))
     durations, t = _trip_durations(engine, 2, 0)
     assert durations == [15, 30]
     later, _ = _trip_durations(engine, 1, t + 3 * 3_600_000)
@@ -511,7 +522,7 @@ def test_escalation_forgotten_after_streak_memory() -> None:
 def test_observe_mode_every_rule_publishes_observe_and_never_refuses() -> None:
     """With every rule in observe mode, decisions say 'observe' and the check allows."""
     observe = {"mode": "observe"}
-    engine = Engine(policy(
+    engine = Engine(window_rules(
         account_source=observe, account=observe, device=observe, uia=observe, mfa=observe,
         source=observe,
     ))  # fmt: skip
@@ -544,7 +555,7 @@ def test_observe_mode_every_rule_publishes_observe_and_never_refuses() -> None:
 
 def test_duplicate_event_ids_count_once() -> None:
     """A redelivered event_id is not counted again and gets no verdict."""
-    engine = Engine()
+    engine = Engine(window_rules())
     verdicts = engine.step_batch([att(i, event_id=f"dup-{i % 3}") for i in range(12)])
     assert [v is None for v in verdicts] == [False] * 3 + [True] * 9
     assert engine.accounts.metrics.duplicates == 9
@@ -553,7 +564,7 @@ def test_duplicate_event_ids_count_once() -> None:
 
 def test_late_events_beyond_the_span_are_not_counted() -> None:
     """Events older than the watermark minus the longest span are not counted."""
-    engine = Engine()
+    engine = Engine(window_rules())
     engine.step_batch([att(60 * MIN, account="b" * 32)])
     engine.step_batch([att(i) for i in range(10)])
     assert engine.out.decisions == []
@@ -562,7 +573,7 @@ def test_late_events_beyond_the_span_are_not_counted() -> None:
 
 def test_format_key_of_issued_decisions_matches_the_wire_key() -> None:
     """Every decision's key field is format_key of its index key."""
-    engine = Engine()
+    engine = Engine(window_rules())
     engine.step_batch(_from_many_sources(50))
     keys = {format_key(k) for k, _ in engine.accounts.index.items()}
     assert keys == {d.key for d in decisions(engine.out)}

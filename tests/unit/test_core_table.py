@@ -71,7 +71,8 @@ def test_flood_of_distinct_accounts_stays_bounded() -> None:
     assert len(tables.counters["account"]) == 1000
     assert len(tables.counters["account_source"]) == 1000
     assert tables.counters["account"].evictions == 199_000
-    assert (shard.evictions(), shard.entries()) == (2 * 199_000, 2000)
+    assert len(tables.streaks) == 1000  # the consecutive lock's records: no decay, capped
+    assert (shard.evictions(), shard.entries()) == (3 * 199_000, 3000)
     assert len(shard.dedupe or ()) <= 5000
     tracemalloc.start()
     try:
@@ -80,7 +81,7 @@ def test_flood_of_distinct_accounts_stays_bounded() -> None:
         held = tracemalloc.get_traced_memory()[0]
     finally:
         tracemalloc.stop()
-    # What the last 10,000 accounts left behind is what the bounds allow: 2,000 entries
+    # What the last 10,000 accounts left behind is what the bounds allow: 3,000 entries
     # and 5,000 remembered event ids (about 2 MB), not 10,000 accounts (over 5 MB).
     assert held < 3_000_000
 
@@ -96,12 +97,14 @@ def test_engine_flood_memory_bounded_across_both_stages() -> None:
 
 
 def test_entries_expire_after_their_window() -> None:
-    """With no new events a key's entries are gone once the watermark passes keep_until."""
-    engine = Engine(policy(streak_memory_ms=0))
+    """With no new events a key's window entries are gone once the watermark passes
+    keep_until; the consecutive lock's record stays (no decay: only the cap evicts it)."""
+    engine = Engine(policy(streak_memory_ms=0, lifetime={"memory_ms": 1000}))
     engine.step_batch([att(0, account="b" * 32)])
-    assert engine.accounts.entries() == 2
+    assert engine.accounts.entries() == 3
     engine.advance(engine.accounts.watermark_ms + 17 * MIN)
-    assert engine.accounts.entries() == 0
+    assert engine.accounts.entries() == 1
+    assert len(engine.accounts.tenants["default"].streaks) == 1
     assert engine.accounts.tenants["default"].counters["account"].expired == 1
 
 

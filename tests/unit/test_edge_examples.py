@@ -11,6 +11,7 @@ from types import ModuleType
 from typing import Any
 
 import aiohttp
+import orjson
 import pytest
 from aiohttp.test_utils import TestServer
 
@@ -136,3 +137,30 @@ def test_nginx_example_uses_formats_the_edge_serves() -> None:
     assert "?format=nginx-geo" in conf and "?format=nginx:" in conf
     assert 'format="${2:-nginx-geo}"' in script
     assert {"nginx", "nginx-geo"} <= set(FORMATS)
+
+
+async def test_login_service_mails_the_owner_for_a_notice_about_its_account() -> None:
+    """A notice the core emits for a locked account becomes one unlock mail to its owner;
+    the digest the example computes is authpipe's; a notice for a digest not ours is skipped."""
+    from pipeline.contracts.codec import encode
+    from pipeline.core.engine import Engine
+    from pipeline.core.keys import Digester
+    from tests.conftest import TEST_DIGEST_KEY
+    from tests.unit.test_core_support import att
+
+    digest = Digester(TEST_DIGEST_KEY).account("default", "alice@example.com")
+    assert login_service.account_digest("default", ACCOUNT, TEST_DIGEST_KEY) == digest
+    engine = Engine()
+    engine.step_batch([att(i * 1000, account=digest, source=f"203.0.113.{i}") for i in range(5)])
+    (notice,) = engine.out.notices
+    sent: list[tuple[str, str, str]] = []
+
+    async def send(to: str, subject: str, body: str) -> None:
+        sent.append((to, subject, body))
+
+    mailer = login_service.NoticeMailer.for_users("default", [ACCOUNT], send, TEST_DIGEST_KEY)
+    assert await mailer.handle(orjson.loads(encode(notice))) is True
+    ((to, _, body),) = sent
+    assert to == ACCOUNT and "remembers this device" in body and notice.model_dump_json() not in body
+    other = {**orjson.loads(encode(notice)), "account_digest": "f" * 32}
+    assert await mailer.handle(other) is False and len(sent) == 1

@@ -482,3 +482,18 @@ async def test_feed_yields_to_the_loop_within_a_large_batch(
     assert sorted({n for n in seen if 0 < n < 100}) == [
         view_module.APPLY_CHUNK * k for k in (1, 2, 3)
     ]
+
+
+def test_seed_002_lock_refuses_every_untrusted_door_but_not_the_trusted_device() -> None:
+    """A `lock` decision refuses the account's untrusted login, token and recovery attempts
+    from any address, never its trusted device, never uia or mfa."""
+    clock = Clock()
+    view = new_view(clock)
+    lock: Key = ("lock", TENANT, account_digest(), None, None)
+    assert view.apply(*message(lock, UNTIL)) == "put"
+    clock.now = T0 + MIN
+    for flow in ("login", "token", "recovery"):
+        verdict = view.check(TENANT, ACCOUNT, "192.0.2.200", (), None, False, flow)
+        assert (verdict.allowed, verdict.retry_after_ms, verdict.matched_key) == (False, 14 * MIN, lock)
+    assert view.check(TENANT, ACCOUNT, PEER, (), "laptop", True, "login").allowed is True
+    assert view.check(TENANT, ACCOUNT, PEER, (), "laptop", True, "mfa").allowed is True

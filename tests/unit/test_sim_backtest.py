@@ -7,15 +7,23 @@ from typing import Any
 
 import orjson
 
-from pipeline.core.policy import DEFAULT_POLICY, policy_from_toml
+from pipeline.core.policy import policy_from_toml
 from pipeline.settings import load_settings
 from pipeline.sim.backtest import TopicRange, backtest, events_from_records, label
 from pipeline.sim.scorecard import load_truth
 from pipeline.stream.app import build_normaliser
 from tests.unit.test_sim_scorecard import SEC, T0, row, write_truth
 
+# Seed 002's lock is set out of the way in both: this stream is about the ceiling alone.
+NO_LOCK = policy_from_toml("""
+policy_version = "default-1"
+[defaults.lockout]
+threshold = 1000000
+""")
 CEILING_10 = policy_from_toml("""
 policy_version = "ceiling-10"
+[defaults.lockout]
+threshold = 1000000
 [defaults.account]
 threshold = 10
 """)
@@ -45,7 +53,7 @@ def test_ceiling_10_diff_matches_the_hand_computed_answer(tmp_path: Path) -> Non
     own untrusted sign-in (owner collateral on 1 account, via alice's block); carol's trusted
     laptop is never refused. All 4 are on accounts that succeed later (the loose bound)."""
     events = load_truth(write_truth(tmp_path, stream()), build_normaliser(load_settings()))
-    result = backtest(events, DEFAULT_POLICY, CEILING_10, labelled=True).as_json()
+    result = backtest(events, NO_LOCK, CEILING_10, labelled=True).as_json()
     assert result["decisions"] == {
         "baseline": 0, "candidate": 2, "added": 2, "removed": 0,
         "added_by_rule": {"account": 2}, "removed_by_rule": {},

@@ -70,6 +70,10 @@ def cli(*argv: str) -> subprocess.CompletedProcess[str]:
             "missing.toml is not a file",
         ),
         (["report", "--out", "r.html"], "give --truth PATH (labelled) or --events PATH"),
+        (
+            ["backtest", "--events", "pyproject.toml"],
+            "--policy is required (or --verdicts OUT.jsonl for per-event verdicts)",
+        ),
     ],
 )
 def test_bad_flags_exit_2_with_a_clear_message(argv: list[str], message: str) -> None:
@@ -126,3 +130,31 @@ def test_dry_run_scorecard_backtest_report_end_to_end(tmp_path: Path) -> None:
     assert "Content-Security-Policy" in page and "default-src 'none'" in page
     assert set(re.findall(r"https?://[^\s\"'<>)]+", page)) == {"http://www.w3.org/2000/svg"}
     assert "<script src" not in page and "<link" not in page
+
+
+def test_backtest_verdicts_reproduce_the_patient_attackers_figures(tmp_path: Path) -> None:
+    """backtest --verdicts over a day of both slow attackers: one line per event, 34 and 35
+    guesses let through (seed 002's allowance), refused attempts named by their rule."""
+    events = tmp_path / "slow.jsonl"
+    run_ok("simulate", "--dry-run", "--out", str(events), "--scenario",
+           "low_and_slow_bruteforce,low_and_slow_bruteforce_rotating", "--duration-s", "86400",
+           "--start", "2026-11-01T00:00:00Z")  # fmt: skip
+    verdicts = tmp_path / "verdicts.jsonl"
+    printed = run_ok("backtest", "--events", str(events), "--verdicts", str(verdicts))
+    lines = [orjson.loads(line) for line in verdicts.read_bytes().splitlines()]
+    assert [v["event_id"] for v in lines] == [
+        orjson.loads(line)["event_id"] for line in events.read_bytes().splitlines()
+    ]
+    through: dict[str, int] = {}
+    for v in lines:
+        through[v["account"]] = through.get(v["account"], 0) + v["allowed"]
+        assert v["allowed"] == (v["refused_by"] == []) == (v["retry_after_ms"] == 0)
+    assert through == {
+        "victim.low_and_slow_bruteforce@example.com": 34,
+        "victim.low_and_slow_bruteforce_rotating@example.com": 35,
+    }
+    assert {r for v in lines for r in v["refused_by"]} == {"lockout"}
+    first_lock = next(v for v in lines if v["decisions"])
+    assert [(d["rule"], d["count"]) for d in first_lock["decisions"]] == [("lockout", 5)]
+    assert len(first_lock["notices"]) == 1
+    assert "35  victim.low_and_slow_bruteforce_rotating@example.com" in printed

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from pipeline.core.policy import DEFAULT_POLICY
 from pipeline.settings import load_settings
-from pipeline.sim.scenarios import SCENARIOS, SimConfig
+from pipeline.sim.scenarios import MIXED_SCENARIOS, SimConfig
 from pipeline.sim.scorecard import load_truth, replay, run_engine, score
 from pipeline.sim.simulate import SimulateOptions, dry_run
 from pipeline.stream.app import build_normaliser
@@ -18,7 +18,7 @@ def test_default_policy_catches_every_attack_and_refuses_nobody_legitimate(tmp_p
     """Mixed run (10 events/s, 10 min): each attack stopped or detected by the rule meant for it,
     zero legitimate attempts refused, no stray block, and the decision-stream replay agrees with
     the Engine's own verdict on every event."""
-    config = SimConfig(SCENARIOS, 10.0, 600_000, 3, START_MS)
+    config = SimConfig(MIXED_SCENARIOS, 10.0, 600_000, 3, START_MS)
     summary = dry_run(
         SimulateOptions(config, 0, tmp_path / "truth.jsonl", tmp_path / "events.jsonl")
     )
@@ -42,9 +42,30 @@ def test_default_policy_catches_every_attack_and_refuses_nobody_legitimate(tmp_p
     assert "credential_stuffing" in alerts["credential_stuffing"]
     assert "account_under_attack" in alerts["distributed_brute_force"]
     blocks = {a.attack: set(a.blocks) for a in card.attacks}
-    assert blocks["lockout_dos"] == {"account_source", "account"}
+    assert blocks["lockout_dos"] == {"account_source", "account", "lockout"}
     assert blocks["uia_bruteforce"] == {"uia"}
     assert card.legit_refused_total == 0
     assert sum(card.legit_attempts.values()) > 5000
     assert card.legit_attempts["owner_trusted_device"] == 26
     assert card.unmatched_blocks == []
+
+
+def test_patient_attackers_over_a_day_get_the_seed_002_allowance(tmp_path: Path) -> None:
+    """24 h of the slow attackers and lockout_dos through the core: 34 and 35 guesses let
+    through per account per day (5, then 900/1,800/3,600 s locks), no takeover, the
+    owner's trusted device never refused, the untrusted owner's refusals by design."""
+    config = SimConfig(("low_and_slow_bruteforce", "low_and_slow_bruteforce_rotating", "lockout_dos"),
+                       1.0, 86_400_000, 1, START_MS)  # fmt: skip
+    dry_run(SimulateOptions(config, 0, tmp_path / "truth.jsonl", tmp_path / "events.jsonl"))
+    events = load_truth(tmp_path / "truth.jsonl", build_normaliser(load_settings()))
+    card = score(events, run_engine(events, DEFAULT_POLICY))
+    figures = {a.attack: (a.attempts, a.guesses_per_account_24h, a.account_takeovers) for a in card.attacks}
+    assert figures == {
+        "low_and_slow_bruteforce": (360, 34, 0),
+        "low_and_slow_bruteforce_rotating": (4320, 35, 0),
+        "lockout_dos": (800, 8, 0),
+    }
+    assert {a.attack: a.status for a in card.attacks} == dict.fromkeys(figures, "stopped")
+    assert card.legit_refused_total == 0
+    assert card.legit_attempts["owner_trusted_device"] == 11
+    assert card.legit_by_design == {"owner_without_trusted_device": 9}

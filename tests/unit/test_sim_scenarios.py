@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import itertools
 from collections import Counter, defaultdict
 from functools import cache
 
@@ -12,7 +13,7 @@ import pytest
 from pipeline.contracts.codec import decode_attempt
 from pipeline.sim.scenarios import (
     ATTACKS,
-    SCENARIOS,
+    MIXED_SCENARIOS,
     ScenarioError,
     SimConfig,
     SimEvent,
@@ -31,7 +32,7 @@ def config(scenarios: tuple[str, ...], seed: int = 7) -> SimConfig:
 
 @cache
 def mixed(seed: int = 7) -> tuple[SimEvent, ...]:
-    return tuple(generate(config(SCENARIOS, seed)))
+    return tuple(generate(config(MIXED_SCENARIOS, seed)))
 
 
 def of(scenario: str, role: str = "attacker") -> list[SimEvent]:
@@ -40,8 +41,8 @@ def of(scenario: str, role: str = "attacker") -> list[SimEvent]:
 
 def test_same_seed_gives_identical_events_and_labels() -> None:
     """Two runs with one seed give byte-identical events, ids and labels."""
-    first = [(e.event_id, orjson.dumps(e.wire), e.label) for e in generate(config(SCENARIOS))]
-    second = [(e.event_id, orjson.dumps(e.wire), e.label) for e in generate(config(SCENARIOS))]
+    first = [(e.event_id, orjson.dumps(e.wire), e.label) for e in generate(config(MIXED_SCENARIOS))]
+    second = [(e.event_id, orjson.dumps(e.wire), e.label) for e in generate(config(MIXED_SCENARIOS))]
     assert first == second
     assert len(first) == len(mixed())
 
@@ -78,7 +79,7 @@ def test_truth_row_carries_labels_and_the_event() -> None:
 
 def test_parse_scenarios() -> None:
     """'mixed' is every scenario; lists keep canonical order; unknown names are refused."""
-    assert parse_scenarios("mixed") == SCENARIOS
+    assert parse_scenarios("mixed") == MIXED_SCENARIOS
     assert parse_scenarios("spray, baseline") == ("baseline", "spray")
     with pytest.raises(ScenarioError, match="unknown scenario nope"):
         parse_scenarios("spray,nope")
@@ -149,13 +150,29 @@ def test_credential_stuffing_shape() -> None:
 
 
 def test_lockout_dos_shape() -> None:
-    """A stranger fails 400 times; the victim signs in 10 times from a trusted device, one typo."""
+    """A stranger fails 400 times against each of two owners: one signs in 10 times from a
+    trusted device (one typo), the other 10 times from an untrusted browser."""
     attacker = of("lockout_dos")
-    assert len(attacker) == 400 and {e.wire["peer_ip"] for e in attacker} == {"203.0.113.66"}
-    owner = of("lockout_dos", "owner")
+    by_account = Counter(e.wire["account"] for e in attacker)
+    assert sorted(by_account.values()) == [400, 400]
+    assert {e.wire["peer_ip"] for e in attacker} == {"203.0.113.66", "203.0.113.67"}
+    owner = [e for e in of("lockout_dos", "owner") if e.label.cohort == "owner_trusted_device"]
     assert Counter(e.wire["outcome"] for e in owner) == {"success": 10, "failure": 1}
     assert all(e.wire["device_trusted"] for e in owner)
-    assert {e.wire["account"] for e in owner} == {e.wire["account"] for e in attacker}
+    untrusted = [e for e in of("lockout_dos", "owner") if e.label.cohort == "owner_without_trusted_device"]
+    assert len(untrusted) == 10 and not any(e.wire.get("device_trusted") for e in untrusted)
+    assert {e.wire["account"] for e in owner + untrusted} == set(by_account)
+
+
+def test_low_and_slow_bruteforce_shapes() -> None:
+    """One address every 4 minutes; 13 rotating addresses every 20 s; one account each."""
+    single = list(generate(SimConfig(("low_and_slow_bruteforce",), RATE, 24 * 3_600_000, 7, T0)))
+    assert len(single) == 360 and {e.wire["peer_ip"] for e in single} == {"203.0.113.24"}
+    assert {e.occurred_ms - prev.occurred_ms for prev, e in itertools.pairwise(single)} == {240_000}
+    rotating = list(generate(SimConfig(("low_and_slow_bruteforce_rotating",), RATE, 24 * 3_600_000, 7, T0)))
+    assert len(rotating) == 4320 and len({e.wire["peer_ip"] for e in rotating}) == 13
+    assert len({e.wire["account"] for e in rotating}) == 1
+    assert {e.wire["account"] for e in rotating}.isdisjoint({e.wire["account"] for e in single})
 
 
 def test_uia_bruteforce_shape() -> None:

@@ -11,6 +11,8 @@ from pipeline.contracts.models import Alert, Decision, ms_to_datetime
 from pipeline.core.policy import policy_from_toml
 from pipeline.settings import load_settings
 from pipeline.sim.scorecard import (
+    ATTACKED_RUN,
+    STALE_APP_RUN,
     AlertRecord,
     DecisionRecord,
     Outputs,
@@ -102,7 +104,8 @@ EXPECTED_ATTACKS = [
         "first_alert": None, "first_alert_type": None,
         "response": "2026-09-21T14:00:14.000Z", "response_by": "block:account_source",
         "time_to_response_ms": 4000, "allowed_before_response": 5, "refused": 2, "allowed": 5,
-        "successes_allowed": 0, "alerts": {}, "blocks": {"account_source": 1}, "observes": {},
+        "successes_allowed": 0, "guesses_per_account_24h": 5, "account_takeovers": 0,
+        "alerts": {}, "blocks": {"account_source": 1, "lockout": 1}, "observes": {},
     },
     {
         "attack": "spray", "tenant": "acme", "status": "detected_only", "attempts": 4,
@@ -111,7 +114,8 @@ EXPECTED_ATTACKS = [
         "first_alert": "2026-09-21T14:00:04.000Z", "first_alert_type": "spray_tenant",
         "response": "2026-09-21T14:00:04.000Z", "response_by": "alert:spray_tenant",
         "time_to_response_ms": 1000, "allowed_before_response": 2, "refused": 0, "allowed": 4,
-        "successes_allowed": 0, "alerts": {"spray_tenant": 1}, "blocks": {}, "observes": {},
+        "successes_allowed": 0, "guesses_per_account_24h": 1, "account_takeovers": 0,
+        "alerts": {"spray_tenant": 1}, "blocks": {}, "observes": {},
     },
 ]  # fmt: skip
 
@@ -120,18 +124,19 @@ def check_hand_card(card: dict[str, Any]) -> None:
     assert card["attacks"] == EXPECTED_ATTACKS
     assert card["all_attacks_caught"] is True
     assert card["legitimate"] == {
-        "attempts": 3, "refused": 0,
+        "attempts": 3, "refused": 0, "refused_by_design": {},
         "by_cohort": {"ordinary": {"attempts": 2, "refused": 0},
                       "owner_trusted_device": {"attempts": 1, "refused": 0}},
         "examples": [],
     }  # fmt: skip
     assert card["decisions"] == {
-        "blocks": 1,
+        "blocks": 2,
         "observes": 0,
         "tombstones": 0,
         "records_compacted_away": 0,
     }
     assert card["blocks_matching_no_attack"] == []
+    assert card["seed_holds_matching_no_attack"] == 0
     assert card["alerts"] == {"total": 2, "by_type": {"spray_source": 1, "spray_tenant": 1}}
     assert card["alerts_matching_no_attack"] == [{
         "type": "spray_source", "tenant": "default", "source": "198.51.100.1",
@@ -216,3 +221,34 @@ def test_replay_places_decisions_and_tombstones_in_event_time(tmp_path: Path) ->
         False,
         True,
     ]
+
+
+def test_lock_refusal_on_an_attacked_run_is_by_design_and_own_typos_are_not(tmp_path: Path) -> None:
+    """bob: a stranger fails twice, bob mistypes three times, bob's next attempt is refused
+    by the lock: refused by design (seed 002). carol: five of her own typos, then refused:
+    a wrong refusal, counted and shown."""
+    rows = [row(k, T0 + k * SEC, "bob", "203.0.113.5", role="attacker", scenario="spray",
+                cohort="attacker") for k in range(2)]  # fmt: skip
+    rows += [row(2 + k, T0 + (10 + k) * SEC, "bob", "198.18.0.9") for k in range(3)]
+    rows.append(row(5, T0 + 20 * SEC, "bob", "198.18.0.9", ok=True))
+    rows += [row(6 + k, T0 + (30 + k) * SEC, "carol", f"198.18.1.{k}") for k in range(5)]
+    rows.append(row(11, T0 + 40 * SEC, "carol", "198.18.1.9", ok=True))
+    events = load(tmp_path, rows)
+    card = score(events, run_engine(events, POLICY)).as_json()
+    legit = card["legitimate"]
+    assert legit["refused"] == 1
+    assert legit["refused_by_design"] == {"ordinary": {"refused": 1, "why": [ATTACKED_RUN]}}
+    (example,) = legit["examples"]
+    assert (example["event_id"], example["refused_by"].split("|")[0]) == ("e11", "lock")
+
+
+def test_lock_refusal_after_the_owners_stale_app_fed_the_run_is_by_design(tmp_path: Path) -> None:
+    """dave's phone app retries a stale password five times from carrier addresses: its
+    sixth try and dave's own browser login are refused by the lock, both by design."""
+    rows = [row(k, T0 + k * 60 * SEC, "dave", f"172.16.0.{k}", cohort="stale_app") for k in range(6)]
+    rows.append(row(6, T0 + 400 * SEC, "dave", "198.18.0.40", ok=True))
+    events = load(tmp_path, rows)
+    legit = score(events, run_engine(events, POLICY)).as_json()["legitimate"]
+    assert legit["refused"] == 0
+    assert {c: v["refused"] for c, v in legit["refused_by_design"].items()} == {"stale_app": 1, "ordinary": 1}
+    assert legit["refused_by_design"]["ordinary"]["why"] == [STALE_APP_RUN]
