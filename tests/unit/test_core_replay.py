@@ -26,7 +26,7 @@ def test_two_engines_give_byte_identical_outputs() -> None:
     rows = serialised(first.out)
     assert rows == serialised(second.out)
     assert sum(1 for _, v in rows if v is None) == 8  # tombstones are part of the replay
-    assert len(rows) == 25 + len(first.out.alerts)
+    assert len(rows) == 26 + len(first.out.alerts)
 
 
 _DIGEST_SCRIPT = """

@@ -33,13 +33,20 @@ def test_default_policy_catches_every_attack_and_refuses_nobody_legitimate(tmp_p
     statuses = {a.attack: a.status for a in card.attacks}
     assert statuses == {
         "brute_force": "stopped", "distributed_brute_force": "stopped", "lockout_dos": "stopped",
-        "uia_bruteforce": "stopped", "spray": "detected", "low_and_slow_spray": "detected",
-        "credential_stuffing": "detected",
+        "uia_bruteforce": "stopped", "spray": "detected", "low_and_slow_spray": "stopped",
+        "credential_stuffing": "stopped",
     }  # fmt: skip
+    by_name = {a.attack: a for a in card.attacks}
+    stuffing = by_name["credential_stuffing"]
+    assert (stuffing.successes_allowed, stuffing.first_block_rule) == (0, "stuffing")
+    # Spray stays signal-only: only the stuffing rule refuses low-and-slow proxies whose
+    # failures are all unknown accounts.
+    assert set(by_name["low_and_slow_spray"].blocks) == {"stuffing"}
+    assert by_name["spray"].blocks == {}
     alerts = {a.attack: set(a.alerts) for a in card.attacks}
     assert "spray_source" in alerts["spray"]
     assert "spray_tenant" in alerts["low_and_slow_spray"]
-    assert "credential_stuffing" in alerts["credential_stuffing"]
+    assert {"credential_stuffing", "stuffing_tenant"} <= alerts["credential_stuffing"]
     assert "account_under_attack" in alerts["distributed_brute_force"]
     blocks = {a.attack: set(a.blocks) for a in card.attacks}
     assert blocks["lockout_dos"] == {"account_source", "account"}
@@ -48,3 +55,23 @@ def test_default_policy_catches_every_attack_and_refuses_nobody_legitimate(tmp_p
     assert sum(card.legit_attempts.values()) > 5000
     assert card.legit_attempts["owner_trusted_device"] == 26
     assert card.unmatched_blocks == []
+
+
+def test_stuffing_stopped_at_demo_pace_without_refusing_nat_typos_stale_app_or_ipv6(tmp_path: Path) -> None:
+    """At the demo's pace (attacks of fixed size over an hour), credential stuffing is stopped
+    with 0 takeovers and a first response within 50 of its attempts, the spray next to it is
+    alerted but never refused, and no NAT colleague, typo-maker, stale app or IPv6 rotator
+    is refused."""
+    config = SimConfig(("baseline", "spray", "credential_stuffing"), 5.0, 3_600_000, 1, START_MS)
+    dry_run(SimulateOptions(config, 0, tmp_path / "truth.jsonl", tmp_path / "events.jsonl"))
+    events = load_truth(tmp_path / "truth.jsonl", build_normaliser(load_settings()))
+    card = score(events, run_engine(events, DEFAULT_POLICY))
+    by_name = {a.attack: a for a in card.attacks}
+    stuffing, spray = by_name["credential_stuffing"], by_name["spray"]
+    assert (stuffing.status, stuffing.successes_allowed) == ("stopped", 0)
+    assert stuffing.allowed_before_response <= 50
+    assert stuffing.refused > 3900
+    assert (spray.status, spray.refused, dict(spray.blocks)) == ("detected", 0, {})
+    assert "spray_source" in spray.alerts
+    assert set(card.legit_attempts) >= {"nat_office", "ordinary", "ipv6_rotating", "stale_app"}
+    assert card.legit_refused_total == 0
