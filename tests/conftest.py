@@ -14,8 +14,8 @@ CORE_DIR = os.path.join(
 )
 # What setup.py compiles with mypyc (its CORE_MODULES).
 COMPILED_CORE_MODULES = (
-    "attempt", "decisions", "dedupe", "engine", "errors", "keys", "normalise", "state",
-    "stuffing", "table", "window",
+    "attempt", "decisions", "dedupe", "engine", "errors", "grouping", "keys", "normalise",
+    "state", "stuffing", "table", "window",
 )  # fmt: skip
 
 

@@ -10,7 +10,10 @@ dict lookups:
   account_source or account blocks: a stranger cannot lock the owner out of their device;
 * other password flows: ``account_source|t|a|s|-`` and ``account|t|a|-|-``;
 * ``uia``: ``uia|t|a|-|<session or device>`` (or ``uia|t|a|s|-`` with neither);
-* ``mfa``: ``mfa|t|a|-|<device or session>`` (or ``mfa|t|a|s|-`` with neither).
+* ``mfa``: ``mfa|t|a|-|<device or session>`` (or ``mfa|t|a|s|-`` with neither);
+* every flow, operators' decisions (``authpipe decisions add``): ``source|t|-|s|manual``
+  and ``account|t|a|-|manual``. The ``manual`` device slot keeps them apart from the
+  rules' keys, so a rule's tombstone never lifts an operator's block, nor the reverse.
 """
 
 from __future__ import annotations
@@ -21,6 +24,9 @@ from typing import NamedTuple
 
 from pipeline.core.attempt import PASSWORD_FLOWS, Attempt
 from pipeline.core.keys import Key, decision_key
+
+MANUAL = "manual"
+"""The device slot of an operator's decision key."""
 
 
 def uia_key(tenant: str, account: str, source: str, session: str | None, device: str | None) -> Key:
@@ -51,17 +57,21 @@ def applicable_keys(
     """The decision keys that can refuse this attempt (see the module docstring)."""
     # Inlined decision_key tuples: this runs once per event on the hot path.
     source_key: Key = ("source", tenant, None, source, None)
+    manual_source: Key = ("source", tenant, None, source, MANUAL)
+    manual_account: Key = ("account", tenant, account, None, MANUAL)
     if flow in PASSWORD_FLOWS:
         if trusted and device:
-            return (source_key, ("device", tenant, account, None, device))
+            return (source_key, ("device", tenant, account, None, device), manual_source, manual_account)
         return (
             source_key,
             ("account_source", tenant, account, source, None),
             ("account", tenant, account, None, None),
+            manual_source,
+            manual_account,
         )
     if flow == "uia":
-        return (source_key, uia_key(tenant, account, source, session, device))
-    return (source_key, mfa_key(tenant, account, source, device, session))
+        return (source_key, uia_key(tenant, account, source, session, device), manual_source, manual_account)
+    return (source_key, mfa_key(tenant, account, source, device, session), manual_source, manual_account)
 
 
 def keys_for(attempt: Attempt) -> tuple[Key, ...]:
