@@ -7,7 +7,7 @@ single-process replay all run the same code:
   rules 1-4 and mfa, escalation (6), the lifetime bound (7), the ceiling alert, and its
   share of the tenant-wide count of distinct failing accounts (exact when summed,
   because accounts are disjoint across shards). It forwards untrusted password
-  failures to the source stage, and the successes that end one of them (a redemption:
+  failures and successes to the source stage (a source's real users, and redemptions:
   typo then success from the same source).
 * ``SourceShard`` sees those partitioned by source: the spray signal (5), the
   credential-stuffing block (``pipeline.core.stuffing``) and alert, and its share of
@@ -191,6 +191,10 @@ class _TenantTables:
         self.spray_threshold = policy.source.threshold
         self.stuffing_min = policy.stuffing.min_attempts
         self.stuffing_block_min = policy.stuffing.block_min_unknown
+        self.stuffing_block_more = policy.stuffing.block_more_unknown
+        self.stuffing_lower_ratio = policy.stuffing.block_lower_ratio
+        self.stuffing_success_factor = policy.stuffing.success_factor
+        self.stuffing_ring_size = self.stuffing_spec.ring_size
         self.stuffing_ratio = policy.stuffing.unknown_ratio
         self.stuffing_window_ms = policy.stuffing.window_ms
         self.stuffing_tenant_window_ms = policy.stuffing.tenant_window_ms
@@ -439,11 +443,11 @@ class AccountShard(_Shard):
         # Each success resets its own counter; most find none (a dict miss, no call).
         flow = a.flow
         if flow in PASSWORD_FLOWS:
+            if not (a.trusted and a.device):
+                out.forwards.append(a)  # the source stage counts the source's real users
             key: Key = ("account_source", tenant, account, a.source, None)
             entry = t.pair_rule.entries.get(key)
             if entry is not None and entry.keep_until_ms > wm:
-                if entry.total and (seq < 0 or entry.seq < seq):
-                    out.forwards.append(a)  # a redemption: the source stage learns of it
                 self._reset(t.pair_rule, key, entry, out, seq)
             if a.trusted and a.device:
                 key = ("device", tenant, account, None, a.device)
@@ -641,8 +645,8 @@ def _add_share(
 class SourceShard(_Shard):
     """Signals keyed by source: spray (rule 5) and credential stuffing.
 
-    Fed untrusted password failures and redemptions (a success ending such a failure of
-    the same account and source), both forwarded by the account shard. Allowlisted
+    Fed untrusted password failures and successes, forwarded by the account shard; a
+    success of an account that failed from the source within the window is a redemption. Allowlisted
     ranges are exempt. In ``observe`` mode (the default) spray raises ``spray_source``
     once per window and publishes an ``observe`` decision that never refuses: a NAT full
     of colleagues is never collateral. In ``enforce`` mode that decision is a block. A
@@ -695,7 +699,7 @@ class SourceShard(_Shard):
         if seq >= 0 and src.seq >= seq:
             return
         if a.success:
-            self._redeem(a, t, src)
+            self._success(a, t, src)
             if seq > src.seq:
                 src.seq = seq
             if self.track_changes:
@@ -719,10 +723,15 @@ class SourceShard(_Shard):
             )  # fmt: skip
         if unknown.head < failures.head:
             unknown.advance(failures.head)
+        successes = src.successes
+        if successes.head < failures.head:
+            successes.advance(failures.head)
         if (
             (src.block_rule != "stuffing" or now >= src.blocked_until_ms)
-            and is_stuffing(failures.total, unknown.total, now < src.redeemed_until_ms,
-                            t.stuffing_block_min, t.stuffing_ratio)
+            and is_stuffing(failures.total, unknown.total, successes.total,
+                            now < src.redeemed_until_ms, t.stuffing_block_min,
+                            t.stuffing_ratio, t.stuffing_block_more, t.stuffing_lower_ratio,
+                            t.stuffing_success_factor)
         ):  # fmt: skip
             self._stuffing_block(a, t, src, skey, out)
         if now >= src.stuffing_alerted_until_ms and stuffing_alert_due(
@@ -736,17 +745,24 @@ class SourceShard(_Shard):
         if self.track_changes:
             self.dirty[("sources", skey)] = None
 
-    def _redeem(self, a: Attempt, t: _TenantTables, src: SourceState) -> None:
-        """A success after a failure of the same account from this source: the source has
-        real users for a stuffing window, and the pair stops counting as sprayed."""
-        until = a.occurred_ms + t.stuffing_window_ms
-        if until > src.redeemed_until_ms:
-            src.redeemed_until_ms = until
-        if until > src.keep_until_ms:
-            src.keep_until_ms = until
+    def _success(self, a: Attempt, t: _TenantTables, src: SourceState) -> None:
+        """An untrusted success: one more real user of the source in the stuffing window.
+        After a failure of the same account from here (a redemption) the source has real
+        users for a whole window, and the pair stops counting as sprayed."""
+        now = a.occurred_ms
+        successes = src.successes
+        successes.add(now // t.stuffing_sub_ms)
+        keep = (successes.head + t.stuffing_ring_size) * t.stuffing_sub_ms
+        if keep > src.keep_until_ms:
+            src.keep_until_ms = keep
         pkey: Key = ("pair", a.tenant, a.account, a.source, None)
         pair = t.pairs.mapping.get(pkey)
         if pair is not None and pair.bucket >= 0:
+            until = now + t.stuffing_window_ms
+            if until > src.redeemed_until_ms:
+                src.redeemed_until_ms = until
+            if until > src.keep_until_ms:
+                src.keep_until_ms = until
             src.distinct.remove(pair.bucket)
             pair.bucket = -1
             if self.track_changes:

@@ -71,9 +71,10 @@ class StuffingConfig(_Frozen):
 
     Block (rule ``stuffing``, scope ``source``, for ``block_ms``) a source that within
     ``window_ms`` failed against at least ``block_min_unknown`` distinct accounts that do
-    not exist, when those are at least ``unknown_ratio`` of its untrusted failures and
-    none of its users succeeded after failing from it (typo then success: a NAT or a
-    household). ``mode = "observe"`` publishes the decision as observe-only. The
+    not exist, when those are at least ``unknown_ratio`` of its untrusted failures (or at
+    least ``block_lower_ratio`` once they are ``block_more_unknown``), they are more than
+    ``success_factor`` times its untrusted successes (a NAT's colleagues sign in), and
+    none of its users succeeded after failing from it (typo then success). ``mode = "observe"`` publishes the decision as observe-only. The
     ``credential_stuffing`` alert is raised once per window when the source has at
     least ``min_attempts`` failures with the same ratio.
 
@@ -89,6 +90,9 @@ class StuffingConfig(_Frozen):
     unknown_ratio: float = Field(0.8, gt=0.0, le=1.0)
     window_ms: int = Field(WINDOW_MS, ge=1000, le=MAX_WINDOW_MS)
     block_min_unknown: int = Field(2, ge=1, le=1_000_000)
+    block_more_unknown: int = Field(5, ge=1, le=1_000_000)
+    block_lower_ratio: float = Field(0.5, gt=0.0, le=1.0)
+    success_factor: float = Field(4.0, ge=0.0)
     block_ms: int = Field(HOUR_MS, ge=1000, le=MAX_BLOCK_MS)
     mode: Mode = "enforce"
     tenant_window_ms: int = Field(MINUTE_MS, ge=1000, le=MAX_WINDOW_MS)

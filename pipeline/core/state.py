@@ -81,7 +81,8 @@ class SourceState:
     ``distinct`` counts each (source, account) pair once, in the bucket of its latest
     failure (the pair table remembers which bucket); ``failures`` counts failures and
     ``unknown`` the ``unknown_account`` failures of pairs new in the window (distinct
-    unknown accounts) for the credential-stuffing rule. ``redeemed_until_ms``: a user of
+    unknown accounts) for the credential-stuffing rule, ``successes`` its untrusted
+    password successes (real users: a NAT has many, a proxy almost none). ``redeemed_until_ms``: a user of
     this source succeeded after failing from it (typo then success) within the window
     before it. ``block_rule`` names the rule of the active decision (``source`` or
     ``stuffing``; empty for none).
@@ -98,6 +99,7 @@ class SourceState:
         "seq",
         "spray_alerted_until_ms",
         "stuffing_alerted_until_ms",
+        "successes",
         "tenant_window",
         "unknown",
     )
@@ -106,6 +108,7 @@ class SourceState:
         self.distinct = Ring(spray_ring)
         self.failures = Ring(stuffing_ring)
         self.unknown = Ring(stuffing_ring)
+        self.successes = Ring(stuffing_ring)
         self.spray_alerted_until_ms = 0
         self.stuffing_alerted_until_ms = 0
         self.blocked_until_ms = 0
@@ -121,7 +124,7 @@ class SourceState:
             self.distinct.dump(), self.failures.dump(), self.unknown.dump(),
             self.spray_alerted_until_ms, self.stuffing_alerted_until_ms, self.blocked_until_ms,
             self.decision_id, self.keep_until_ms, self.seq, self.tenant_window,
-            self.redeemed_until_ms, self.block_rule,
+            self.redeemed_until_ms, self.block_rule, self.successes.dump(),
         ]  # fmt: skip
 
     @classmethod
@@ -137,6 +140,7 @@ class SourceState:
         ) = data[3:10]  # type: ignore[assignment]  # fmt: skip
         if len(data) >= 12:  # records written before the stuffing rule have 10 fields
             state.redeemed_until_ms, state.block_rule = data[10:12]  # type: ignore[assignment]
+            state.successes = Ring.load(data[12])  # type: ignore[arg-type]
         elif state.blocked_until_ms:
             state.block_rule = "source"
         return state

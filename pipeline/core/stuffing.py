@@ -8,10 +8,15 @@ them apart, per source and within the stuffing window:
 
 * distinct unknown accounts: a typo-maker mistypes one identifier (retyping the same
   wrong one is the same account); a stuffing proxy tries a new one every attempt;
-* the ratio: a NAT's failures are mostly wrong passwords of real accounts;
-* redemption: a user who fails and then succeeds from the same source (the typo then
-  success pattern) marks the source as having real users; such a source is never
-  blocked by this rule, and its redeemed pairs do not count as spraying either.
+* the ratio: a NAT's failures are mostly wrong passwords of real accounts, and so are a
+  sprayer's (spray stays signal-only); a proxy's are mostly unknown accounts, though a run
+  of real ones can hide that for a while, so more unknown accounts block at a lower ratio;
+* real users: untrusted successes from the source (a NAT has many: colleagues on new
+  browsers, phones; a proxy has one only when it takes an account over): while they are
+  at least a ``success_factor``-th of its unknown accounts the source is not blocked; and
+  a redemption, a user who fails and then succeeds from the same source (the typo then
+  success pattern), exempts it for the window (its redeemed pairs do not count as
+  spraying either).
 
 Pure functions of counts: the engine keeps the counts (``SourceState``).
 """
@@ -20,11 +25,18 @@ from __future__ import annotations
 
 
 def is_stuffing(
-    failures: int, unknown: int, redeemed: bool, min_unknown: int, unknown_ratio: float
-) -> bool:
-    """Whether a source's window reads as credential stuffing: at least ``min_unknown``
-    distinct unknown accounts, at least ``unknown_ratio`` of its failures, no redemption."""
-    return not redeemed and unknown >= min_unknown and unknown >= unknown_ratio * failures
+    failures: int, unknown: int, successes: int, redeemed: bool, min_unknown: int,
+    unknown_ratio: float, more_unknown: int, lower_ratio: float, success_factor: float,
+) -> bool:  # fmt: skip
+    """Whether a source's window reads as credential stuffing: no redemption, unknown
+    accounts above ``success_factor`` times its untrusted successes, and at least
+    ``min_unknown`` distinct unknown accounts making at least ``unknown_ratio`` of its
+    failures, or at least ``more_unknown`` of them making at least ``lower_ratio``."""
+    if redeemed or unknown < min_unknown or unknown <= success_factor * successes:
+        return False
+    if unknown >= unknown_ratio * failures:
+        return True
+    return unknown >= more_unknown and unknown >= lower_ratio * failures
 
 
 def stuffing_alert_due(failures: int, unknown: int, min_attempts: int, unknown_ratio: float) -> bool:
@@ -32,14 +44,18 @@ def stuffing_alert_due(failures: int, unknown: int, min_attempts: int, unknown_r
     return failures >= min_attempts and unknown >= unknown_ratio * failures
 
 
+REFIRED = -1
+"""``TenantStuffing.fired`` of a window that fired twice (the most it fires)."""
+
+
 class TenantStuffing:
     """The wave across sources: sums the source shards' shares of distinct unknown
     accounts per (tenant, tumbling window) and says when a window crosses
     ``max(min_unknown, factor * baseline)`` (the baseline is the mean of the previous
     ``baseline_windows`` windows, a window that fired counting at its own baseline),
-    and again each time the window's total doubles since it last fired: a wave that
-    starts inside a window another one already fired in is still reported within
-    seconds (at most about log2(total / threshold) alerts per window).
+    and once more if the window's total then doubles: a wave that starts inside a window
+    another one (a spray) already fired in is still reported within seconds. At most
+    two alerts per window.
 
     Shares are absolute (each shard's latest count for the window), so a replayed or
     duplicated share changes nothing; the sum is exact because sources, and so the
@@ -52,7 +68,7 @@ class TenantStuffing:
         self.totals: dict[tuple[str, int], int] = {}
         self.baselines: dict[tuple[str, int], float] = {}
         self.fired: dict[tuple[str, int], int] = {}
-        """The total at the latest firing of a window."""
+        """The total at a window's first firing; ``REFIRED`` once it fired again."""
 
     def update(
         self, tenant: str, window: int, part: int, share: int,
@@ -67,15 +83,15 @@ class TenantStuffing:
         slot = (tenant, window)
         total = self.totals.get(slot, 0) + share - old
         self.totals[slot] = total
-        last = self.fired.get(slot, 0)
-        if last and total < 2 * last:
+        first = self.fired.get(slot, 0)
+        if first == REFIRED or (first and total < 2 * first):
             return 0
         baseline = self.baselines.get(slot)
         if baseline is None:
             baseline = self._new_window(tenant, window, baseline_windows)
         if total < max(min_unknown, factor * baseline):
             return 0
-        self.fired[slot] = total
+        self.fired[slot] = REFIRED if first else total
         return total
 
     def _new_window(self, tenant: str, window: int, baseline_windows: int) -> float:

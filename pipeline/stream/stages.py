@@ -209,7 +209,7 @@ class _Stage:
 
 class AccountStage(_Stage):
     """Rows partitioned by account: rules 1-4, mfa, escalation, lifetime; audit rows;
-    forwards untrusted password failures to the source stage."""
+    forwards untrusted password failures and successes to the source stage."""
 
     shard_type = AccountShard
 
@@ -342,8 +342,9 @@ class RollupStage:
             result.changelog.append((dumps([partition, tenant, window, kind, part]), dumps(share)))
             if alert is not None:
                 result.alerts.append(encode(alert))
-                if kind == "u":  # the window's total at this firing (it may fire again)
-                    fired_record = (dumps([partition, "fired", tenant, window, "u"]), dumps(alert.count))
+                if kind == "u":  # what TenantStuffing.fired holds now (it may fire once more)
+                    state = rollup.stuffing.fired[(tenant, window)]
+                    fired_record = (dumps([partition, "fired", tenant, window, "u"]), dumps(state))
                 else:
                     fired_record = (dumps([partition, "fired", tenant, window]), b"1")
                 result.changelog.append(fired_record)
