@@ -73,7 +73,7 @@ def test_report_renders_every_chart_without_errors(report: Path, tmp_path: Path)
     assert 'data-series="attempts"' in dom and 'data-series="refused"' in dom
     assert dom.count("data-decision=") >= 5
     assert dom.count("data-alert=") >= 5
-    assert dom.count('class="status-stopped"') == 4 and dom.count('class="status-detected"') == 3
+    assert dom.count('class="status-stopped"') == 6 and dom.count('class="status-detected"') == 1
     assert not re.search(r"CONSOLE|Uncaught|SyntaxError", done.stderr), done.stderr[-2000:]
 
 
