@@ -26,8 +26,8 @@ from setuptools.command.build_ext import build_ext
 # The modules on the hot path. ``policy.py`` stays Python: it defines pydantic models,
 # which mypyc cannot compile (and which are read once per tenant, not per event).
 CORE_MODULES = (
-    "attempt", "decisions", "dedupe", "engine", "errors", "keys", "lockout", "normalise",
-    "state", "table", "window",
+    "attempt", "decisions", "dedupe", "engine", "errors", "grouping", "keys", "lockout",
+    "normalise", "state", "stuffing", "table", "window",
 )  # fmt: skip
 
 

@@ -235,6 +235,79 @@ def _report(args: argparse.Namespace, settings: Settings) -> int:
     )  # fmt: skip
 
 
+# -- the operator's block-list (pipeline.manual) -------------------------------------------
+
+
+def _ttl(text: str) -> int:
+    from pipeline.manual import parse_ttl
+
+    try:
+        return parse_ttl(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _tenant(text: str) -> str:
+    from pipeline.manual import check_tenant
+
+    try:
+        return check_tenant(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _bounded_text(limit: int) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if not text.strip() or len(text) > limit or not text.isprintable():
+            raise argparse.ArgumentTypeError(f"give 1 to {limit} printable characters")
+        return text
+
+    return parse
+
+
+def _decisions(args: argparse.Namespace, settings: Settings) -> int:
+    from pipeline.core.grouping import check_block_source
+    from pipeline.manual import Target, default_operator, run_decisions_command
+
+    if args.decisions_action != "add":
+        return run_decisions_command(
+            settings, args.decisions_action, decision_id=getattr(args, "id", ""),
+            show_all=getattr(args, "all", False),
+        )  # fmt: skip
+    if args.source is not None:
+        try:
+            check_block_source(args.source, settings.ingest.ipv4_prefix, settings.ingest.ipv6_prefix)
+        except ValueError as exc:
+            args.parser.error(f"--source {exc}")
+    target = Target(args.tenant, source=args.source, account=args.account)
+    return run_decisions_command(
+        settings, "add", target=target, ttl_ms=args.ttl, reason=args.reason,
+        operator=args.by or default_operator(),
+    )  # fmt: skip
+
+
+def _add_decisions_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    decisions = sub.add_parser("decisions", help="the operator's block-list: add, list, remove")
+    actions = decisions.add_subparsers(dest="decisions_action", required=True)
+    add = actions.add_parser("add", help="block a source or an account (rule manual)")
+    subject = add.add_mutually_exclusive_group(required=True)
+    subject.add_argument("--source", help="an address or CIDR no wider than one source "
+                                          "(ingest.ipv4_prefix / ingest.ipv6_prefix)")  # fmt: skip
+    subject.add_argument("--account", type=_bounded_text(320),
+                         help="an account as typed; published only as its keyed digest")  # fmt: skip
+    add.add_argument("--tenant", type=_tenant, default="default", help="tenant (default: default)")
+    add.add_argument("--ttl", type=_ttl, required=True, help="how long: 90s, 30m, 1h, 7d (at most 366d)")
+    add.add_argument("--reason", type=_bounded_text(512), required=True, help="why (recorded)")
+    add.add_argument("--by", type=_bounded_text(128), help="who decides (default: $USER)")
+    add.set_defaults(handler=_decisions, parser=add)
+    listing = actions.add_parser("list", help="active operator decisions (--all: every rule's)")
+    listing.add_argument("--all", action="store_true", help="also the rules' decisions")
+    listing.set_defaults(handler=_decisions, parser=listing)
+    remove = actions.add_parser("remove", help="lift an operator decision by its id")
+    remove.add_argument("id", type=_bounded_text(64), help="decision id (from decisions list)")
+    remove.set_defaults(handler=_decisions, parser=remove)
+
+
 def _add_sim_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     simulate = sub.add_parser("simulate", help="produce simulated login traffic with ground truth")
     simulate.add_argument("--scenario", type=_scenario_list, default="mixed",
@@ -365,6 +438,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_sim_commands(sub)
     _remember_parsers(parser)
+    _add_decisions_command(sub)
     return parser
 
 

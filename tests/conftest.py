@@ -19,8 +19,8 @@ CORE_DIR = os.path.join(
 )
 # What setup.py compiles with mypyc (its CORE_MODULES).
 COMPILED_CORE_MODULES = (
-    "attempt", "decisions", "dedupe", "engine", "errors", "keys", "lockout", "normalise",
-    "state", "table", "window",
+    "attempt", "decisions", "dedupe", "engine", "errors", "grouping", "keys", "lockout",
+    "normalise", "state", "stuffing", "table", "window",
 )  # fmt: skip
 
 

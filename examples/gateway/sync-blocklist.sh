@@ -8,7 +8,9 @@
 # within about a second of a change (200 with the new list) or after 55 s (304). A new
 # list is written next to the target, checked with `nginx -t`, moved into place
 # atomically, and nginx is reloaded. With --once it fetches once (for cron).
-# Environment: AUTHPIPE_EDGE_URL (default http://127.0.0.1:8080), AUTHPIPE_EDGE_TOKEN.
+# Environment: AUTHPIPE_EDGE_URL (default http://127.0.0.1:8080), AUTHPIPE_EDGE_TOKEN,
+# AUTHPIPE_NGINX: the nginx command to test and reload with (default `nginx`; e.g.
+# `nginx -p /srv/gw -c /srv/gw/nginx.conf` for an nginx with its own prefix and config).
 set -euo pipefail
 
 once=0
@@ -16,6 +18,7 @@ if [[ "${1:-}" == "--once" ]]; then once=1; shift; fi
 target="${1:?usage: sync-blocklist.sh [--once] <include file> [nginx-geo|nginx]}"
 format="${2:-nginx-geo}"
 edge="${AUTHPIPE_EDGE_URL:-http://127.0.0.1:8080}"
+read -r -a nginx <<< "${AUTHPIPE_NGINX:-nginx}"
 auth=()
 if [[ -n "${AUTHPIPE_EDGE_TOKEN:-}" ]]; then auth=(-H "Authorization: Bearer ${AUTHPIPE_EDGE_TOKEN}"); fi
 etag=""
@@ -35,8 +38,10 @@ while true; do
             cp "$target" "${target}.previous" 2>/dev/null || true
             cp "$tmp" "${target}.next"
             mv "${target}.next" "$target"
-            if nginx -t -q; then
-                nginx -s reload
+            if "${nginx[@]}" -t -q; then
+                # A failed reload (nginx not running yet) keeps the loop going: the next
+                # start of nginx reads the file as it is.
+                "${nginx[@]}" -s reload || echo "nginx reload failed; is nginx running?" >&2
             else
                 echo "nginx -t failed with the new block-list; restoring the previous one" >&2
                 mv "${target}.previous" "$target" 2>/dev/null || true

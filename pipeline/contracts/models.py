@@ -135,6 +135,13 @@ class Decision(_Output):
     issued_at: UtcMs
     expires_at: UtcMs
     policy_version: str
+    # Only operators' decisions (rule ``manual``) carry these; the rules' omit them.
+    operator: str | None = Field(
+        None, max_length=128, description="who decided (rule manual)", exclude_if=lambda v: v is None
+    )
+    reason: str | None = Field(
+        None, max_length=512, description="why (rule manual)", exclude_if=lambda v: v is None
+    )
 
 
 class Alert(_Output):

@@ -13,7 +13,10 @@ dict lookups:
 * ``uia``: ``uia|t|a|-|<session or device>`` (or ``uia|t|a|s|-`` with neither), and
   ``uia|t|a|-|<device>`` as well when both a session and a device are given (seed 000:
   a new session per attempt from one device is still counted against that device);
-* ``mfa``: ``mfa|t|a|-|<device or session>`` (or ``mfa|t|a|s|-`` with neither).
+* ``mfa``: ``mfa|t|a|-|<device or session>`` (or ``mfa|t|a|s|-`` with neither);
+* every flow, operators' decisions (``authpipe decisions add``): ``source|t|-|s|manual``
+  and ``account|t|a|-|manual``. The ``manual`` device slot keeps them apart from the
+  rules' keys, so a rule's tombstone never lifts an operator's block, nor the reverse.
 """
 
 from __future__ import annotations
@@ -24,6 +27,9 @@ from typing import NamedTuple
 
 from pipeline.core.attempt import PASSWORD_FLOWS, Attempt
 from pipeline.core.keys import Key, decision_key
+
+MANUAL = "manual"
+"""The device slot of an operator's decision key."""
 
 
 def uia_key(tenant: str, account: str, source: str, session: str | None, device: str | None) -> Key:
@@ -67,20 +73,25 @@ def applicable_keys(
     """The decision keys that can refuse this attempt (see the module docstring)."""
     # Inlined decision_key tuples: this runs once per event on the hot path.
     source_key: Key = ("source", tenant, None, source, None)
+    manual_source: Key = ("source", tenant, None, source, MANUAL)
+    manual_account: Key = ("account", tenant, account, None, MANUAL)
     if flow in PASSWORD_FLOWS:
         if trusted and device:
-            return (source_key, ("device", tenant, account, None, device))
+            return (source_key, ("device", tenant, account, None, device), manual_source, manual_account)
         return (
             source_key,
             ("account_source", tenant, account, source, None),
             ("account", tenant, account, None, None),
             ("lock", tenant, account, None, None),
+            manual_source,
+            manual_account,
         )
     if flow == "uia":
+        uia = uia_key(tenant, account, source, session, device)
         if session and device:
-            return (source_key, uia_key(tenant, account, source, session, device), ("uia", tenant, account, None, device))
-        return (source_key, uia_key(tenant, account, source, session, device))
-    return (source_key, mfa_key(tenant, account, source, device, session))
+            return (source_key, uia, ("uia", tenant, account, None, device), manual_source, manual_account)
+        return (source_key, uia, manual_source, manual_account)
+    return (source_key, mfa_key(tenant, account, source, device, session), manual_source, manual_account)
 
 
 def keys_for(attempt: Attempt) -> tuple[Key, ...]:

@@ -8,9 +8,11 @@ single-process replay all run the same code:
   lock and seed 004's mfa curve (``lockout``), the owner's notices, the ceiling alert, and its
   share of the tenant-wide count of distinct failing accounts (exact when summed,
   because accounts are disjoint across shards). It forwards untrusted password
-  failures to the source stage.
-* ``SourceShard`` sees those failures partitioned by source: the spray signal (5), the
-  credential-stuffing signal, and its share of distinct failing sources per tenant.
+  failures and successes to the source stage (a source's real users, and redemptions:
+  typo then success from the same source).
+* ``SourceShard`` sees those partitioned by source: the spray signal (5), the
+  credential-stuffing block (``pipeline.core.stuffing``) and alert, and its share of
+  distinct failing sources per tenant.
 * ``TenantRollup`` sums the shares and raises ``spray_tenant`` (8).
 * ``Engine`` wires the three together in one process (replay, backtest, tests).
 
@@ -60,6 +62,7 @@ from pipeline.core.policy import (
     TenantSprayConfig,
 )
 from pipeline.core.state import KeyState, PairState, SourceState
+from pipeline.core.stuffing import TenantStuffing, is_stuffing, stuffing_alert_due
 from pipeline.core.table import BoundedTable
 from pipeline.core.window import WindowSpec
 
@@ -85,6 +88,8 @@ class Outbox:
     forwards: list[Attempt] = field(default_factory=list)
     partials: dict[tuple[str, int], int] = field(default_factory=dict)
     notices: list[AccountNotice] = field(default_factory=list)
+    unknown_partials: dict[tuple[str, int], int] = field(default_factory=dict)
+    """The source stage's shares of distinct unknown accounts (``stuffing_tenant``)."""
 
     def clear(self) -> None:
         self.notices.clear()
@@ -92,6 +97,7 @@ class Outbox:
         self.alerts.clear()
         self.forwards.clear()
         self.partials.clear()
+        self.unknown_partials.clear()
 
 
 @dataclass
@@ -204,6 +210,20 @@ class _TenantTables:
         self.source_factory = lambda: SourceState(spray.ring_size, stuffing.ring_size)
         self.spray_threshold = policy.source.threshold
         self.stuffing_min = policy.stuffing.min_attempts
+        self.stuffing_block_min = policy.stuffing.block_min_unknown
+        self.stuffing_block_more = policy.stuffing.block_more_unknown
+        self.stuffing_lower_ratio = policy.stuffing.block_lower_ratio
+        self.stuffing_success_factor = policy.stuffing.success_factor
+        self.stuffing_ring_size = self.stuffing_spec.ring_size
+        self.stuffing_ratio = policy.stuffing.unknown_ratio
+        self.stuffing_window_ms = policy.stuffing.window_ms
+        self.stuffing_tenant_window_ms = policy.stuffing.tenant_window_ms
+        self.unknown_partials_bound = 4 * policy.stuffing.tenant_baseline_windows + 64
+        stuffing_cfg = policy.stuffing
+        self.stuffing_rule = RuleConfig(
+            threshold=stuffing_cfg.block_min_unknown, window_ms=stuffing_cfg.window_ms,
+            mode=stuffing_cfg.mode,
+        )  # fmt: skip
         self.allowlist = policy.allowlist_set if policy.allowlist else None
         self._allowed: dict[str, bool] = {}
 
@@ -373,8 +393,11 @@ class _Shard:
                 mode = tables.cfg[rule].mode
                 for key, entry in table.items():
                     if entry.blocked_until_ms > self.watermark_ms and entry.decision_id:
-                        action = "block" if mode == "enforce" else "observe"
-                        active = Active(entry.decision_id, action, entry.blocked_until_ms, rule)
+                        name, rule_mode = rule, mode
+                        if rule == "source" and entry.block_rule == "stuffing":
+                            name, rule_mode = "stuffing", tables.policy.stuffing.mode
+                        action = "block" if rule_mode == "enforce" else "observe"
+                        active = Active(entry.decision_id, action, entry.blocked_until_ms, name)
                         self.index.put(key, active)
             for key, streak in tables.streaks.items():
                 if streak.blocked_until_ms > self.watermark_ms and streak.decision_id:
@@ -451,6 +474,8 @@ class AccountShard(_Shard):
         # Each success resets its own counter; most find none (a dict miss, no call).
         flow = a.flow
         if flow in PASSWORD_FLOWS:
+            if not (a.trusted and a.device):
+                out.forwards.append(a)  # the source stage counts the source's real users
             key: Key = ("lock", tenant, account, None, None)
             streak = t.streaks.mapping.get(key)
             if streak is not None and (
@@ -703,7 +728,7 @@ class AccountShard(_Shard):
         end = (window + 1) * t.tenant_window_ms
         if acct.keep_until_ms < end:
             acct.keep_until_ms = end
-        _add_share(self.tenant_partials, a.tenant, window, t.partials_bound, out)
+        _add_share(self.tenant_partials, a.tenant, window, t.partials_bound, out.partials)
 
     def _count(
         self, a: Attempt, rule: _Rule, key: Key, source: str | None, device: str | None,
@@ -775,13 +800,15 @@ class AccountShard(_Shard):
 
 
 def _add_share(
-    partials: dict[tuple[str, int], int], tenant: str, window: int, bound: int, out: Outbox
-) -> None:
-    """One more distinct subject in the (tenant, window) share; the dict stays bounded."""
+    partials: dict[tuple[str, int], int], tenant: str, window: int, bound: int,
+    changed: dict[tuple[str, int], int],
+) -> None:  # fmt: skip
+    """One more distinct subject in the (tenant, window) share, recorded in ``changed``
+    (an outbox's partials); the dict stays bounded."""
     slot = (tenant, window)
     value = partials.get(slot, 0) + 1
     partials[slot] = value
-    out.partials[slot] = value
+    changed[slot] = value
     if len(partials) > bound:
         # Old windows are closed: keep the dict bounded (insertion order = age).
         del partials[next(iter(partials))]
@@ -790,10 +817,17 @@ def _add_share(
 class SourceShard(_Shard):
     """Signals keyed by source: spray (rule 5) and credential stuffing.
 
-    Fed only untrusted password failures (the account shard forwards them). Allowlisted
+    Fed untrusted password failures and successes, forwarded by the account shard; a
+    success of an account that failed from the source within the window is a redemption. Allowlisted
     ranges are exempt. In ``observe`` mode (the default) spray raises ``spray_source``
     once per window and publishes an ``observe`` decision that never refuses: a NAT full
-    of colleagues is never collateral. In ``enforce`` mode that decision is a block.
+    of colleagues is never collateral. In ``enforce`` mode that decision is a block. A
+    redeemed pair stops counting towards spray: a user who succeeds right after a typo
+    is not being sprayed.
+
+    Credential stuffing (``pipeline.core.stuffing``) publishes a ``stuffing`` decision on
+    the source key (a block by default): it replaces a spray ``observe`` decision on the
+    same key, and spray never replaces it while it is active.
     """
 
     def __init__(
@@ -802,6 +836,18 @@ class SourceShard(_Shard):
     ) -> None:  # fmt: skip
         super().__init__(policy, dedupe_horizon_ms, dedupe_capacity)
         self.part = part
+        self.unknown_partials: dict[tuple[str, int], int] = {}
+
+    def meta(self) -> list[Any]:
+        unknown = [[t, w, v] for (t, w), v in self.unknown_partials.items()]
+        return [*super().meta(), unknown]
+
+    def restore(self, key: list[Any], value: list[Any] | None) -> None:
+        if key == ["meta"] and value is not None and len(value) > 2:
+            for tenant, window, share in value[2]:
+                slot = (tenant, window)
+                self.unknown_partials[slot] = max(self.unknown_partials.get(slot, 0), share)
+        super().restore(key, value)
 
     def step(self, a: Attempt, now_ms: int, out: Outbox, seq: int = -1) -> None:
         if now_ms > self.watermark_ms:
@@ -824,20 +870,45 @@ class SourceShard(_Shard):
             entries.move_to_end(skey)
         if seq >= 0 and src.seq >= seq:
             return
+        if a.success:
+            self._success(a, t, src)
+            if seq > src.seq:
+                src.seq = seq
+            if self.track_changes:
+                self.dirty[("sources", skey)] = None
+            return
         self.metrics.counted += 1
-        self._distinct(a, t, src)
+        new_pair = self._distinct(a, t, src)
         now = a.occurred_ms
         if src.distinct.total >= t.spray_threshold and now >= src.spray_alerted_until_ms:
             self._spray(a, t, src, skey, out)
-        # Credential stuffing: all failures and unknown_account ones, on aligned rings.
+        # Credential stuffing: all failures, and unknown_account failures of accounts new
+        # from this source in the window (distinct unknown accounts), on aligned rings.
         bucket = now // t.stuffing_sub_ms
         failures, unknown = src.failures, src.unknown
         failures.add(bucket)
-        if a.failure_reason == "unknown_account":
+        if new_pair and a.failure_reason == "unknown_account":
             unknown.add(bucket)
+            _add_share(
+                self.unknown_partials, a.tenant, now // t.stuffing_tenant_window_ms,
+                t.unknown_partials_bound, out.unknown_partials,
+            )  # fmt: skip
         if unknown.head < failures.head:
             unknown.advance(failures.head)
-        if failures.total >= t.stuffing_min and now >= src.stuffing_alerted_until_ms:
+        successes = src.successes
+        if successes.head < failures.head:
+            successes.advance(failures.head)
+        if (
+            (src.block_rule != "stuffing" or now >= src.blocked_until_ms)
+            and is_stuffing(failures.total, unknown.total, successes.total,
+                            now < src.redeemed_until_ms, t.stuffing_block_min,
+                            t.stuffing_ratio, t.stuffing_block_more, t.stuffing_lower_ratio,
+                            t.stuffing_success_factor)
+        ):  # fmt: skip
+            self._stuffing_block(a, t, src, skey, out)
+        if now >= src.stuffing_alerted_until_ms and stuffing_alert_due(
+            failures.total, unknown.total, t.stuffing_min, t.stuffing_ratio
+        ):
             self._stuffing(a, t, src, out)
         if src.tenant_window != now // t.tenant_window_ms:
             self._tenant_share(a, t, src, out)
@@ -846,8 +917,32 @@ class SourceShard(_Shard):
         if self.track_changes:
             self.dirty[("sources", skey)] = None
 
-    def _distinct(self, a: Attempt, t: _TenantTables, src: SourceState) -> None:
-        """Move the pair's one count to the bucket of its latest failure."""
+    def _success(self, a: Attempt, t: _TenantTables, src: SourceState) -> None:
+        """An untrusted success: one more real user of the source in the stuffing window.
+        After a failure of the same account from here (a redemption) the source has real
+        users for a whole window, and the pair stops counting as sprayed."""
+        now = a.occurred_ms
+        successes = src.successes
+        successes.add(now // t.stuffing_sub_ms)
+        keep = (successes.head + t.stuffing_ring_size) * t.stuffing_sub_ms
+        if keep > src.keep_until_ms:
+            src.keep_until_ms = keep
+        pkey: Key = ("pair", a.tenant, a.account, a.source, None)
+        pair = t.pairs.mapping.get(pkey)
+        if pair is not None and pair.bucket >= 0:
+            until = now + t.stuffing_window_ms
+            if until > src.redeemed_until_ms:
+                src.redeemed_until_ms = until
+            if until > src.keep_until_ms:
+                src.keep_until_ms = until
+            src.distinct.remove(pair.bucket)
+            pair.bucket = -1
+            if self.track_changes:
+                self.dirty[("pairs", pkey)] = None
+
+    def _distinct(self, a: Attempt, t: _TenantTables, src: SourceState) -> bool:
+        """Move the pair's one count to the bucket of its latest failure. True when the
+        pair is new in the spray window (no failure of it counted there)."""
         sub_ms = t.spray_sub_ms
         bucket = a.occurred_ms // sub_ms
         pkey: Key = ("pair", a.tenant, a.account, a.source, None)
@@ -858,6 +953,7 @@ class SourceShard(_Shard):
         else:
             entries.move_to_end(pkey)
         distinct = src.distinct
+        new_pair = pair.bucket < 0 or pair.bucket <= bucket - t.spray_ring_size
         if pair.bucket < bucket:
             if pair.bucket >= 0:
                 distinct.remove(pair.bucket)
@@ -869,6 +965,7 @@ class SourceShard(_Shard):
             src.keep_until_ms = keep
         if self.track_changes:
             self.dirty[("pairs", pkey)] = None
+        return new_pair
 
     def _spray(self, a: Attempt, t: _TenantTables, src: SourceState, skey: Key, out: Outbox) -> None:
         distinct = src.distinct.total
@@ -887,18 +984,34 @@ class SourceShard(_Shard):
         if now >= src.blocked_until_ms:
             expires = now + cfg.window_ms
             src.blocked_until_ms = expires
+            src.block_rule = "source"
             src.decision_id = self._issue(
                 out, "source", "source", skey, a.tenant, None, a.source, None, cfg,
                 distinct, now, expires,
             )  # fmt: skip
         src.keep_until_ms = max(src.keep_until_ms, src.spray_alerted_until_ms, src.blocked_until_ms)
 
-    def _stuffing(self, a: Attempt, t: _TenantTables, src: SourceState, out: Outbox) -> None:
-        """Enough failures and no alert this window: alert if mostly unknown accounts."""
-        failures, unknown = src.failures.total, src.unknown.total
+    def _stuffing_block(
+        self, a: Attempt, t: _TenantTables, src: SourceState, skey: Key, out: Outbox
+    ) -> None:
+        """Publish the ``stuffing`` decision on the source key (replacing a spray
+        ``observe`` decision there); it ends after ``block_ms`` or at a later trip."""
         cfg = t.policy.stuffing
-        if unknown < cfg.unknown_ratio * failures:
-            return
+        now = a.occurred_ms
+        expires = now + cfg.block_ms
+        src.blocked_until_ms = expires
+        src.block_rule = "stuffing"
+        src.decision_id = self._issue(
+            out, "stuffing", "source", skey, a.tenant, None, a.source, None, t.stuffing_rule,
+            src.unknown.total, now, expires,
+        )  # fmt: skip
+        if expires > src.keep_until_ms:
+            src.keep_until_ms = expires
+
+    def _stuffing(self, a: Attempt, t: _TenantTables, src: SourceState, out: Outbox) -> None:
+        """Enough failures, mostly unknown accounts, no alert this window: alert."""
+        failures = src.failures.total
+        cfg = t.policy.stuffing
         now = a.occurred_ms
         src.stuffing_alerted_until_ms = now + cfg.window_ms
         src.keep_until_ms = max(src.keep_until_ms, src.stuffing_alerted_until_ms)
@@ -915,7 +1028,7 @@ class SourceShard(_Shard):
         end = (window + 1) * t.tenant_window_ms
         if src.keep_until_ms < end:
             src.keep_until_ms = end
-        _add_share(self.tenant_partials, a.tenant, window, t.partials_bound, out)
+        _add_share(self.tenant_partials, a.tenant, window, t.partials_bound, out.partials)
 
 
 class TenantRollup:
@@ -936,9 +1049,13 @@ class TenantRollup:
         self.fired: set[tuple[str, int]] = set()
         self.first_window: dict[str, int] = {}
         self._configs: dict[str, TenantSprayConfig] = {}
+        self.stuffing = TenantStuffing()
 
     def update(self, tenant: str, window: int, kind: str, part: int, share: int) -> Alert | None:
-        """Record a shard's latest share (``kind`` "a" accounts or "s" sources)."""
+        """Record a shard's latest share (``kind`` "a" accounts or "s" sources of rule 8,
+        "u" distinct unknown accounts of ``stuffing_tenant``)."""
+        if kind == "u":
+            return self._stuffing(tenant, window, part, share)
         if window < self.first_window.get(tenant, window + 1):
             self.first_window[tenant] = window
         share_key = (kind, tenant, window, part)
@@ -968,6 +1085,23 @@ class TenantRollup:
             "spray_tenant", tenant, None, None, accounts, accounts, start,
             start + cfg.window_ms, self.policy.policy_version,
         )  # fmt: skip
+
+    def _stuffing(self, tenant: str, window: int, part: int, share: int) -> Alert | None:
+        cfg = self.policy.for_tenant(tenant).stuffing
+        total = self.stuffing.update(
+            tenant, window, part, share, cfg.tenant_min_unknown, cfg.tenant_factor,
+            cfg.tenant_baseline_windows,
+        )  # fmt: skip
+        if not total:
+            return None
+        start = window * cfg.tenant_window_ms
+        alert = _alert(
+            "stuffing_tenant", tenant, None, None, total, total, start,
+            start + cfg.tenant_window_ms, self.policy.policy_version,
+        )  # fmt: skip
+        # A window fires again when its total doubles: each firing has its own id.
+        alert_id = stable_id(alert.alert_id, total)
+        return alert.model_copy(update={"alert_id": alert_id})
 
     def _new_window(self, tenant: str, window: int, baseline_windows: int) -> float:
         previous = [self.accounts.get((tenant, w), 0) for w in range(window - baseline_windows, window)]
@@ -1022,6 +1156,14 @@ class Engine:
         self.sources.advance(now_ms, self.out)
         self._next_advance_ms = now_ms - now_ms % 1000 + 1000
 
+    def _drain_unknown(self) -> None:
+        partials = self.out.unknown_partials
+        for (tenant, window), share in partials.items():
+            alert = self.rollup.update(tenant, window, "u", 0, share)
+            if alert is not None:
+                self.out.alerts.append(alert)
+        partials.clear()
+
     def _drain_partials(self, kind: str) -> None:
         partials = self.out.partials
         for (tenant, window), share in partials.items():
@@ -1038,6 +1180,8 @@ class Engine:
         out.forwards.clear()
         if out.partials:
             self._drain_partials("s")
+        if out.unknown_partials:
+            self._drain_unknown()
 
     def step_batch(self, attempts: Iterable[Attempt]) -> list[Verdict | None]:
         """The batch form: each attempt's own time is the watermark (monotone max).
@@ -1065,6 +1209,8 @@ class Engine:
                 forwards.clear()
                 if partials:
                     self._drain_partials("s")
+                if out.unknown_partials:
+                    self._drain_unknown()
         return verdicts
 
     def run(self, attempts: Iterable[Attempt]) -> Outbox:

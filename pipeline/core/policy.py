@@ -127,12 +127,38 @@ class NoticeConfig(_Frozen):
 
 
 class StuffingConfig(_Frozen):
-    """A source whose failures are mostly ``unknown_account`` raises ``credential_stuffing``."""
+    """Credential stuffing, per source (``pipeline.core.stuffing`` has the rule).
+
+    Block (rule ``stuffing``, scope ``source``, for ``block_ms``) a source that within
+    ``window_ms`` failed against at least ``block_min_unknown`` distinct accounts that do
+    not exist, when those are at least ``unknown_ratio`` of its untrusted failures (or at
+    least ``block_lower_ratio`` once they are ``block_more_unknown``), they are more than
+    ``success_factor`` times its untrusted successes (a NAT's colleagues sign in), and
+    none of its users succeeded after failing from it (typo then success). ``mode = "observe"`` publishes the decision as observe-only. The
+    ``credential_stuffing`` alert is raised once per window when the source has at
+    least ``min_attempts`` failures with the same ratio.
+
+    The wave across sources: ``stuffing_tenant`` is raised once per tumbling
+    ``tenant_window_ms`` when the tenant's distinct unknown accounts (untrusted failures,
+    summed over sources) reach ``max(tenant_min_unknown, tenant_factor * baseline)``,
+    the baseline being the mean of the previous ``tenant_baseline_windows`` windows: a
+    leaked list replayed through many proxies shows there within seconds, long before
+    any one proxy has failed twice.
+    """
 
     min_attempts: int = Field(50, ge=1)
     unknown_ratio: float = Field(0.8, gt=0.0, le=1.0)
     window_ms: int = Field(WINDOW_MS, ge=1000, le=MAX_WINDOW_MS)
-    mode: Mode = "observe"
+    block_min_unknown: int = Field(2, ge=1, le=1_000_000)
+    block_more_unknown: int = Field(5, ge=1, le=1_000_000)
+    block_lower_ratio: float = Field(0.5, gt=0.0, le=1.0)
+    success_factor: float = Field(4.0, ge=0.0)
+    block_ms: int = Field(HOUR_MS, ge=1000, le=MAX_BLOCK_MS)
+    mode: Mode = "enforce"
+    tenant_window_ms: int = Field(MINUTE_MS, ge=1000, le=MAX_WINDOW_MS)
+    tenant_min_unknown: int = Field(20, ge=1)
+    tenant_factor: float = Field(5.0, ge=1.0)
+    tenant_baseline_windows: int = Field(15, ge=1, le=1440)
 
 
 class TenantSprayConfig(_Frozen):

@@ -79,19 +79,27 @@ class SourceState:
     """One source's spray and stuffing signals.
 
     ``distinct`` counts each (source, account) pair once, in the bucket of its latest
-    failure (the pair table remembers which bucket); ``failures`` and ``unknown`` count
-    failures and ``unknown_account`` failures for the credential-stuffing ratio.
+    failure (the pair table remembers which bucket); ``failures`` counts failures and
+    ``unknown`` the ``unknown_account`` failures of pairs new in the window (distinct
+    unknown accounts) for the credential-stuffing rule, ``successes`` its untrusted
+    password successes (real users: a NAT has many, a proxy almost none). ``redeemed_until_ms``: a user of
+    this source succeeded after failing from it (typo then success) within the window
+    before it. ``block_rule`` names the rule of the active decision (``source`` or
+    ``stuffing``; empty for none).
     """
 
     __slots__ = (
+        "block_rule",
         "blocked_until_ms",
         "decision_id",
         "distinct",
         "failures",
         "keep_until_ms",
+        "redeemed_until_ms",
         "seq",
         "spray_alerted_until_ms",
         "stuffing_alerted_until_ms",
+        "successes",
         "tenant_window",
         "unknown",
     )
@@ -100,6 +108,7 @@ class SourceState:
         self.distinct = Ring(spray_ring)
         self.failures = Ring(stuffing_ring)
         self.unknown = Ring(stuffing_ring)
+        self.successes = Ring(stuffing_ring)
         self.spray_alerted_until_ms = 0
         self.stuffing_alerted_until_ms = 0
         self.blocked_until_ms = 0
@@ -107,12 +116,15 @@ class SourceState:
         self.keep_until_ms = 0
         self.seq = -1
         self.tenant_window = -1
+        self.redeemed_until_ms = 0
+        self.block_rule = ""
 
     def dump(self) -> list[object]:
         return [
             self.distinct.dump(), self.failures.dump(), self.unknown.dump(),
             self.spray_alerted_until_ms, self.stuffing_alerted_until_ms, self.blocked_until_ms,
             self.decision_id, self.keep_until_ms, self.seq, self.tenant_window,
+            self.redeemed_until_ms, self.block_rule, self.successes.dump(),
         ]  # fmt: skip
 
     @classmethod
@@ -125,7 +137,12 @@ class SourceState:
             state.spray_alerted_until_ms, state.stuffing_alerted_until_ms,
             state.blocked_until_ms, state.decision_id, state.keep_until_ms, state.seq,
             state.tenant_window,
-        ) = data[3:]  # type: ignore[assignment]  # fmt: skip
+        ) = data[3:10]  # type: ignore[assignment]  # fmt: skip
+        if len(data) >= 12:  # records written before the stuffing rule have 10 fields
+            state.redeemed_until_ms, state.block_rule = data[10:12]  # type: ignore[assignment]
+            state.successes = Ring.load(data[12])  # type: ignore[arg-type]
+        elif state.blocked_until_ms:
+            state.block_rule = "source"
         return state
 
 

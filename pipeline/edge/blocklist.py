@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import orjson
 
 from pipeline.contracts.models import format_utc_ms, ms_to_datetime
-from pipeline.core.normalise import parse_network
+from pipeline.core.grouping import within_grouping
 
 FORMATS: dict[str, str] = {
     "json": "application/json",
@@ -41,15 +41,10 @@ FORMATS: dict[str, str] = {
 _SOURCE_SYNTAX = re.compile(r"[0-9A-Fa-f.:]{2,45}(?:/[0-9]{1,3})?")
 
 
-def valid_source(text: str) -> bool:
-    """An IPv4/IPv6 address or CIDR in plain notation (safe to write into nginx config)."""
-    if not _SOURCE_SYNTAX.fullmatch(text):
-        return False
-    try:
-        parse_network(text)
-    except ValueError:
-        return False
-    return True
+def valid_source(text: str, ipv4_prefix: int = 32, ipv6_prefix: int = 64) -> bool:
+    """An IPv4/IPv6 address or CIDR in plain notation (safe to write into nginx config),
+    no wider than the grouping (``pipeline.core.grouping``: ``0.0.0.0/0`` is refused)."""
+    return bool(_SOURCE_SYNTAX.fullmatch(text)) and within_grouping(text, ipv4_prefix, ipv6_prefix)
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -106,7 +101,8 @@ def _header(query: FeedQuery, count: int) -> str:
 
 
 def render_body(entries: Sequence[BlockEntry], query: FeedQuery) -> bytes:
-    """The feed body in ``query.fmt`` (a key of FORMATS); entries are already filtered."""
+    """The feed body in ``query.fmt`` (a key of FORMATS); entries are already filtered
+    (and their sources checked against the grouping by the view)."""
     if query.fmt == "json":
         return orjson.dumps({"entries": [entry.as_json() for entry in sorted(entries)]})
     sources = _unique_sources(entries)

@@ -132,8 +132,9 @@ class FeedNotReady(EdgeError):
 # -- decoding messages ----------------------------------------------------------------
 
 
-def decode_key(raw: bytes | None) -> tuple[Key, str]:
-    """A Kafka key as a decision key and its text; raises BadDecision("bad_key"/"bad_source")."""
+def decode_key(raw: bytes | None, ipv4_prefix: int = 32, ipv6_prefix: int = 64) -> tuple[Key, str]:
+    """A Kafka key as a decision key and its text; raises BadDecision("bad_key"/"bad_source").
+    A source wider than the grouping (``ipv4_prefix``/``ipv6_prefix``) is a bad source."""
     if not raw:
         raise BadDecision("bad_key", "the message has no key")
     try:
@@ -143,8 +144,11 @@ def decode_key(raw: bytes | None) -> tuple[Key, str]:
         raise BadDecision("bad_key", str(exc)[:200]) from None
     if scope not in SCOPES:
         raise BadDecision("bad_key", f"unknown scope {scope[:40]!r}")
-    if scope == "source" and not (source and valid_source(source)):
-        raise BadDecision("bad_source", f"source {str(source)[:64]!r} is not an address or CIDR")
+    if scope == "source" and not (source and valid_source(source, ipv4_prefix, ipv6_prefix)):
+        raise BadDecision(
+            "bad_source",
+            f"source {str(source)[:64]!r} is not an address or CIDR no wider than one source",
+        )
     # Interned key parts: the check's keys and the index's keys then share their strings, so
     # comparing them on lookup is an identity test instead of reading two cold strings.
     intern = sys.intern
@@ -363,7 +367,8 @@ class DecisionView:
 
     def _apply(self, key: bytes | None, value: bytes | None, now_ms: int) -> str:
         try:
-            decision_key, wire_key = decode_key(key)
+            rules = self.normaliser.sources
+            decision_key, wire_key = decode_key(key, rules.ipv4_prefix, rules.ipv6_prefix)
         except BadDecision as exc:
             return self._bad(exc, None)
         if value is None:

@@ -112,6 +112,8 @@ STALE_APP_RUN = (
     "trusted devices still work, and updating the app's password ends it)"
 )
 """Why a lock refusal of the owner is right when their own stale app fed the run."""
+TENANT_ALERTS = frozenset({"spray_tenant", "stuffing_tenant"})
+"""Alerts without a subject, matched by who gave the accounts they counted."""
 
 
 class ScorecardError(AuthpipeError):
@@ -870,8 +872,10 @@ def _match_alert(
     alert = rec.alert
     start_ms, end_ms = datetime_to_ms(alert.window_start), datetime_to_ms(alert.window_end)
     known_ms = events[rec.after - 1].occurred_ms if rec.after else None
-    if alert.type == "spray_tenant":
-        at_ms, shares = tenant_windows.contributions(alert.tenant, start_ms, end_ms, alert.count)
+    if alert.type in TENANT_ALERTS:
+        at_ms, shares = tenant_windows.contributions(
+            alert.tenant, start_ms, end_ms, alert.count, unknown_only=alert.type == "stuffing_tenant"
+        )
         at_ms = known_ms if known_ms is not None else at_ms
         attacker_share = sum(v for k, v in shares.items() if k is not None)
         if attacker_share < MIN_ATTACKER_SHARE:
@@ -895,14 +899,17 @@ def _match_alert(
 
 class _TenantWindows:
     """Distinct accounts with untrusted password failures per tenant, in event order, with
-    the attack (or None) whose failure first counted each: what rule 8 sums."""
+    the attack (or None) whose failure first counted each: what rule 8 sums (and, with
+    ``unknown_only``, the ``unknown_account`` ones ``stuffing_tenant`` sums)."""
 
     def __init__(self, events: Sequence[TruthEvent]) -> None:
         self.events = events
-        self._cache: dict[tuple[str, int, int], list[tuple[int, str | None]]] = {}
+        self._cache: dict[tuple[str, int, int, bool], list[tuple[int, str | None]]] = {}
 
-    def _accounts(self, tenant: str, start_ms: int, end_ms: int) -> list[tuple[int, str | None]]:
-        slot = (tenant, start_ms, end_ms)
+    def _accounts(
+        self, tenant: str, start_ms: int, end_ms: int, unknown_only: bool
+    ) -> list[tuple[int, str | None]]:
+        slot = (tenant, start_ms, end_ms, unknown_only)
         cached = self._cache.get(slot)
         if cached is not None:
             return cached
@@ -915,16 +922,18 @@ class _TenantWindows:
                 break
             if a.tenant != tenant or not a.untrusted_password_failure or a.account in seen:
                 continue
+            if unknown_only and a.failure_reason != "unknown_account":
+                continue
             seen.add(a.account)
             out.append((a.occurred_ms, e.scenario if e.role == ATTACKER else None))
         self._cache[slot] = out
         return out
 
     def contributions(
-        self, tenant: str, start_ms: int, end_ms: int, count: int
+        self, tenant: str, start_ms: int, end_ms: int, count: int, *, unknown_only: bool = False
     ) -> tuple[int, dict[str | None, float]]:
         """When the window's ``count``-th account failed, and who gave the first ``count``."""
-        accounts = self._accounts(tenant, start_ms, end_ms)[: max(count, 1)]
+        accounts = self._accounts(tenant, start_ms, end_ms, unknown_only)[: max(count, 1)]
         if not accounts:
             return end_ms, {}
         tally = Counter(name for _, name in accounts)

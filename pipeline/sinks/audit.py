@@ -100,6 +100,7 @@ from aiokafka import ConsumerRebalanceListener
 
 from pipeline.contracts.codec import loads
 from pipeline.contracts.models import AUDIT_COLUMNS, datetime_to_ms
+from pipeline.core.grouping import within_grouping
 from pipeline.errors import AuthpipeError
 from pipeline.logs import get_logger
 from pipeline.runtime import tune_gc
@@ -141,8 +142,8 @@ ATTEMPTS_COLUMNS: Final = ("ts", *AUDIT_COLUMNS[1:])
 DECISIONS_COLUMNS: Final = (
     "decision_id", "key", "tenant", "scope", "account_digest", "source", "device_id",
     "applies_to", "action", "rule", "count", "threshold", "window_ms", "issued_at",
-    "expires_at", "policy_version", "tombstone", "kafka_topic", "kafka_partition",
-    "kafka_offset",
+    "expires_at", "policy_version", "tombstone", "operator", "reason", "kafka_topic",
+    "kafka_partition", "kafka_offset",
 )  # fmt: skip
 ALERTS_COLUMNS: Final = (
     "alert_id", "type", "tenant", "source", "account_digest", "count", "distinct_accounts",
@@ -325,13 +326,17 @@ def _time_ms(body: Mapping[str, Any], name: str) -> int:
 
 def decode_decision(
     topic: str, partition: int, offset: int, timestamp_ms: int, key: bytes | None,
-    value: bytes | None,
+    value: bytes | None, grouping: tuple[int, int] = (32, 64),
 ) -> Message:  # fmt: skip
-    """A decision (or a tombstone: null value, fields from the key) as a decisions row."""
+    """A decision (or a tombstone: null value, fields from the key) as a decisions row.
+    A source decision wider than the grouping (``(ipv4_prefix, ipv6_prefix)``) is bad."""
     coords = [topic, partition, offset]
     if value is None:
         return Message(offset, [_tombstone_row(key, timestamp_ms) + coords])
     body = _json_object(value)
+    source = _text(body, "source", nullable=True)
+    if body.get("scope") == "source" and not (source and within_grouping(source, *grouping)):
+        raise BadMessage("invalid_field", f"source {str(source)[:64]!r} is wider than one source")
     row = [
         _text(body, "decision_id"), _text(body, "key"), _text(body, "tenant"),
         _text(body, "scope"), _text(body, "account_digest", nullable=True),
@@ -339,7 +344,8 @@ def decode_decision(
         _text(body, "applies_to"), _text(body, "action"), _text(body, "rule"),
         _count(body, "count", UINT32_MAX), _count(body, "threshold", UINT32_MAX),
         _count(body, "window_ms", UINT64_MAX), _time_ms(body, "issued_at"),
-        _time_ms(body, "expires_at"), _text(body, "policy_version"), False, *coords,
+        _time_ms(body, "expires_at"), _text(body, "policy_version"), False,
+        _text(body, "operator", nullable=True), _text(body, "reason", nullable=True), *coords,
     ]  # fmt: skip
     return Message(offset, [row])
 
@@ -356,7 +362,7 @@ def _tombstone_row(key: bytes | None, timestamp_ms: int) -> list[Any]:
     scope, tenant, account, source, device = (None if p == "-" else p for p in parts)
     return [
         "", text, tenant, scope, account, source, device, "", "", "", 0, 0, 0,
-        timestamp_ms, timestamp_ms, "", True,
+        timestamp_ms, timestamp_ms, "", True, None, None,
     ]  # fmt: skip
 
 
@@ -1009,9 +1015,10 @@ class AuditSink:
             if lane.kind == "audit":
                 message = decode_audit(record.offset, record.value)
             elif lane.kind == "decisions":
+                ingest = self.settings.ingest
                 message = decode_decision(
                     record.topic, record.partition, record.offset, record.timestamp,
-                    record.key, record.value,
+                    record.key, record.value, (ingest.ipv4_prefix, ingest.ipv6_prefix),
                 )  # fmt: skip
             elif lane.kind == "alerts":
                 message = decode_alert(record.topic, record.partition, record.offset, record.value)

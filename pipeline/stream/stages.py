@@ -212,7 +212,7 @@ class _Stage:
 
 class AccountStage(_Stage):
     """Rows partitioned by account: rules 1-4, mfa, escalation, lifetime; audit rows;
-    forwards untrusted password failures to the source stage."""
+    forwards untrusted password failures and successes to the source stage."""
 
     shard_type = AccountShard
 
@@ -296,12 +296,15 @@ class SourceStage(_Stage):
         for (tenant, window), share in out.partials.items():
             result.shares.append([tenant, window, "s", partition, share])
         out.partials.clear()
+        for (tenant, window), share in out.unknown_partials.items():
+            result.shares.append([tenant, window, "u", partition, share])
+        out.unknown_partials.clear()
         self._finish(partition, offset, shard, out, result)
         return result
 
 
 class RollupStage:
-    """Tenant shares in, ``spray_tenant`` alerts out (rule 8). Shares are absolute values
+    """Tenant shares in, ``spray_tenant`` (rule 8) and ``stuffing_tenant`` alerts out. Shares are absolute values
     (each shard's latest count), so replays and duplicates are harmless."""
 
     def __init__(self, policy: Policy) -> None:
@@ -319,7 +322,12 @@ class RollupStage:
             if key[0] != partition or raw_value is None:
                 continue
             if key[1] == "fired":
-                rollup.fired.add((key[2], key[3]))
+                # [partition, "fired", tenant, window, kind]; records before stuffing_tenant
+                # have no kind (rule 8's).
+                if key[4:] == ["u"]:
+                    rollup.stuffing.fired[(key[2], key[3])] = loads(raw_value)
+                else:
+                    rollup.fired.add((key[2], key[3]))
             else:
                 shares.append([*key[1:], loads(raw_value)])
         for tenant, window, kind, part, share in shares:
@@ -337,5 +345,10 @@ class RollupStage:
             result.changelog.append((dumps([partition, tenant, window, kind, part]), dumps(share)))
             if alert is not None:
                 result.alerts.append(encode(alert))
-                result.changelog.append((dumps([partition, "fired", tenant, window]), b"1"))
+                if kind == "u":  # what TenantStuffing.fired holds now (it may fire once more)
+                    state = rollup.stuffing.fired[(tenant, window)]
+                    fired_record = (dumps([partition, "fired", tenant, window, "u"]), dumps(state))
+                else:
+                    fired_record = (dumps([partition, "fired", tenant, window]), b"1")
+                result.changelog.append(fired_record)
         return result

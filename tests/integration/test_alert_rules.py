@@ -103,6 +103,8 @@ def decision_rows(
             "expires_at": ts + timedelta(minutes=15),
             "policy_version": "p1",
             "tombstone": tombstone,
+            "operator": None,
+            "reason": None,
             "kafka_topic": "auth.throttle-decisions",
             "kafka_partition": 0,
             "kafka_offset": i,

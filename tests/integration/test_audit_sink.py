@@ -303,7 +303,7 @@ def test_tombstone_row_comes_from_the_key() -> None:
     (row,) = message.rows
     assert row[:7] == ["", "account_source|acme|abc|203.0.113.9|-", "acme", "account_source",
                        "abc", "203.0.113.9", None]  # fmt: skip
-    assert row[13:] == [1_790_000_000_000, 1_790_000_000_000, "", True, "t", 1, 5]
+    assert row[13:] == [1_790_000_000_000, 1_790_000_000_000, "", True, None, None, "t", 1, 5]
     with pytest.raises(BadMessage, match="bad_key"):
         decode_decision("t", 1, 5, 0, b"garbage", None)
 

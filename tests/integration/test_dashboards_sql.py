@@ -125,6 +125,8 @@ def decision_row(
         "expires_at": at(expires),
         "policy_version": "" if lift else "p1",
         "tombstone": lift,
+        "operator": None,
+        "reason": None,
         "kafka_topic": "auth.throttle-decisions",
         "kafka_partition": 0,
         "kafka_offset": offset,

@@ -8,23 +8,36 @@ from tests.unit.test_core_support import att
 A, S, D, SESS = "a" * 32, "203.0.113.5", "d" * 32, "5" * 32
 
 
+MANUAL_KEYS = (("source", "t", None, S, "manual"), ("account", "t", A, None, "manual"))
+
+
 def test_untrusted_password_flow_keys() -> None:
-    """An untrusted login is checked against source, account_source, account and lock."""
+    """An untrusted login is checked against source, account_source, account, lock and
+    the operator's source and account keys."""
     assert applicable_keys("t", A, S, D, None, False, "login") == (
         ("source", "t", None, S, None),
         ("account_source", "t", A, S, None),
         ("account", "t", A, None, None),
         ("lock", "t", A, None, None),
+        *MANUAL_KEYS,
     )
 
 
 def test_trusted_password_flow_keys() -> None:
-    """A trusted device is checked against source and its device key only."""
+    """A trusted device is checked against source, its device key and the operator's keys
+    (an operator's account block applies to every device)."""
     for flow in ("login", "token", "recovery"):
         assert applicable_keys("t", A, S, D, None, True, flow) == (
             ("source", "t", None, S, None),
             ("device", "t", A, None, D),
+            *MANUAL_KEYS,
         )
+
+
+def test_every_flow_is_checked_against_the_operator_keys() -> None:
+    """uia and mfa attempts are refused by an operator's source or account block too."""
+    for flow in ("uia", "mfa"):
+        assert applicable_keys("t", A, S, D, SESS, False, flow)[-2:] == MANUAL_KEYS
 
 
 def test_uia_and_mfa_keys() -> None:

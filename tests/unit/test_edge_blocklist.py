@@ -86,7 +86,10 @@ def test_if_none_match_parsing(header: str | None, matches: bool) -> None:
     ("text", "ok"),
     [
         ("203.0.113.7", True),
-        ("203.0.113.0/24", True),
+        ("203.0.113.0/24", False),  # wider than one source (IPv4 is grouped by /32)
+        ("0.0.0.0/0", False),
+        ("2001:db8::/48", False),
+        ("2001:db8:1:2::/80", True),
         ("2001:db8:1:2::/64", True),
         ("::1", True),
         ("203.0.113.7; allow all", False),
@@ -98,8 +101,16 @@ def test_if_none_match_parsing(header: str | None, matches: bool) -> None:
     ],
 )
 def test_valid_source(text: str, ok: bool) -> None:
-    """Only plain addresses and CIDRs may reach an nginx include file."""
+    """Only plain addresses and CIDRs no wider than one source may reach an nginx include."""
     assert valid_source(text) is ok
+
+
+def test_valid_source_follows_the_configured_grouping() -> None:
+    """With IPv4 grouped by /24 a /24 is one source; a /16 is still refused."""
+    assert valid_source("203.0.113.0/24", ipv4_prefix=24)
+    assert not valid_source("203.0.0.0/16", ipv4_prefix=24)
+    assert not valid_source("2001:db8:1::/56", ipv6_prefix=64)
+    assert valid_source("2001:db8:1::/56", ipv6_prefix=56)
 
 
 def test_sse_event_frames_each_line() -> None:

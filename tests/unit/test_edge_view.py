@@ -316,7 +316,7 @@ def test_blocklist_lists_active_source_decisions() -> None:
     view = new_view(clock)
     view.apply(*message(source_key("203.0.113.7"), T0 + 10 * MIN, decision_id="a" * 32))
     view.apply(*message(source_key("2001:db8:1:2::/64"), T0 + 5 * MIN, decision_id="b" * 32))
-    view.apply(*message(source_key("192.0.2.0/24", "acme"), T0 + 7 * MIN, action="observe",
+    view.apply(*message(source_key("192.0.2.9", "acme"), T0 + 7 * MIN, action="observe",
                         decision_id="c" * 32))  # fmt: skip
     view.apply(*message(account_key(), UNTIL))
     entries, valid_until = view.blocklist()
@@ -326,9 +326,23 @@ def test_blocklist_lists_active_source_decisions() -> None:
     ]
     assert valid_until == T0 + 5 * MIN
     entries, _ = view.blocklist(include_observe=True, tenant="acme")
-    assert [(e.source, e.action) for e in entries] == [("192.0.2.0/24", "observe")]
+    assert [(e.source, e.action) for e in entries] == [("192.0.2.9", "observe")]
     clock.now = T0 + 5 * MIN
     assert [e.source for e in view.blocklist()[0]] == ["203.0.113.7"]
+
+
+def test_source_decisions_wider_than_one_source_are_refused() -> None:
+    """0.0.0.0/0, a /24 (IPv4 grouped by /32) or an IPv6 /48 never become active: counted
+    as bad_source, never in the check nor on the feed; they lift nothing either."""
+    clock = Clock()
+    view = new_view(clock)
+    view.apply(*message(source_key("203.0.113.0/25"), T0 + 10 * MIN, decision_id="e" * 32))
+    view.apply(*message(source_key("203.0.113.7"), T0 + 10 * MIN, decision_id="a" * 32))
+    for wide in ("0.0.0.0/0", "203.0.113.0/24", "2001:db8::/48"):
+        assert view.apply(*message(source_key(wide), T0 + 10 * MIN)) == "bad"
+    assert view.stats.bad_reasons["bad_source"] == 4
+    assert [e.source for e in view.blocklist()[0]] == ["203.0.113.7"]
+    assert view.check("default", "x@example.com", "203.0.113.8").allowed
 
 
 def test_blocklist_version_moves_on_source_changes_only() -> None:

@@ -1,0 +1,114 @@
+"""The credential-stuffing rule: when a source's failures say "leaked list", not "typo".
+
+Credential stuffing replays leaked (account, password) pairs from many proxies; most of
+the accounts do not exist here, so the login service answers ``unknown_account``. The
+other traffic with ``unknown_account`` failures is people who mistype their identifier:
+once (a household), or a few times among many successes (an office NAT). What tells
+them apart, per source and within the stuffing window:
+
+* distinct unknown accounts: a typo-maker mistypes one identifier (retyping the same
+  wrong one is the same account); a stuffing proxy tries a new one every attempt;
+* the ratio: a NAT's failures are mostly wrong passwords of real accounts, and so are a
+  sprayer's (spray stays signal-only); a proxy's are mostly unknown accounts, though a run
+  of real ones can hide that for a while, so more unknown accounts block at a lower ratio;
+* real users: untrusted successes from the source (a NAT has many: colleagues on new
+  browsers, phones; a proxy has one only when it takes an account over): while they are
+  at least a ``success_factor``-th of its unknown accounts the source is not blocked; and
+  a redemption, a user who fails and then succeeds from the same source (the typo then
+  success pattern), exempts it for the window (its redeemed pairs do not count as
+  spraying either).
+
+Pure functions of counts: the engine keeps the counts (``SourceState``).
+"""
+
+from __future__ import annotations
+
+
+def is_stuffing(
+    failures: int, unknown: int, successes: int, redeemed: bool, min_unknown: int,
+    unknown_ratio: float, more_unknown: int, lower_ratio: float, success_factor: float,
+) -> bool:  # fmt: skip
+    """Whether a source's window reads as credential stuffing: no redemption, unknown
+    accounts above ``success_factor`` times its untrusted successes, and at least
+    ``min_unknown`` distinct unknown accounts making at least ``unknown_ratio`` of its
+    failures, or at least ``more_unknown`` of them making at least ``lower_ratio``."""
+    if redeemed or unknown < min_unknown or unknown <= success_factor * successes:
+        return False
+    if unknown >= unknown_ratio * failures:
+        return True
+    return unknown >= more_unknown and unknown >= lower_ratio * failures
+
+
+def stuffing_alert_due(failures: int, unknown: int, min_attempts: int, unknown_ratio: float) -> bool:
+    """Whether the ``credential_stuffing`` alert is due: enough failures, mostly unknown."""
+    return failures >= min_attempts and unknown >= unknown_ratio * failures
+
+
+REFIRED = -1
+"""``TenantStuffing.fired`` of a window that fired twice (the most it fires)."""
+
+
+class TenantStuffing:
+    """The wave across sources: sums the source shards' shares of distinct unknown
+    accounts per (tenant, tumbling window) and says when a window crosses
+    ``max(min_unknown, factor * baseline)`` (the baseline is the mean of the previous
+    ``baseline_windows`` windows, a window that fired counting at its own baseline),
+    and once more if the window's total then doubles: a wave that starts inside a window
+    another one (a spray) already fired in is still reported within seconds. At most
+    two alerts per window.
+
+    Shares are absolute (each shard's latest count for the window), so a replayed or
+    duplicated share changes nothing; the sum is exact because sources, and so the
+    (account, source) pairs counted, are disjoint across shards. Memory is bounded:
+    windows older than the baseline needs are forgotten.
+    """
+
+    def __init__(self) -> None:
+        self.shares: dict[tuple[str, int, int], int] = {}
+        self.totals: dict[tuple[str, int], int] = {}
+        self.baselines: dict[tuple[str, int], float] = {}
+        self.fired: dict[tuple[str, int], int] = {}
+        """The total at a window's first firing; ``REFIRED`` once it fired again."""
+
+    def update(
+        self, tenant: str, window: int, part: int, share: int,
+        min_unknown: int, factor: float, baseline_windows: int,
+    ) -> int:  # fmt: skip
+        """Record a shard's share; returns the window's total when it fires now, else 0."""
+        share_key = (tenant, window, part)
+        old = self.shares.get(share_key, 0)
+        if share <= old:
+            return 0
+        self.shares[share_key] = share
+        slot = (tenant, window)
+        total = self.totals.get(slot, 0) + share - old
+        self.totals[slot] = total
+        first = self.fired.get(slot, 0)
+        if first == REFIRED or (first and total < 2 * first):
+            return 0
+        baseline = self.baselines.get(slot)
+        if baseline is None:
+            baseline = self._new_window(tenant, window, baseline_windows)
+        if total < max(min_unknown, factor * baseline):
+            return 0
+        self.fired[slot] = REFIRED if first else total
+        return total
+
+    def _new_window(self, tenant: str, window: int, baseline_windows: int) -> float:
+        # A window that fired is a wave, not the norm: it counts at its own baseline, so
+        # one wave (or a spray next to it) does not hide the next.
+        baselines, fired, totals = self.baselines, self.fired, self.totals
+        previous = [
+            baselines.get(slot, 0.0) if slot in fired else totals.get(slot, 0)
+            for slot in ((tenant, w) for w in range(window - baseline_windows, window))
+        ]
+        baseline = sum(previous) / baseline_windows
+        self.baselines[(tenant, window)] = baseline
+        horizon = window - baseline_windows - 2
+        for table in (self.totals, self.baselines):
+            for slot in [s for s in table if s[0] == tenant and s[1] < horizon]:
+                del table[slot]
+        for share_key in [k for k in self.shares if k[0] == tenant and k[1] < horizon]:
+            del self.shares[share_key]
+        self.fired = {s: v for s, v in self.fired.items() if s[0] != tenant or s[1] >= horizon}
+        return baseline

@@ -1,0 +1,259 @@
+"""``authpipe decisions add|list|remove``: the operator's block-list (seed 001's "manual
+blacklist").
+
+An operator's decision is an ordinary decision on the decisions topic (rule ``manual``,
+action ``block``, with ``operator`` and ``reason``), so the edge enforces it, the nginx
+feed serves it (sources) and the audit sink writes it to ClickHouse like any other. Its
+key has ``manual`` in the device slot (``source|t|-|<source>|manual``,
+``account|t|<digest>|-|manual``): the rules never write those keys, so a rule's tombstone
+cannot lift an operator's block and ``decisions remove`` cannot lift a rule's.
+
+* a source is one group of the ingest settings (``pipeline.core.grouping``): a wider
+  prefix is refused, an address is stored as the group the pipeline gives its attempts;
+* an account is digested by the same normaliser as ingest (no plain identifier is ever
+  published);
+* ``list`` and ``remove`` read the compacted topic to its end (no consumer group).
+
+Exit codes: 0 done, 1 a runtime problem (one line: broker unreachable, no such id),
+2 bad flags (argparse).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import getpass
+import logging
+import os
+import re
+import sys
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from pipeline.contracts.codec import encode
+from pipeline.contracts.models import Decision, datetime_to_ms, format_utc_ms, ms_to_datetime
+from pipeline.core.decisions import MANUAL
+from pipeline.core.errors import InvalidAttempt
+from pipeline.core.grouping import check_block_source
+from pipeline.core.keys import format_key, stable_id
+from pipeline.core.policy import MAX_BLOCK_MS
+from pipeline.errors import AuthpipeError
+
+if TYPE_CHECKING:
+    from pipeline.core.attempt import Normaliser
+    from pipeline.settings import Settings
+
+RULE = "manual"
+TIMEOUT_S = 30.0
+_TTL = re.compile(r"([1-9][0-9]{0,8})(s|m|h|d)")
+_UNIT_MS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+_TENANT = re.compile(r"[^|\s]{1,64}")
+
+
+class ManualError(AuthpipeError):
+    """A runtime problem of ``authpipe decisions`` (broker, topic, unknown id)."""
+
+
+def parse_ttl(text: str) -> int:
+    """``90s``, ``30m``, ``1h``, ``7d`` in milliseconds, 1 s to 366 days; ValueError otherwise."""
+    match = _TTL.fullmatch(text.strip())
+    if match is None:
+        raise ValueError(f"{text!r} is not a duration; write it like 90s, 30m, 1h or 7d")
+    ms = int(match.group(1)) * _UNIT_MS[match.group(2)]
+    if ms > MAX_BLOCK_MS:
+        raise ValueError(f"{text} is longer than 366 days")
+    return ms
+
+
+def check_tenant(text: str) -> str:
+    if text == "-" or not _TENANT.fullmatch(text):
+        raise ValueError(f"tenant {text[:70]!r} must be 1 to 64 characters without '|' or spaces, not '-'")
+    return text
+
+
+def default_operator() -> str:
+    """Who is deciding: ``$USER``, else the login name."""
+    try:
+        return os.environ.get("USER") or getpass.getuser()
+    except (KeyError, OSError):
+        return "unknown"
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """What to block: exactly one of ``source`` (CIDR text) or ``account`` (as typed)."""
+
+    tenant: str
+    source: str | None = None
+    account: str | None = None
+
+
+def manual_decision(
+    target: Target, normaliser: Normaliser, *, ttl_ms: int, reason: str, operator: str, now_ms: int,
+) -> Decision:  # fmt: skip
+    """The operator's block as a decision. Raises ValueError for a source wider than the
+    grouping or an account that is blank after normalisation."""
+    rules = normaliser.sources
+    source = digest = None
+    if target.source is not None:
+        source = check_block_source(target.source, rules.ipv4_prefix, rules.ipv6_prefix)
+        key = format_key(("source", target.tenant, None, source, MANUAL))
+    else:
+        assert target.account is not None
+        try:
+            digest = normaliser.account_digest(target.tenant, target.account)
+        except InvalidAttempt:
+            raise ValueError("the account is blank after normalisation") from None
+        key = format_key(("account", target.tenant, digest, None, MANUAL))
+    expires_ms = now_ms + ttl_ms
+    return Decision(
+        decision_id=stable_id(key, now_ms, expires_ms, RULE, operator),
+        key=key,
+        tenant=target.tenant,
+        scope="source" if source is not None else "account",
+        account_digest=digest,
+        source=source,
+        device_id=MANUAL,
+        applies_to="all",
+        action="block",
+        rule=RULE,
+        count=0,
+        threshold=0,
+        window_ms=ttl_ms,
+        issued_at=ms_to_datetime(now_ms),
+        expires_at=ms_to_datetime(expires_ms),
+        policy_version=RULE,
+        operator=operator,
+        reason=reason,
+    )
+
+
+def active_decisions(records: list[tuple[bytes | None, bytes | None]], now_ms: int) -> list[Decision]:
+    """The decisions a compacted topic holds now: the latest value per key, not a
+    tombstone, not expired, in key order. Records that are not decisions are skipped."""
+    latest: dict[bytes, bytes | None] = {}
+    for key, value in records:
+        if key:
+            latest[key] = value
+    out: list[Decision] = []
+    for key in sorted(latest):
+        value = latest[key]
+        if value is None:
+            continue
+        try:
+            decision = Decision.model_validate_json(value)
+        except ValueError:
+            continue
+        if datetime_to_ms(decision.expires_at) > now_ms:
+            out.append(decision)
+    return out
+
+
+def render(decisions: list[Decision], *, manual_only: bool) -> str:
+    rows = [d for d in decisions if d.rule == RULE or not manual_only]
+    if not rows:
+        return "no active operator decisions" if manual_only else "no active decisions"
+    lines = [f"{'id':<32}  {'tenant':<10} {'subject':<44} {'rule':<14} {'expires':<24} by / reason"]
+    for d in rows:
+        subject = f"source {d.source}" if d.source else f"account {d.account_digest}"
+        expires = format_utc_ms(d.expires_at)
+        who = f"{d.operator}: {d.reason}" if d.rule == RULE else d.action
+        lines.append(f"{d.decision_id:<32}  {d.tenant:<10} {subject:<44} {d.rule:<14} {expires:<24} {who}")
+    return "\n".join(lines)
+
+
+# -- the broker ------------------------------------------------------------------------
+
+
+async def _read(settings: Settings) -> list[tuple[bytes | None, bytes | None]]:
+    from aiokafka.errors import KafkaError
+
+    from pipeline.sim.scorecard import read_topic
+
+    kafka = settings.kafka
+    try:
+        return (await read_topic(kafka.bootstrap_servers, kafka.decisions_topic, TIMEOUT_S)).records
+    except AuthpipeError as exc:
+        raise ManualError(str(exc)) from None
+    except (KafkaError, OSError, TimeoutError) as exc:
+        raise ManualError(
+            f"could not read {kafka.decisions_topic} at {kafka.bootstrap_servers}: "
+            f"{type(exc).__name__} (is the broker up? authpipe stack status)"
+        ) from None
+
+
+async def _publish(settings: Settings, key: str, value: bytes | None) -> None:
+    from aiokafka import AIOKafkaProducer
+    from aiokafka.errors import KafkaError
+
+    producer = AIOKafkaProducer(
+        bootstrap_servers=settings.kafka.bootstrap_servers, acks="all",
+        request_timeout_ms=int(TIMEOUT_S * 1000),
+    )  # fmt: skip
+    try:
+        async with asyncio.timeout(TIMEOUT_S):
+            await producer.start()
+            await producer.send_and_wait(settings.kafka.decisions_topic, value, key=key.encode())
+    except (KafkaError, TimeoutError, OSError) as exc:
+        raise ManualError(
+            f"could not publish to {settings.kafka.decisions_topic} at "
+            f"{settings.kafka.bootstrap_servers}: {type(exc).__name__} "
+            "(is the broker up? authpipe stack status)"
+        ) from None
+    finally:
+        await producer.stop()
+
+
+def add(settings: Settings, target: Target, *, ttl_ms: int, reason: str, operator: str) -> Decision:
+    from pipeline.stream.app import build_normaliser
+
+    decision = manual_decision(
+        target, build_normaliser(settings), ttl_ms=ttl_ms, reason=reason, operator=operator,
+        now_ms=time.time_ns() // 1_000_000,
+    )  # fmt: skip
+    asyncio.run(_publish(settings, decision.key, encode(decision)))
+    return decision
+
+
+def remove(settings: Settings, decision_id: str) -> Decision:
+    """Lift an active operator decision by id (a tombstone on its key)."""
+    now_ms = time.time_ns() // 1_000_000
+    active = active_decisions(asyncio.run(_read(settings)), now_ms)
+    found = [d for d in active if d.decision_id == decision_id]
+    if not found:
+        raise ManualError(f"no active decision has id {decision_id}; see authpipe decisions list")
+    decision = found[0]
+    if decision.rule != RULE:
+        raise ManualError(
+            f"decision {decision_id} was issued by rule {decision.rule}, not by an operator; "
+            "it ends at its expiry (tune the policy or its allowlist to change that)"
+        )
+    asyncio.run(_publish(settings, decision.key, None))
+    return decision
+
+
+def run_decisions_command(
+    settings: Settings, action: str, *, target: Target | None = None, ttl_ms: int = 0,
+    reason: str = "", operator: str = "", decision_id: str = "", show_all: bool = False,
+) -> int:  # fmt: skip
+    """The CLI's handler: prints what was done; ManualError/ValueError exit 1 with one
+    line (aiokafka's own error logging is silenced: the line says it all)."""
+    for name in ("aiokafka", "asyncio"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+    try:
+        if action == "add":
+            assert target is not None
+            d = add(settings, target, ttl_ms=ttl_ms, reason=reason, operator=operator)
+            subject = f"source {d.source}" if d.source else f"account {d.account_digest}"
+            print(f"added {d.decision_id}: block {subject} in tenant {d.tenant} until "
+                  f"{format_utc_ms(d.expires_at)} (by {operator}: {reason})")  # fmt: skip
+        elif action == "list":
+            now_ms = time.time_ns() // 1_000_000
+            print(render(active_decisions(asyncio.run(_read(settings)), now_ms), manual_only=not show_all))
+        else:
+            d = remove(settings, decision_id)
+            print(f"removed {d.decision_id} ({d.key})")
+    except (ManualError, ValueError) as exc:
+        print(f"authpipe decisions {action}: {exc}", file=sys.stderr)
+        return 1
+    return 0
