@@ -27,7 +27,7 @@ from setuptools.command.build_ext import build_ext
 # which mypyc cannot compile (and which are read once per tenant, not per event).
 CORE_MODULES = (
     "attempt", "decisions", "dedupe", "engine", "errors", "keys", "normalise", "state",
-    "table", "window",
+    "sequence", "table", "window",
 )  # fmt: skip
 
 

@@ -15,7 +15,7 @@ CORE_DIR = os.path.join(
 # What setup.py compiles with mypyc (its CORE_MODULES).
 COMPILED_CORE_MODULES = (
     "attempt", "decisions", "dedupe", "engine", "errors", "keys", "normalise", "state",
-    "table", "window",
+    "sequence", "table", "window",
 )  # fmt: skip
 
 

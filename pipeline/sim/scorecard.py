@@ -52,7 +52,7 @@ from pipeline.contracts.codec import DecodeError, decode_attempt
 from pipeline.contracts.models import Alert, Decision, datetime_to_ms, format_utc_ms, ms_to_datetime
 from pipeline.core.attempt import Attempt, Normaliser
 from pipeline.core.decisions import Active, DecisionIndex, Verdict, keys_for
-from pipeline.core.engine import Engine
+from pipeline.core.engine import TICK_MS, Engine
 from pipeline.core.errors import InvalidAttempt
 from pipeline.core.keys import Key, decision_key, parse_key
 from pipeline.core.policy import Policy
@@ -704,8 +704,10 @@ def _match_alert(
     start_ms, end_ms = datetime_to_ms(alert.window_start), datetime_to_ms(alert.window_end)
     known_ms = events[rec.after - 1].occurred_ms if rec.after else None
     if alert.type == "spray_tenant":
+        # Rule 8 is evaluated at second boundaries of event time: it fired at the first one
+        # after the window's ``count``-th account failed, however the outputs were read.
         at_ms, shares = tenant_windows.contributions(alert.tenant, start_ms, end_ms, alert.count)
-        at_ms = known_ms if known_ms is not None else at_ms
+        at_ms = at_ms - at_ms % TICK_MS + TICK_MS
         attacker_share = sum(v for k, v in shares.items() if k is not None)
         if attacker_share < MIN_ATTACKER_SHARE:
             return (

@@ -1,0 +1,137 @@
+"""Event-time order for a stage that merges several upstream partitions.
+
+A stage partition receives rows from many upstream partitions (the account stage from
+every input partition, the source stage from every account partition, the rollup from
+every account and source partition), interleaved in whatever order the broker and the
+batching deliver them. Rules that see rows of many keys (the source stage's spray and
+stuffing signals, the tenant rollup) and everything that reads the shard's watermark
+would then depend on arrival order. ``Sequencer`` removes that dependence: rows are held
+and released in ``(time_ms, tiebreak)`` order (event time, then event id) once the
+watermark has passed them. The watermark is the minimum over every upstream of the
+latest mark it sent: "every row I send from now on has a time at or after this". A
+stage that processes only released rows therefore sees the same sequence whatever the
+partitioning, the batch sizes and the arrival interleaving, which is the sequence a
+single-process replay sorted by ``(occurred_ms, event_id)`` sees.
+
+Guarantees and bounds:
+
+* exact order when every upstream keeps its marks (each upstream sends rows in time
+  order at or after its last mark); a row that arrives below the released watermark
+  anyway is ``late``: released at once, counted, never dropped;
+* memory: at most ``cap`` rows are held; past it the oldest row is released before the
+  watermark (``forced``, counted): a silent or stuck upstream can delay rows, never grow
+  memory without bound;
+* rows are released with a strictly increasing ``seq`` (the stage's own position of
+  applied rows: per-key idempotence after a restart relies on it).
+
+Held rows are state: the stream writes them to its changelog (``take_changes``) so a
+restart holds them again.
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import Any
+
+NO_MARK = -(1 << 62)
+"""The watermark of an upstream that has not sent a mark yet: nothing is released."""
+
+HeldKey = tuple[int, int]
+"""(upstream, position): identifies a held row (its upstream's own position)."""
+
+
+class Sequencer:
+    """Rows from ``upstreams`` upstream partitions, released in event-time order."""
+
+    __slots__ = (
+        "_changes",
+        "_heap",
+        "_held",
+        "cap",
+        "forced",
+        "late",
+        "marks",
+        "released_ms",
+        "seq",
+        "upstreams",
+    )
+
+    def __init__(self, upstreams: int, cap: int = 200_000) -> None:
+        self.upstreams = upstreams
+        self.cap = cap
+        self.marks: dict[int, int] = {}
+        self._heap: list[tuple[int, str, int, int]] = []
+        self._held: dict[HeldKey, Any] = {}
+        self._changes: dict[HeldKey, tuple[int, str, Any] | None] = {}
+        self.released_ms = NO_MARK
+        self.seq = 0
+        self.late = 0
+        self.forced = 0
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def mark(self, upstream: int, watermark_ms: int) -> None:
+        """``upstream`` sends nothing earlier than ``watermark_ms`` from now on (monotone)."""
+        if watermark_ms > self.marks.get(upstream, NO_MARK):
+            self.marks[upstream] = watermark_ms
+
+    def watermark_ms(self) -> int:
+        """The minimum mark over every upstream (NO_MARK until each has sent one)."""
+        if len(self.marks) < self.upstreams:
+            return NO_MARK
+        return min(self.marks.values())
+
+    def push(self, time_ms: int, tiebreak: str, upstream: int, position: int, item: Any) -> None:
+        """Hold ``item``; a row already held (same upstream and position) is ignored."""
+        key = (upstream, position)
+        if key in self._held:
+            return
+        if time_ms < self.released_ms:
+            self.late += 1
+        self._held[key] = item
+        heapq.heappush(self._heap, (time_ms, tiebreak, upstream, position))
+        self._changes[key] = (time_ms, tiebreak, item)
+
+    def release(self, watermark_ms: int | None = None) -> list[tuple[int, int, Any]]:
+        """``(seq, time_ms, item)`` of every held row below the watermark (and of the
+        oldest rows past ``cap``), in ``(time_ms, tiebreak)`` order."""
+        limit = self.watermark_ms() if watermark_ms is None else watermark_ms
+        heap, held = self._heap, self._held
+        out: list[tuple[int, int, Any]] = []
+        while heap and (heap[0][0] < limit or len(held) > self.cap):
+            time_ms, _tiebreak, upstream, position = heapq.heappop(heap)
+            if time_ms >= limit:
+                self.forced += 1
+            key = (upstream, position)
+            item = held.pop(key)
+            self._changes[key] = None
+            out.append((self.seq, time_ms, item))
+            self.seq += 1
+        if limit > self.released_ms:
+            self.released_ms = limit
+        return out
+
+    def take_changes(self) -> list[tuple[HeldKey, tuple[int, str, Any] | None]]:
+        """Held rows added (``(time_ms, tiebreak, item)``) or released (None) since the
+        last call: what the changelog must write."""
+        changes = list(self._changes.items())
+        self._changes.clear()
+        return changes
+
+    def restore(self, key: HeldKey, value: tuple[int, str, Any] | list[Any]) -> None:
+        """Hold a row read back from the changelog (not a change to write again)."""
+        time_ms, tiebreak, item = value
+        if key not in self._held:
+            self._held[key] = item
+            heapq.heappush(self._heap, (time_ms, tiebreak, key[0], key[1]))
+
+    def meta(self) -> list[Any]:
+        return [self.seq, self.released_ms, [[u, m] for u, m in sorted(self.marks.items())]]
+
+    def restore_meta(self, value: list[Any]) -> None:
+        seq, released_ms, marks = value
+        self.seq = max(self.seq, seq)
+        self.released_ms = max(self.released_ms, released_ms)
+        for upstream, mark in marks:
+            self.mark(upstream, mark)

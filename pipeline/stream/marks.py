@@ -1,0 +1,67 @@
+"""Ingest's watermarks: how far in event time each input partition has been read.
+
+The account stage releases a row only once every input partition has marked a later
+event time (``pipeline.core.sequence``), so ingest sends, with every envelope and to
+every account partition, a mark per input partition it reads: "nothing earlier than
+this will come from that partition". Pure apart from ``wall_ms``, which the shell
+passes in; the wall clock only decides when a partition counts as idle.
+
+* a partition being read marks the newest event time it delivered (producers write each
+  partition in event-time order; a row that breaks it is applied late, and counted);
+* a partition read to its end and silent for ``idle_ms`` of wall time must not hold the
+  others back: it marks ``slack_ms`` of event time below the newest event ingest saw on
+  any partition (a live producer's next event there is about as new as the others');
+* when every partition is read to its end and silent for ``idle_ms``, everything read is
+  released (mark = newest + 1): the tail of a replayed backlog, or a quiet moment.
+
+The reordering therefore costs a live event at most the time until every input
+partition has delivered a later event, and at most ``idle_ms`` of wall time plus
+``slack_ms`` of event time when one of them is quiet.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from pipeline.core.sequence import NO_MARK
+
+DEFAULT_IDLE_MS = 500
+DEFAULT_SLACK_MS = 1000
+
+
+class InputMarks:
+    """Per input partition: newest event time read, and when a record last arrived."""
+
+    def __init__(self, idle_ms: int = DEFAULT_IDLE_MS, slack_ms: int = DEFAULT_SLACK_MS) -> None:
+        self.idle_ms = idle_ms
+        self.slack_ms = slack_ms
+        self.latest: dict[int, int] = {}
+        self.arrived_ms: dict[int, int] = {}
+
+    def observe(self, partition: int, occurred_ms: int | None, wall_ms: int) -> None:
+        """A record of ``partition`` was read (``occurred_ms`` None: it was invalid)."""
+        self.arrived_ms[partition] = wall_ms
+        if occurred_ms is not None and occurred_ms > self.latest.get(partition, NO_MARK):
+            self.latest[partition] = occurred_ms
+
+    def marks(self, assigned: Iterable[int], caught_up: Iterable[int], wall_ms: int) -> list[list[int]]:
+        """``[partition, mark_ms]`` for every assigned partition that has one."""
+        parts = sorted(assigned)
+        if not self.latest or not parts:
+            return []
+        top = max(self.latest.values())
+        done = set(caught_up)
+        idle = {
+            p for p in parts
+            if p in done and wall_ms - self.arrived_ms.get(p, NO_MARK) >= self.idle_ms
+        }  # fmt: skip
+        if len(idle) == len(parts):
+            return [[p, top + 1] for p in parts]
+        out = []
+        for p in parts:
+            mark = self.latest.get(p, NO_MARK)
+            if p in idle:
+                mark = max(mark, top - self.slack_ms)
+            if mark > NO_MARK:
+                out.append([p, mark])
+        return out
