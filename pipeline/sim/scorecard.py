@@ -156,7 +156,9 @@ def load_truth(path: Path, normaliser: Normaliser) -> list[TruthEvent]:
             rows.append((attempt.occurred_ms, number, truth))
     if bad:
         log.warning("truth_lines_skipped", path=str(path), lines=bad)
-    rows.sort(key=lambda r: (r[0], r[1]))
+    # Event time, then event id: the order every stage of the stream applies events in
+    # (``pipeline.core.engine.replay_order``), so a replay reproduces the live outputs.
+    rows.sort(key=lambda r: (r[0], r[2].event_id, r[1]))
     return [reindex(truth, i) for i, (_, _, truth) in enumerate(rows)]
 
 
@@ -166,7 +168,10 @@ def reindex(truth: TruthEvent, index: int) -> TruthEvent:
 
 
 def run_engine(events: Sequence[TruthEvent], policy: Policy) -> Outputs:
-    """The core's outputs for the events, with each record's exact position."""
+    """The core's outputs for the events (in ``load_truth``'s order: event time, then
+    event id), with each record's exact position; ``Engine.finish`` at the end, as the
+    stream does once its input is idle. ``backtest`` and ``scorecard --engine`` both
+    call this, so they give the same answer."""
     engine = Engine(policy)
     out = engine.out
     outputs = Outputs(origin=f"engine:{policy.policy_version}", verdicts=[])
@@ -182,6 +187,11 @@ def run_engine(events: Sequence[TruthEvent], policy: Policy) -> Outputs:
         if out.alerts:
             outputs.alerts.extend(AlertRecord(a, position) for a in out.alerts)
             out.alerts.clear()
+    engine.finish()
+    outputs.decisions.extend(DecisionRecord(k, d, len(events)) for k, d in out.decisions)
+    outputs.alerts.extend(AlertRecord(a, len(events)) for a in out.alerts)
+    out.decisions.clear()
+    out.alerts.clear()
     return outputs
 
 
