@@ -25,7 +25,11 @@ Guarantees and bounds:
   applied rows: per-key idempotence after a restart relies on it).
 
 Held rows are state: the stream writes them to its changelog (``take_changes``) so a
-restart holds them again.
+restart holds them again. ``meta`` carries the release position (``seq``) and the sort
+key of the last row released (``cursor``); a restart drops every restored held row at or
+below the cursor (``finish_restore``). So the changelog may write the held rows' removals
+after the meta record, in a later batch: a crash between the two leaves stale held rows
+that the cursor discards, never a released row applied twice or a held row lost.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ class Sequencer:
         "_heap",
         "_held",
         "cap",
+        "cursor",
         "forced",
         "late",
         "marks",
@@ -64,6 +69,7 @@ class Sequencer:
         self._held: dict[HeldKey, Any] = {}
         self._changes: dict[HeldKey, tuple[int, str, Any] | None] = {}
         self.released_ms = NO_MARK
+        self.cursor: tuple[int, str, int, int] | None = None
         self.seq = 0
         self.late = 0
         self.forced = 0
@@ -100,7 +106,10 @@ class Sequencer:
         heap, held = self._heap, self._held
         out: list[tuple[int, int, Any]] = []
         while heap and (heap[0][0] < limit or len(held) > self.cap):
-            time_ms, _tiebreak, upstream, position = heapq.heappop(heap)
+            head = heapq.heappop(heap)
+            time_ms, _tiebreak, upstream, position = head
+            if self.cursor is None or head > self.cursor:
+                self.cursor = head
             if time_ms >= limit:
                 self.forced += 1
             key = (upstream, position)
@@ -112,12 +121,14 @@ class Sequencer:
             self.released_ms = limit
         return out
 
-    def take_changes(self) -> list[tuple[HeldKey, tuple[int, str, Any] | None]]:
-        """Held rows added (``(time_ms, tiebreak, item)``) or released (None) since the
-        last call: what the changelog must write."""
-        changes = list(self._changes.items())
+    def take_changes(self) -> tuple[list[tuple[HeldKey, tuple[int, str, Any]]], list[HeldKey]]:
+        """Held rows added (with ``(time_ms, tiebreak, item)``) and held rows released since
+        the last call: what the changelog must write (the additions before ``meta``, the
+        removals after it)."""
+        added = [(key, value) for key, value in self._changes.items() if value is not None]
+        removed = [key for key, value in self._changes.items() if value is None]
         self._changes.clear()
-        return changes
+        return added, removed
 
     def restore(self, key: HeldKey, value: tuple[int, str, Any] | list[Any]) -> None:
         """Hold a row read back from the changelog (not a change to write again)."""
@@ -127,11 +138,29 @@ class Sequencer:
             heapq.heappush(self._heap, (time_ms, tiebreak, key[0], key[1]))
 
     def meta(self) -> list[Any]:
-        return [self.seq, self.released_ms, [[u, m] for u, m in sorted(self.marks.items())]]
+        cursor = list(self.cursor) if self.cursor is not None else None
+        return [self.seq, self.released_ms, [[u, m] for u, m in sorted(self.marks.items())], cursor]
 
     def restore_meta(self, value: list[Any]) -> None:
-        seq, released_ms, marks = value
+        seq, released_ms, marks, cursor = value
         self.seq = max(self.seq, seq)
         self.released_ms = max(self.released_ms, released_ms)
         for upstream, mark in marks:
             self.mark(upstream, mark)
+        if cursor is not None:
+            restored = (cursor[0], cursor[1], cursor[2], cursor[3])
+            if self.cursor is None or restored > self.cursor:
+                self.cursor = restored
+
+    def finish_restore(self) -> None:
+        """Drop restored held rows the cursor shows released (see the module docstring)."""
+        cursor = self.cursor
+        if cursor is None:
+            return
+        stale = [entry for entry in self._heap if entry <= cursor]
+        if not stale:
+            return
+        for entry in stale:
+            self._held.pop((entry[2], entry[3]), None)
+        self._heap = [entry for entry in self._heap if entry > cursor]
+        heapq.heapify(self._heap)

@@ -89,7 +89,9 @@ class MemoryPipeline:
 
     def finish(self) -> None:
         """Every input partition read to its end and idle: everything is released."""
-        marks = self.marks.marks(range(self.input_partitions), range(self.input_partitions), 1 << 40)
+        every = range(self.input_partitions)
+        self.marks.marks(every, every, 1 << 40)  # read to the end from now on...
+        marks = self.marks.marks(every, every, (1 << 40) + self.marks.idle_ms)  # ...and idle since
         self._envelopes({}, marks)
         self.pump()
 

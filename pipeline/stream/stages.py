@@ -182,15 +182,15 @@ class _Stage:
                 continue
             value = loads(raw_value)
             if key[1] == "inputs":
-                inputs = {int(p): int(o) for p, o in value.items()}
+                inputs = {int(p): int(o) for p, o in value["positions"].items()}
+                sequencer.restore_meta(value["order"])
             elif key[1] == "next":
                 next_envelope = int(value)
             elif key[1] == "held":
                 sequencer.restore((key[2], key[3]), value)
-            elif key[1] == "order":
-                sequencer.restore_meta(value)
             else:
                 shard.restore(key[1:], value)
+        sequencer.finish_restore()
         out = Outbox()
         shard.finish_restore(out)
         self.shards[partition] = shard
@@ -242,18 +242,23 @@ class _Stage:
         if sequencer.released_ms > self.sent_marks.get(partition, NO_MARK):
             result.mark_ms = self.sent_marks[partition] = sequencer.released_ms
         result.held = len(sequencer)
-        for (upstream, position), held in sequencer.take_changes():
-            result.changelog.append(
-                (_changelog_key(partition, ["held", upstream, position]), dumps(held) if held else None)
-            )
-        result.changelog.append((_changelog_key(partition, ["order"]), dumps(sequencer.meta())))
+        # A crash may leave any prefix of these records written, so their order matters:
+        # state, then rows newly held, then ONE record with the upstream positions and the
+        # release position together, then the envelope offset, then the rows released
+        # from the held set (a restart discards stale ones by the release cursor).
         for key, value in shard.take_dirty():
             result.changelog.append(
                 (_changelog_key(partition, key), dumps(value) if value is not None else None)
             )
-        inputs = {str(p): o for p, o in self.inputs[partition].items()}
-        result.changelog.append((_changelog_key(partition, ["inputs"]), dumps(inputs)))
+        added, removed = sequencer.take_changes()
+        for (upstream, position), held in added:
+            result.changelog.append((_changelog_key(partition, ["held", upstream, position]), dumps(held)))
+        positions = {str(p): o for p, o in self.inputs[partition].items()}
+        progress = {"positions": positions, "order": sequencer.meta()}
+        result.changelog.append((_changelog_key(partition, ["inputs"]), dumps(progress)))
         result.changelog.append((_changelog_key(partition, ["next"]), dumps(offset + 1)))
+        for upstream, position in removed:
+            result.changelog.append((_changelog_key(partition, ["held", upstream, position]), None))
 
     def _fresh(self, partition: int, upstream: int, position: int) -> bool:
         """True once per upstream position: replays at or below the watermark are skipped."""
@@ -415,6 +420,7 @@ class RollupStage:
             rollup.tick_ms = tick_ms
             rollup.touched.update(((t, w), None) for t, w in touched)
             sequencer.restore_meta(order)
+        sequencer.finish_restore()
         self.rollups[partition] = rollup
         self.sequencers[partition] = sequencer
 
@@ -432,7 +438,9 @@ class RollupStage:
             upstream = share[3] if share[2] == "a" else self.partitions + share[3]
             if share[0] is None:
                 sequencer.mark(upstream, share[1])
-            else:
+            elif share[5] >= sequencer.released_ms or share[4] > rollup.shares.get(
+                (share[2], share[0], share[1], share[3]), 0
+            ):  # an older share re-sent after an upstream's restart carries nothing: skipped
                 sequencer.push(share[5], share[6], upstream, share[7], share[:5])
         alerts: list[Any] = []
         for _seq, time_ms, (tenant, window, kind, part, share) in sequencer.release():
@@ -443,12 +451,13 @@ class RollupStage:
         for alert in alerts:
             result.alerts.append(encode(alert))
             result.changelog.append((dumps([partition, "fired", alert.tenant, _window(alert)]), b"1"))
-        for (upstream, position), held in sequencer.take_changes():
-            result.changelog.append(
-                (_changelog_key(partition, ["held", upstream, position]), dumps(held) if held else None)
-            )
+        added, removed = sequencer.take_changes()  # in the order _Stage._finish explains
+        for (upstream, position), held in added:
+            result.changelog.append((_changelog_key(partition, ["held", upstream, position]), dumps(held)))
         meta = [rollup.tick_ms, [list(slot) for slot in rollup.touched], sequencer.meta()]
         result.changelog.append((_changelog_key(partition, ["order"]), dumps(meta)))
+        for upstream, position in removed:
+            result.changelog.append((_changelog_key(partition, ["held", upstream, position]), None))
         result.held = len(sequencer)
         return result
 
