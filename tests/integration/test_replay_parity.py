@@ -8,7 +8,6 @@ import orjson
 import pytest
 
 from tests.integration.test_sim_pipeline import (
-    INGEST_TIMEOUT_S,
     QUIET_S,
     SETTLE_TIMEOUT_S,
     cli,
