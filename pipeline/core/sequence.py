@@ -114,7 +114,10 @@ class Sequencer:
                 self.forced += 1
             key = (upstream, position)
             item = held.pop(key)
-            self._changes[key] = None
+            if self._changes.get(key) is not None:
+                del self._changes[key]  # held and released between two flushes: nothing to write
+            else:
+                self._changes[key] = None
             out.append((self.seq, time_ms, item))
             self.seq += 1
         if limit > self.released_ms:
