@@ -3,7 +3,9 @@
 The stream applies every stage's rows in event-time order (``pipeline.core.sequence``),
 so the same events and policy give the same decisions and alerts live and in the core
 ``Engine`` over the events sorted by ``(occurred_ms, event_id)``. This compares the two
-as multisets of whole records (every field, ids and timestamps included):
+as sets of whole records (every field, ids and timestamps included; a record the worker
+sent twice, as it may after a crash when it applies an envelope again, is one record:
+the copies are identical and counted as ``resent``):
 
 * decisions: every published decision (tombstones are not compared: the worker also
   tombstones decisions whose expiry passed on the wall clock, so an idle topic forgets
@@ -35,6 +37,10 @@ def _alerts(outputs: Outputs) -> Counter[str]:
     return Counter(rec.alert.model_dump_json() for rec in outputs.alerts)
 
 
+def _resent(records: Counter[str]) -> int:
+    return sum(n - 1 for n in records.values())
+
+
 @dataclass
 class Parity:
     """How a replay's outputs compare with the live ones."""
@@ -47,6 +53,7 @@ class Parity:
     decisions_only_replay: list[str] = field(default_factory=list)
     alerts_only_live: list[str] = field(default_factory=list)
     alerts_only_replay: list[str] = field(default_factory=list)
+    resent: int = 0  # live records sent more than once (identical copies)
 
     @property
     def decisions_differ(self) -> int:
@@ -65,6 +72,7 @@ class Parity:
             f"live vs replay: {self.decisions_differ} decisions differ "
             f"(live {self.live_decisions}, replay {self.replay_decisions}), "
             f"{self.alerts_differ} alerts differ (live {self.live_alerts}, replay {self.replay_alerts})"
+            + (f"; {self.resent} live records sent twice (after a restart)" if self.resent else "")
         )
         examples = [f"  only live:   {d}" for d in self.decisions_only_live[:3]]
         examples += [f"  only replay: {d}" for d in self.decisions_only_replay[:3]]
@@ -75,6 +83,7 @@ class Parity:
     def as_json(self) -> dict[str, Any]:
         return {
             "equal": self.equal,
+            "resent": self.resent,
             "decisions": {"live": self.live_decisions, "replay": self.replay_decisions,
                           "differ": self.decisions_differ, "only_live": self.decisions_only_live,
                           "only_replay": self.decisions_only_replay},
@@ -85,14 +94,16 @@ class Parity:
 
 
 def compare(replay: Outputs, live: Outputs) -> Parity:
-    """Multiset differences of whole decision and alert records (see the module docstring)."""
+    """Set differences of whole decision and alert records (see the module docstring);
+    the counts are of distinct records."""
     live_d, replay_d = _decisions(live), _decisions(replay)
     live_a, replay_a = _alerts(live), _alerts(replay)
     return Parity(
-        live_decisions=sum(live_d.values()), replay_decisions=sum(replay_d.values()),
-        live_alerts=sum(live_a.values()), replay_alerts=sum(replay_a.values()),
-        decisions_only_live=sorted((live_d - replay_d).elements()),
-        decisions_only_replay=sorted((replay_d - live_d).elements()),
-        alerts_only_live=sorted((live_a - replay_a).elements()),
-        alerts_only_replay=sorted((replay_a - live_a).elements()),
+        live_decisions=len(live_d), replay_decisions=len(replay_d),
+        live_alerts=len(live_a), replay_alerts=len(replay_a),
+        decisions_only_live=sorted(set(live_d) - set(replay_d)),
+        decisions_only_replay=sorted(set(replay_d) - set(live_d)),
+        alerts_only_live=sorted(set(live_a) - set(replay_a)),
+        alerts_only_replay=sorted(set(replay_a) - set(live_a)),
+        resent=_resent(live_d) + _resent(live_a),
     )  # fmt: skip

@@ -125,3 +125,13 @@ def test_the_shipped_strict_policy_refuses_more_attacker_traffic_than_the_defaul
     assert result["decisions"]["added_by_rule"] == {"account_source": 6}
     attempts = result["attempts"]
     assert (attempts["newly_refused"], attempts["attacker_traffic"], attempts["owner_collateral"]) == (5, 5, 0)
+
+
+def test_a_record_the_worker_sent_twice_is_one_record(tmp_path: Path) -> None:
+    """After a crash the worker may send a decision or alert again (identical): not a difference."""
+    events = load_truth(write_truth(tmp_path, stream()), build_normaliser(load_settings()))
+    live = run_engine(events, CEILING_10)
+    live.decisions.append(live.decisions[0])
+    result = backtest(events, CEILING_10, DEFAULT_POLICY, live=live)
+    assert result.live is not None and result.live.equal and result.live.resent == 1
+    assert "; 1 live records sent twice (after a restart)" in render(result)
