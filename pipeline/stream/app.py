@@ -439,10 +439,13 @@ class Worker:
         for share in result.shares:
             gathering.add(self.sharer.add(hash_tenant(share[0], self.partitions), [share]))
         if result.mark_ms is not None and kind != "r":
+            # Marks carry no state, so the changelog does not wait for them (a forward's
+            # linger would hold every envelope's changelog); a mark lost in a crash is sent
+            # again by the first envelope after the restore (``_Stage.rebuild``).
             for target in range(self.partitions):
                 if kind == "a":
-                    gathering.add(self.forwarder.add(target, [[partition, -1, result.mark_ms]]))
-                gathering.add(self.sharer.add(target, [[None, result.mark_ms, kind, partition]]))
+                    self.forwarder.add(target, [[partition, -1, result.mark_ms]])
+                self.sharer.add(target, [[None, result.mark_ms, kind, partition]])
         pending.extend(gathering)
         # The changelog is written once these are acknowledged: decisions, alerts, forwards
         # and audit rows are skipped for rows whose state shows them applied, so they must

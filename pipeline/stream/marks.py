@@ -13,7 +13,8 @@ passes in; the wall clock only decides when a partition counts as idle.
   that reached any partition in the last ``idle_ms`` (a producer's next event there is
   about as new as what the others receive now, live or replaying a backlog);
 * when every partition is read to its end and silent for ``idle_ms``, everything read is
-  released (mark = newest + 1): the tail of a replayed backlog, or a quiet moment.
+  released (mark = newest + 1, or the wall clock less ``slack_ms`` if later): the tail of
+  a replayed backlog, or a quiet moment.
 
 The reordering therefore costs a live event at most the time until every input
 partition has delivered a later event, and at most ``idle_ms`` of wall time plus
@@ -40,6 +41,7 @@ class InputMarks:
         self.latest: dict[int, int] = {}
         self.arrived_ms: dict[int, int] = {}
         self.caught_up_ms: dict[int, int] = {}
+        self.flush_ms: int | None = None
         # (wall_ms, oldest event time) of recent arrivals, for the idle partitions' marks.
         self.recent: deque[tuple[int, int]] = deque()
 
@@ -74,7 +76,15 @@ class InputMarks:
             if p in done and wall_ms - max(self.caught_up_ms[p], self.arrived_ms.get(p, NO_MARK)) >= self.idle_ms
         }  # fmt: skip
         if len(idle) == len(parts):
-            return [[p, top + 1] for p in parts]
+            # Past the newest event this ingest read, and no lower than the wall clock less
+            # the slack: what another worker's ingest (or this one before a restart) read
+            # later than that is released too, and a live producer's next event is newer.
+            # Taken once per quiet period: marks that follow the wall clock would send
+            # envelopes through every stage every batch while nothing happens.
+            if self.flush_ms is None:
+                self.flush_ms = max(top + 1, wall_ms - self.slack_ms)
+            return [[p, self.flush_ms] for p in parts]
+        self.flush_ms = None
         recent = self.recent
         while recent and recent[0][0] < wall_ms - self.idle_ms:
             recent.popleft()

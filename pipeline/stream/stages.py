@@ -195,7 +195,7 @@ class _Stage:
         shard.finish_restore(out)
         self.shards[partition] = shard
         self.sequencers[partition] = sequencer
-        self.sent_marks[partition] = sequencer.released_ms
+        self.sent_marks[partition] = NO_MARK  # the first envelope sends the watermark again
         self.inputs[partition] = inputs
         self.next_envelope[partition] = next_envelope
         result = StageOutput()

@@ -36,3 +36,12 @@ def test_everything_read_is_released_once_every_partition_idles() -> None:
     marks.observe(1, 9_000, 0)
     assert marks.marks([0, 1], [0, 1], 100) == [[0, 10_000], [1, 9_000]]
     assert marks.marks([0, 1], [0, 1], 600) == [[0, 10_001], [1, 10_001]]
+
+
+def test_the_flush_is_no_lower_than_the_wall_clock_less_the_slack() -> None:
+    """A flush passes events another ingest read (or this one before a restart): wall - slack."""
+    marks = InputMarks(idle_ms=500, slack_ms=1000)
+    marks.observe(0, 10_000, 0)
+    marks.marks([0], [0], 50_000)
+    assert marks.marks([0], [0], 50_500) == [[0, 49_500]]
+    assert marks.marks([0], [0], 90_000) == [[0, 49_500]]  # once per quiet period: no heartbeat storm
