@@ -106,3 +106,14 @@ def test_sequencer_releases_in_event_time_order_whatever_the_arrival(
         released.extend(item for _, _, item in sequencer.release())
     assert released == sorted(t for _, t in rows)
     assert sequencer.late == 0 and len(sequencer) == 0
+
+
+def test_any_number_of_stage_partitions_gives_the_engines_outputs() -> None:
+    """1 and 3 stage partitions (8 input partitions), random delivery: the same outputs."""
+    for partitions in (1, 3):
+        settings = Settings.model_validate({"kafka": {"partitions": partitions}})
+        twin = MemoryPipeline(settings, POLICY, rng=random.Random(partitions), input_partitions=8)
+        for start in range(0, len(RECORDS), 450):
+            twin.feed(RECORDS[start : start + 450], NOW_MS)
+        twin.finish()
+        assert outputs([v for _, v in twin.out.decisions if v is not None], twin.out.alerts) == EXPECTED
