@@ -27,7 +27,7 @@ from setuptools.command.build_ext import build_ext
 # which mypyc cannot compile (and which are read once per tenant, not per event).
 CORE_MODULES = (
     "attempt", "decisions", "dedupe", "engine", "errors", "grouping", "keys", "lockout",
-    "normalise", "state", "stuffing", "table", "window",
+    "normalise", "sequence", "state", "stuffing", "table", "window",
 )  # fmt: skip
 
 

@@ -103,6 +103,13 @@ def _existing_file(text: str) -> Path:
     return path
 
 
+def _existing_dir(text: str) -> Path:
+    path = Path(text)
+    if not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is not a directory (write one with scorecard --save-outputs)")
+    return path
+
+
 def _not_yet(name: str) -> Handler:
     def handler(args: argparse.Namespace, settings: Settings) -> int:
         print(f"authpipe {name}: not built yet in this version", file=sys.stderr)
@@ -215,7 +222,7 @@ def _backtest(args: argparse.Namespace, settings: Settings) -> int:
         topic_range = TopicRange(args.from_ts, args.to_ts, args.from_offset, args.to_offset)
     return run_backtest_command(
         settings, candidate=args.policy, baseline=args.baseline_policy, events=args.events,
-        topic_range=topic_range, truth=args.truth, out=args.out, verdicts=args.verdicts,
+        topic_range=topic_range, truth=args.truth, out=args.out, verdicts=args.verdicts, live=args.live,
     )  # fmt: skip
 
 
@@ -366,6 +373,9 @@ def _add_sim_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     backtest.add_argument("--verdicts", type=Path, metavar="OUT.jsonl",
                           help="instead of a diff: one verdict line per event under --policy, "
                                "emulating the gateway (refused attempts counted nowhere)")
+    backtest.add_argument("--live", type=_existing_dir, metavar="DIR",
+                          help="the live run's decisions.jsonl and alerts.jsonl (scorecard --save-outputs): "
+                               "prints how many differ from the baseline replay")  # fmt: skip
     backtest.set_defaults(handler=_backtest, parser=backtest)
 
     report = sub.add_parser("report", help="write a self-contained HTML report with charts")

@@ -339,8 +339,9 @@ done in {time.monotonic() - started:.0f} s. Where to look next:
   decisions/alerts  {demo_dir / 'decisions.jsonl'}, {demo_dir / 'alerts.jsonl'}
   service logs      {demo_dir}/{{worker,sink,edge}}.log
   topics            {run_id}.login-attempts, {run_id}.throttle-decisions, {run_id}.alerts, ...
-  try a stricter policy on the same history:
-    .venv/bin/authpipe backtest --policy schemas/policy.example.toml --events {demo_dir / 'truth.jsonl'} --truth {demo_dir / 'truth.jsonl'}
+  try a stricter policy on the same history (and check the replay equals this live run):
+    .venv/bin/authpipe backtest --policy schemas/policy.strict.toml --events {demo_dir / 'truth.jsonl'} \
+      --truth {demo_dir / 'truth.jsonl'} --live {demo_dir}
   the edge on this run's decisions (its topic, not the default auth.throttle-decisions):
     AUTHPIPE_KAFKA_DECISIONS_TOPIC={run_id}.throttle-decisions .venv/bin/authpipe edge serve
   the broker keeps running: .venv/bin/authpipe stack status | stack down

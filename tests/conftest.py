@@ -20,7 +20,7 @@ CORE_DIR = os.path.join(
 # What setup.py compiles with mypyc (its CORE_MODULES).
 COMPILED_CORE_MODULES = (
     "attempt", "decisions", "dedupe", "engine", "errors", "grouping", "keys", "lockout",
-    "normalise", "state", "stuffing", "table", "window",
+    "normalise", "sequence", "state", "stuffing", "table", "window",
 )  # fmt: skip
 
 

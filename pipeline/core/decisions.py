@@ -144,11 +144,16 @@ class DecisionIndex:
     instead of building the attempt's keys. That is the common case on the hot path.
     """
 
-    __slots__ = ("_active", "_heap", "subjects")
+    __slots__ = ("_active", "_announced", "_heap", "_wall_heap", "subjects")
 
     def __init__(self) -> None:
         self._active: dict[Key, Active] = {}
         self._heap: list[tuple[int, str, Key]] = []
+        # Decisions already tombstoned because the wall clock passed their expiry
+        # (``announce_expired``): still in force for events older than that, never
+        # tombstoned twice.
+        self._wall_heap: list[tuple[int, str, Key]] = []
+        self._announced: dict[Key, str] = {}
         self.subjects: dict[str, int] = {}
 
     def __len__(self) -> int:
@@ -162,12 +167,31 @@ class DecisionIndex:
         # Ordered by (expiry, decision id): ids are unique, so keys (which may hold None)
         # are never compared.
         heapq.heappush(self._heap, (active.expires_ms, active.decision_id, key))
+        heapq.heappush(self._wall_heap, (active.expires_ms, active.decision_id, key))
 
     def lift(self, key: Key) -> Active | None:
+        """Remove ``key``'s decision; returns it, or None when there is none (or when the
+        wall clock already tombstoned it: the caller must not tombstone it again)."""
         active = self._active.pop(key, None)
         if active is not None:
             self._forget(key)
+            if self._announced.pop(key, None) == active.decision_id:
+                return None
         return active
+
+    def announce_expired(self, wall_ms: int) -> list[Key]:
+        """Keys whose decision expired on the wall clock and was not tombstoned yet. They
+        stay in the index (an event older than the expiry still finds them) until
+        ``prune`` reaches them in event time, which then does not return them again."""
+        heap = self._wall_heap
+        out: list[Key] = []
+        while heap and heap[0][0] <= wall_ms:
+            _, decision_id, key = heapq.heappop(heap)
+            current = self._active.get(key)
+            if current is not None and current.decision_id == decision_id:
+                self._announced[key] = decision_id
+                out.append(key)
+        return out
 
     def _forget(self, key: Key) -> None:
         subject = _subject(key)
@@ -198,7 +222,8 @@ class DecisionIndex:
             if current is not None and current.decision_id == decision_id:
                 del self._active[key]
                 self._forget(key)
-                removed.append(key)
+                if self._announced.pop(key, None) != decision_id:
+                    removed.append(key)
         return removed
 
     def check(self, keys: tuple[Key, ...], now_ms: int) -> Verdict:

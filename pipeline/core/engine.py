@@ -1031,13 +1031,24 @@ class SourceShard(_Shard):
         _add_share(self.tenant_partials, a.tenant, window, t.partials_bound, out.partials)
 
 
+TICK_MS = 1000
+FINAL_MS = 1 << 62
+"""Rule 8 is evaluated at each second boundary of event time (see ``TenantRollup``)."""
+
+
 class TenantRollup:
     """Rule 8: sums the shards' shares of distinct failing accounts and sources per tenant
     and tumbling window, and raises ``spray_tenant`` once per (tenant, window) when the
     accounts are far above the trailing baseline and enough sources took part.
 
-    Totals are kept incrementally; the baseline (mean of the previous windows' account
-    totals) is computed once per (tenant, window), so an update is O(1).
+    Shares are recorded by ``update``; the condition is evaluated by ``advance(time_ms)``
+    at each second boundary of event time, before the first share of a later second is
+    recorded (and at the end of a replay, ``advance`` past everything). The totals seen
+    by an evaluation are therefore exactly those of the events before that boundary,
+    whatever order the shares of one second arrived in and however the shards were cut:
+    the alert and its ``count`` are a function of the events alone. The baseline (mean of
+    the previous windows' account totals) is taken at a window's first evaluation, when
+    those windows are complete; an update is O(1).
     """
 
     def __init__(self, policy: Policy = DEFAULT_POLICY) -> None:
@@ -1048,12 +1059,15 @@ class TenantRollup:
         self.baselines: dict[tuple[str, int], float] = {}
         self.fired: set[tuple[str, int]] = set()
         self.first_window: dict[str, int] = {}
+        self.touched: dict[tuple[str, int], None] = {}
+        self.tick_ms = -1
         self._configs: dict[str, TenantSprayConfig] = {}
         self.stuffing = TenantStuffing()
 
     def update(self, tenant: str, window: int, kind: str, part: int, share: int) -> Alert | None:
         """Record a shard's latest share (``kind`` "a" accounts or "s" sources of rule 8,
-        "u" distinct unknown accounts of ``stuffing_tenant``)."""
+        evaluated by ``advance``; "u" distinct unknown accounts of ``stuffing_tenant``,
+        which is evaluated on the share itself and may return its alert)."""
         if kind == "u":
             return self._stuffing(tenant, window, part, share)
         if window < self.first_window.get(tenant, window + 1):
@@ -1066,6 +1080,28 @@ class TenantRollup:
         slot = (tenant, window)
         totals = self.accounts if kind == "a" else self.sources
         totals[slot] = totals.get(slot, 0) + share - old
+        self.touched[slot] = None
+        return None
+
+    def advance(self, time_ms: int) -> list[Alert]:
+        """Everything before ``time_ms`` is recorded: evaluate the windows touched since
+        the last evaluation if ``time_ms`` reached a new second boundary."""
+        boundary = time_ms - time_ms % TICK_MS
+        if boundary <= self.tick_ms:
+            return []
+        self.tick_ms = boundary
+        if not self.touched:
+            return []
+        alerts = []
+        for slot in sorted(self.touched):
+            alert = self._evaluate(*slot)
+            if alert is not None:
+                alerts.append(alert)
+        self.touched.clear()
+        return alerts
+
+    def _evaluate(self, tenant: str, window: int) -> Alert | None:
+        slot = (tenant, window)
         if slot in self.fired:
             return None
         cfg = self._configs.get(tenant)
@@ -1149,9 +1185,11 @@ class Engine:
         return verdict
 
     def advance(self, now_ms: int) -> None:
-        """Move the watermark of every part: expiry and tombstones. Expiry runs once per
+        """Move the watermark of every part: expiry and tombstones, and rule 8's
+        evaluation at the second boundary (``TenantRollup.advance``). Runs once per
         watermark second: enforcement itself is exact (the check compares expires_ms),
         only tombstones may trail by up to a second."""
+        self.out.alerts.extend(self.rollup.advance(now_ms))
         self.accounts.advance(now_ms, self.out)
         self.sources.advance(now_ms, self.out)
         self._next_advance_ms = now_ms - now_ms % 1000 + 1000
@@ -1164,12 +1202,15 @@ class Engine:
                 self.out.alerts.append(alert)
         partials.clear()
 
+    def finish(self) -> None:
+        """The end of a replay: evaluate rule 8 on everything recorded (what the stream
+        does once its watermark passes the last event, e.g. when its input goes idle)."""
+        self.out.alerts.extend(self.rollup.advance(FINAL_MS))
+
     def _drain_partials(self, kind: str) -> None:
         partials = self.out.partials
         for (tenant, window), share in partials.items():
-            alert = self.rollup.update(tenant, window, kind, 0, share)
-            if alert is not None:
-                self.out.alerts.append(alert)
+            self.rollup.update(tenant, window, kind, 0, share)
         partials.clear()
 
     def _forward(self, now_ms: int) -> None:
@@ -1214,6 +1255,14 @@ class Engine:
         return verdicts
 
     def run(self, attempts: Iterable[Attempt]) -> Outbox:
-        """Replay attempts; returns everything produced (the engine's outbox)."""
+        """Replay attempts to their end (``finish``); returns everything produced (the
+        engine's outbox). The order that reproduces the stream is ``replay_order``."""
         self.step_batch(attempts)
+        self.finish()
         return self.out
+
+
+def replay_order(attempt: Attempt) -> tuple[int, str]:
+    """The order every stage applies events in (``pipeline.core.sequence``): event time,
+    then event id. A replay sorted by it reproduces the stream's decisions and alerts."""
+    return (attempt.occurred_ms, attempt.event_id)

@@ -47,6 +47,7 @@ from pipeline.errors import AuthpipeError
 from pipeline.logs import get_logger
 from pipeline.settings import Settings
 from pipeline.sim import scorecard as sc
+from pipeline.sim.parity import Parity, compare
 
 log = get_logger("backtest")
 
@@ -142,7 +143,8 @@ def events_from_records(
         event = sc.TruthEvent(0, wire.event_id, sc.UNKNOWN, sc.UNKNOWN, sc.UNKNOWN, sc.UNKNOWN,
                               wire.account, attempt)  # fmt: skip
         rows.append((t, partition, offset, event))
-    rows.sort(key=lambda r: r[:3])
+    # Event time, then event id: the stream's order (pipeline.core.engine.replay_order).
+    rows.sort(key=lambda r: (r[0], r[3].event_id, r[1], r[2]))
     return [sc.reindex(e, i) for i, (*_, e) in enumerate(rows)], invalid
 
 
@@ -205,6 +207,7 @@ class Diff:
     by_role: Counter[str] = field(default_factory=Counter)
     examples: list[dict[str, Any]] = field(default_factory=list)
     scorecards: dict[str, sc.Scorecard] = field(default_factory=dict)
+    live: Parity | None = None  # the baseline replay against the live outputs, if given
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -233,6 +236,7 @@ class Diff:
             },
             "collateral_examples": self.examples,
             "scorecards": {name: card.as_json() for name, card in self.scorecards.items()},
+            "live_vs_replay": self.live.as_json() if self.live is not None else None,
         }
 
 
@@ -318,12 +322,15 @@ def _example(e: sc.TruthEvent, verdict: Verdict) -> dict[str, Any]:
 
 
 def backtest(events: Sequence[sc.TruthEvent], baseline: Policy, candidate: Policy, *,
-             invalid: int = 0, labelled: bool = False) -> Diff:  # fmt: skip
-    """Run both policies and diff them; scorecards too when the events are labelled."""
+             invalid: int = 0, labelled: bool = False, live: sc.Outputs | None = None) -> Diff:  # fmt: skip
+    """Run both policies and diff them; scorecards too when the events are labelled; the
+    baseline replay against the live outputs when given (``pipeline.sim.parity``)."""
     if baseline.policy_version == candidate.policy_version:
         log.warning("backtest_same_policy_version", policy_version=baseline.policy_version)
     base_run, cand_run = PolicyRun.run(events, baseline), PolicyRun.run(events, candidate)
     result = diff(events, base_run, cand_run, invalid)
+    if live is not None:
+        result.live = compare(base_run.outputs, live)
     if labelled:
         result.scorecards["baseline"] = sc.score(events, base_run.outputs)
         result.scorecards["candidate"] = sc.score(events, cand_run.outputs)
@@ -354,6 +361,8 @@ def render(d: Diff) -> str:
     for ex in d.examples[:5]:
         lines.append(f"  collateral: {ex['at']} {ex['account']} {ex['flow']} "
                      f"{'success' if ex['success'] else 'failure'} refused by {ex['refused_by']}")  # fmt: skip
+    if d.live is not None:
+        lines.append(d.live.render())
     for name, card in d.scorecards.items():
         lines.append("")
         lines.append(f"[{name}] " + sc.render(card))
@@ -369,6 +378,7 @@ def run_backtest_command(
     settings: Settings, *, candidate: Path | None, baseline: Path | None, events: Path | None,
     topic_range: TopicRange | None, truth: Path | None, out: Path | None,
     verdicts: Path | None = None,
+    live: Path | None = None,
 ) -> int:  # fmt: skip
     """``authpipe backtest``: load the input, run both policies, print and write the diff;
     with ``verdicts``, write one verdict line per event under one policy instead."""
@@ -404,9 +414,12 @@ def run_backtest_command(
         return 0
     if candidate is None:
         raise BacktestError("a diff needs the candidate policy: pass --policy (or --verdicts)")
+    live_outputs = None
+    if live is not None:
+        live_outputs = sc.load_outputs(live / "decisions.jsonl", live / "alerts.jsonl")
     result = backtest(
         loaded, load_policy(baseline or settings.policy_path), load_policy(candidate),
-        invalid=invalid, labelled=labelled,
+        invalid=invalid, labelled=labelled, live=live_outputs,
     )  # fmt: skip
     print(render(result))
     if out is not None:

@@ -65,7 +65,7 @@ from pipeline.contracts.codec import DecodeError, decode_attempt
 from pipeline.contracts.models import Alert, Decision, datetime_to_ms, format_utc_ms, ms_to_datetime
 from pipeline.core.attempt import Attempt, Normaliser
 from pipeline.core.decisions import Active, DecisionIndex, Verdict, keys_for, lock_key
-from pipeline.core.engine import Engine
+from pipeline.core.engine import TICK_MS, Engine
 from pipeline.core.errors import InvalidAttempt
 from pipeline.core.keys import Key, decision_key, parse_key
 from pipeline.core.policy import Policy
@@ -202,7 +202,9 @@ def load_truth(path: Path, normaliser: Normaliser) -> list[TruthEvent]:
             rows.append((attempt.occurred_ms, number, truth))
     if bad:
         log.warning("truth_lines_skipped", path=str(path), lines=bad)
-    rows.sort(key=lambda r: (r[0], r[1]))
+    # Event time, then event id: the order every stage of the stream applies events in
+    # (``pipeline.core.engine.replay_order``), so a replay reproduces the live outputs.
+    rows.sort(key=lambda r: (r[0], r[2].event_id, r[1]))
     return [reindex(truth, i) for i, (_, _, truth) in enumerate(rows)]
 
 
@@ -212,7 +214,10 @@ def reindex(truth: TruthEvent, index: int) -> TruthEvent:
 
 
 def run_engine(events: Sequence[TruthEvent], policy: Policy) -> Outputs:
-    """The core's outputs for the events, with each record's exact position."""
+    """The core's outputs for the events (in ``load_truth``'s order: event time, then
+    event id), with each record's exact position; ``Engine.finish`` at the end, as the
+    stream does once its input is idle. ``backtest`` and ``scorecard --engine`` both
+    call this, so they give the same answer."""
     engine = Engine(policy)
     out = engine.out
     outputs = Outputs(origin=f"engine:{policy.policy_version}", verdicts=[])
@@ -228,6 +233,11 @@ def run_engine(events: Sequence[TruthEvent], policy: Policy) -> Outputs:
         if out.alerts:
             outputs.alerts.extend(AlertRecord(a, position) for a in out.alerts)
             out.alerts.clear()
+    engine.finish()
+    outputs.decisions.extend(DecisionRecord(k, d, len(events)) for k, d in out.decisions)
+    outputs.alerts.extend(AlertRecord(a, len(events)) for a in out.alerts)
+    out.decisions.clear()
+    out.alerts.clear()
     return outputs
 
 
@@ -876,7 +886,10 @@ def _match_alert(
         at_ms, shares = tenant_windows.contributions(
             alert.tenant, start_ms, end_ms, alert.count, unknown_only=alert.type == "stuffing_tenant"
         )
-        at_ms = known_ms if known_ms is not None else at_ms
+        if alert.type == "spray_tenant":
+            # Rule 8 is evaluated at second boundaries of event time: it fired at the first
+            # one after the window's ``count``-th account failed, however the outputs were read.
+            at_ms = at_ms - at_ms % TICK_MS + TICK_MS
         attacker_share = sum(v for k, v in shares.items() if k is not None)
         if attacker_share < MIN_ATTACKER_SHARE:
             return (

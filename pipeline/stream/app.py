@@ -47,6 +47,7 @@ from pipeline.settings import KafkaSettings, Settings, require_digest_key
 from pipeline.stream.batching import Batcher
 from pipeline.stream.chains import ChangelogChains
 from pipeline.stream.ingest import DeadLetter, Ingest
+from pipeline.stream.marks import InputMarks
 from pipeline.stream.metrics import WorkerMetrics
 from pipeline.stream.progress import Admit, InputOrder
 from pipeline.stream.restore import ChangelogRestore, LiveRecords
@@ -144,7 +145,10 @@ class Worker:
         }
         self.accounts = AccountStage(policy, kafka.partitions, input_topic=kafka.input_topic, **dedupe)
         self.sources = SourceStage(policy, kafka.partitions)
-        self.rollup = RollupStage(policy)
+        self.rollup = RollupStage(policy, kafka.partitions)
+        # Event-time marks of the input partitions ingest reads (pipeline.stream.marks).
+        self.input_marks = InputMarks()
+        self.sent_marks: list[list[int]] = []
         self.ingest_ready = asyncio.Event()
         # Envelopes in offset order whatever faust delivers (pipeline.stream.progress);
         # per agent topic, its channel (queue) and whether it is mid-envelope.
@@ -271,8 +275,7 @@ class Worker:
             while True:
                 undecodable: list[DeadLetter] = []
                 batch = await self._gather_batch(consumer, undecodable)
-                if batch or undecodable:
-                    await self._ingest_batch(consumer, batch, undecodable)
+                await self._ingest_batch(consumer, batch, undecodable)
         finally:
             await consumer.stop()
 
@@ -329,13 +332,27 @@ class Worker:
                       codec=found.codec, error=dead.detail)  # fmt: skip
             return found.records
 
+    async def _marks(self, consumer: AIOKafkaConsumer, now_ms: int) -> tuple[list[list[int]], int]:
+        """Ingest's marks for the input partitions it reads, and the input topic's
+        partition count (``pipeline.stream.marks``)."""
+        assigned = consumer.assignment()
+        caught_up = []
+        for tp in assigned:
+            highwater = consumer.highwater(tp)
+            if highwater is not None and await consumer.position(tp) >= highwater:
+                caught_up.append(tp.partition)
+        inputs = len(consumer.partitions_for_topic(self.topics.input) or ()) or self.partitions
+        marks = self.input_marks.marks([tp.partition for tp in assigned], caught_up, now_ms)
+        return marks, inputs
+
     async def _ingest_batch(
         self, consumer: AIOKafkaConsumer, batch: dict[Any, Any], undecodable: list[DeadLetter]
     ) -> None:
         # aiokafka's ConsumerRecords carry what ingest reads (topic, partition, offset,
         # key, value): no copy into Record objects.
         records = [m for messages in batch.values() for m in messages]
-        result = self.ingest.process(records, wall_ms())
+        now_ms = wall_ms()
+        result = self.ingest.process(records, now_ms)
         commits = {tp: messages[-1].offset + 1 for tp, messages in batch.items() if messages}
         for dead in undecodable:
             # Committed past, once its dead letter is acknowledged: never read again.
@@ -343,10 +360,22 @@ class Worker:
             commits[tp] = max(commits.get(tp, 0), dead.record.offset + dead.offsets)
             result.dead.append(dead)
             result.reasons[dead.reason] += dead.offsets
+        observe = self.input_marks.observe
+        for record in records:
+            observe(record.partition, None, now_ms)
+        for rows in result.rows.values():
+            for row in rows:
+                observe(row[0], row[5], now_ms)  # type: ignore[arg-type]
+        marks, inputs = await self._marks(consumer, now_ms)
+        if not records and not undecodable and marks == self.sent_marks:
+            return
+        self.sent_marks = marks
         pending: list[Awaitable[Any]] = []
-        for partition, rows in result.rows.items():
-            for part in chunks(rows):
-                envelope = dumps({"v": 1, "rows": part})
+        # Every account partition gets the marks, rows or not: its watermark is the
+        # minimum over every input partition (pipeline.core.sequence).
+        for partition in range(self.partitions):
+            for part in chunks(result.rows.get(partition, [])):
+                envelope = dumps({"v": 1, "rows": part, "marks": marks, "inputs": inputs})
                 pending.append(await self.by_account.send(key=str(partition).encode(), value=envelope, partition=partition))
         for dead in result.dead:
             pending.append(await self.dlq.send(
@@ -356,6 +385,8 @@ class Worker:
         # a crash before that re-reads the batch, and the account stage skips what it
         # already applied (it remembers the highest input offset per input partition).
         await asyncio.gather(*pending)
+        if not commits:
+            return
         await consumer.commit(commits)
         self.metrics.ingested(result.valid, result.reasons)
         for tp, messages in batch.items():
@@ -374,7 +405,7 @@ class Worker:
             return
         stage = self.accounts if changelog.topic == self.changelogs[self.topics.by_account] else self.sources
         rebuilt = stage.rebuild(partition, live.items())
-        await self._emit(rebuilt, changelog.topic, partition)
+        await self._emit(rebuilt, changelog.topic, partition, "a" if stage is self.accounts else "s")
 
     async def _restored(self, topic: str, partition: int) -> None:
         """Until the stage of ``topic`` holds ``partition``'s state, or the partition is
@@ -400,9 +431,15 @@ class Worker:
             if not await self._in_order(stage, message):
                 continue
             started = time.perf_counter()
-            rows = loads(message.value)["rows"]
-            result = stage.process(partition, message.offset, rows)
-            await self._emit(result, changelog, partition)
+            envelope = loads(message.value)
+            rows = envelope["rows"]
+            if stage is self.accounts:
+                result = self.accounts.process(
+                    partition, message.offset, rows, envelope.get("marks"), envelope.get("inputs")
+                )
+            else:
+                result = self.sources.process(partition, message.offset, rows)
+            await self._emit(result, changelog, partition, name[0])
             self.metrics.stage(name, len(rows), result, time.perf_counter() - started)
 
     async def _in_order(self, stage: AccountStage | SourceStage, message: Any) -> bool:
@@ -455,8 +492,10 @@ class Worker:
             finally:
                 self.busy[topic] = False
 
-    async def _emit(self, result: StageOutput, changelog: str, partition: int) -> None:
-        """Send a stage's outputs; once they are acknowledged, its changelog."""
+    async def _emit(self, result: StageOutput, changelog: str, partition: int, kind: str = "r") -> None:
+        """Send a stage's outputs; once they are acknowledged, its changelog. A new mark of
+        the account (``kind`` "a") or source ("s") stage goes to every downstream
+        partition, with rows or alone."""
         pending: list[Awaitable[Any]] = []
         for key, value in result.decisions:
             pending.append(await self.decisions.send(key=key, value=value))
@@ -469,6 +508,14 @@ class Worker:
         gathering = {self.forwarder.add(target, rows) for target, rows in result.forwards.items()}
         for share in result.shares:
             gathering.add(self.sharer.add(hash_tenant(share[0], self.partitions), [share]))
+        if result.mark_ms is not None and kind != "r":
+            # Marks carry no state, so the changelog does not wait for them (a forward's
+            # linger would hold every envelope's changelog); a mark lost in a crash is sent
+            # again by the first envelope after the restore (``_Stage.rebuild``).
+            for target in range(self.partitions):
+                if kind == "a":
+                    self.forwarder.add(target, [[partition, -1, result.mark_ms]])
+                self.sharer.add(target, [[None, result.mark_ms, kind, partition]])
         pending.extend(gathering)
         # The changelog is written once these are acknowledged: decisions, alerts, forwards
         # and audit rows are skipped for rows whose state shows them applied, so they must
@@ -487,7 +534,7 @@ class Worker:
         return await self.by_source.send(key=str(target).encode(), value=envelope, partition=target)
 
     async def _send_shares(self, target: int, shares: list[list[Any]]) -> Awaitable[Any]:
-        return await self.shares.send(key=shares[0][0].encode(), value=dumps(shares), partition=target)
+        return await self.shares.send(key=str(target).encode(), value=dumps(shares), partition=target)
 
     async def _send_changelog(
         self, topic: str, partition: int, records: list[tuple[bytes, bytes | None]]

@@ -2,12 +2,18 @@
 
 It runs what ``pipeline.stream.app`` runs, minus faust and the broker, so tests can pin
 the stream's logic (partitioning, envelopes, upstream watermarks, rebuild from
-changelog records) against the single-process ``Engine`` quickly, and the integration
-suite then checks the same answers on the real broker.
+changelog records, event-time marks) against the single-process ``Engine`` quickly, and
+the integration suite then checks the same answers on the real broker.
+
+Each stage partition has a queue of envelopes (a topic partition: first in, first out).
+``pump`` delivers them; given a random generator it picks the next partition at random,
+so a test can try arbitrary interleavings across partitions, as the broker may deliver.
 """
 
 from __future__ import annotations
 
+import random
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,6 +22,7 @@ from pipeline.core.policy import Policy
 from pipeline.settings import Settings
 from pipeline.stream.app import build_normaliser, hash_tenant
 from pipeline.stream.ingest import DeadLetter, Ingest, Record
+from pipeline.stream.marks import InputMarks
 from pipeline.stream.stages import AccountStage, RollupStage, SourceStage, StageOutput
 
 
@@ -38,9 +45,13 @@ class MemoryOutputs:
 class MemoryPipeline:
     """Feed records in batches; stages see one envelope per (batch, partition)."""
 
-    def __init__(self, settings: Settings, policy: Policy) -> None:
+    def __init__(
+        self, settings: Settings, policy: Policy, rng: random.Random | None = None,
+        input_partitions: int | None = None,
+    ) -> None:  # fmt: skip
         kafka = settings.kafka
         self.partitions = kafka.partitions
+        self.input_partitions = input_partitions or kafka.partitions
         self.ingest = Ingest(
             normaliser=build_normaliser(settings, policy), partitions=kafka.partitions,
             max_event_bytes=settings.ingest.max_event_bytes,
@@ -50,9 +61,12 @@ class MemoryPipeline:
         )  # fmt: skip
         self.accounts = AccountStage(policy, kafka.partitions, input_topic=kafka.input_topic)
         self.sources = SourceStage(policy, kafka.partitions)
-        self.rollup = RollupStage(policy)
-        self.changelog: dict[str, dict[bytes, bytes | None]] = {"a": {}, "s": {}}
+        self.rollup = RollupStage(policy, kafka.partitions)
+        self.marks = InputMarks()
+        self.rng = rng
+        self.changelog: dict[str, dict[bytes, bytes | None]] = {"a": {}, "s": {}, "r": {}}
         self.offsets: dict[tuple[str, int], int] = {}
+        self.queues: dict[tuple[str, int], deque[Any]] = {}
         self.out = MemoryOutputs()
 
     def _offset(self, topic: str, partition: int) -> int:
@@ -60,21 +74,83 @@ class MemoryPipeline:
         self.offsets[(topic, partition)] = offset + 1
         return offset
 
-    def feed(self, records: list[Record], now_ms: int) -> None:
+    def _send(self, stage: str, partition: int, message: Any) -> None:
+        self.queues.setdefault((stage, partition), deque()).append((self._offset(stage, partition), message))
+
+    def feed(self, records: list[Record], now_ms: int, *, pump: bool = True) -> None:
+        """Ingest one batch: an envelope with ingest's marks to every account partition."""
         result = self.ingest.process(records, now_ms)
         self.out.dead.extend(result.dead)
-        for partition, rows in sorted(result.rows.items()):
-            self._account(partition, rows)
+        for rows in result.rows.values():
+            for row in rows:
+                self.marks.observe(row[0], row[5], 0)  # type: ignore[arg-type]
+        marks = self.marks.marks(range(self.input_partitions), (), 0)
+        self._envelopes(result.rows, marks)
+        if pump:
+            self.pump()
 
-    def _account(self, partition: int, rows: list[list[Any]]) -> None:
+    def finish(self) -> None:
+        """Every input partition read to its end and idle: everything is released."""
+        every = range(self.input_partitions)
+        self.marks.marks(every, every, 1 << 40)  # read to the end from now on...
+        marks = self.marks.marks(every, every, (1 << 40) + self.marks.idle_ms)  # ...and idle since
+        self._envelopes({}, marks)
+        self.pump()
+
+    def _envelopes(self, rows: dict[int, list[list[Any]]], marks: list[list[int]]) -> None:
+        for partition in range(self.partitions):
+            self._send("a", partition, (rows.get(partition, []), marks))
+
+    def pump(self) -> None:
+        """Deliver every queued envelope (in a random partition order when given a rng)."""
+        while True:
+            ready = sorted(k for k, q in self.queues.items() if q)
+            if not ready:
+                return
+            stage, partition = self.rng.choice(ready) if self.rng is not None else ready[0]
+            offset, message = self.queues[(stage, partition)].popleft()
+            if stage == "a":
+                self._account(partition, offset, *message)
+            elif stage == "s":
+                self._source(partition, offset, message)
+            else:
+                self._rollup(partition, message)
+
+    def _account(self, partition: int, offset: int, rows: list[list[Any]], marks: list[list[int]]) -> None:
         if not self.accounts.owns(partition):
             self._collect(self.accounts.rebuild(partition, self._records("a", partition)), "a")
-        result = self.accounts.process(partition, self._offset("a", partition), rows)
+        result = self.accounts.process(partition, offset, rows, marks, self.input_partitions)
         self._collect(result, "a")
-        for target, forwarded in sorted(result.forwards.items()):
-            if not self.sources.owns(target):
-                self._collect(self.sources.rebuild(target, self._records("s", target)), "s")
-            self._collect(self.sources.process(target, self._offset("s", target), forwarded), "s")
+        for target in range(self.partitions):
+            forwarded = list(result.forwards.get(target, []))
+            if result.mark_ms is not None:
+                forwarded.append([partition, -1, result.mark_ms])
+            if forwarded:
+                self._send("s", target, forwarded)
+        self._shares(result, "a", partition)
+
+    def _source(self, partition: int, offset: int, rows: list[list[Any]]) -> None:
+        if not self.sources.owns(partition):
+            self._collect(self.sources.rebuild(partition, self._records("s", partition)), "s")
+        result = self.sources.process(partition, offset, rows)
+        self._collect(result, "s")
+        self._shares(result, "s", partition)
+
+    def _shares(self, result: StageOutput, kind: str, partition: int) -> None:
+        by_target: dict[int, list[list[Any]]] = {}
+        for share in result.shares:
+            by_target.setdefault(hash_tenant(share[0], self.partitions), []).append(share)
+        for target in range(self.partitions):
+            shares = by_target.get(target, [])
+            if result.mark_ms is not None:
+                shares.append([None, result.mark_ms, kind, partition])
+            if shares:
+                self._send("r", target, shares)
+
+    def _rollup(self, partition: int, shares: list[list[Any]]) -> None:
+        if not self.rollup.owns(partition):
+            self.rollup.rebuild(partition, self._records("r", partition))
+        self._collect(self.rollup.process(partition, shares), "r")
 
     def _records(self, stage: str, partition: int) -> list[tuple[bytes, bytes]]:
         return [
@@ -88,11 +164,6 @@ class MemoryPipeline:
         self.out.audit_rows.extend(result.audit)
         for key, value in result.changelog:
             self.changelog[stage][key] = value
-        for share in result.shares:
-            part = hash_tenant(share[0], self.partitions)
-            if not self.rollup.owns(part):
-                self.rollup.rebuild(part, [])
-            self.out.alerts.extend(self.rollup.process(part, [share]).alerts)
 
     def restart(self) -> None:
         """Forget every shard, as a crashed worker would; state comes back from the
@@ -101,3 +172,5 @@ class MemoryPipeline:
             self.accounts.drop(partition)
         for partition in list(self.sources.shards):
             self.sources.drop(partition)
+        for partition in list(self.rollup.rollups):
+            self.rollup.drop(partition)

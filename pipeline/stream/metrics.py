@@ -66,6 +66,20 @@ class WorkerMetrics:
             "envelopes skipped because their stage had already applied them",
             ["topic"], registry=r,
         )  # fmt: skip
+        self.held_rows = Gauge(
+            "authpipe_reorder_held_rows",
+            "rows held until every upstream partition marks a later event time", ["stage"], registry=r,
+        )  # fmt: skip
+        self.reorder_late = Gauge(
+            "authpipe_reorder_late_rows",
+            "rows that arrived below their stage's released watermark (applied out of order)",
+            ["stage"], registry=r,
+        )  # fmt: skip
+        self.reorder_forced = Gauge(
+            "authpipe_reorder_forced_rows",
+            "rows released before the watermark because the reorder buffer reached its cap",
+            ["stage"], registry=r,
+        )  # fmt: skip
         self.ready = Gauge("authpipe_ready", "1 when recovered and consuming", registry=r)
 
     def ingested(self, valid: int, reasons: TallyCounter[str]) -> None:
@@ -90,6 +104,12 @@ class WorkerMetrics:
             self.table_entries.labels(stage=name).set(sum(s.entries() for s in shards))
             self.table_evictions.labels(stage=name).set(sum(s.evictions() for s in shards))
             self.active_decisions.labels(stage=name).set(sum(len(s.index) for s in shards))
+        for name, sequencers in (("account", worker.accounts.sequencers), ("source", worker.sources.sequencers),
+                                 ("rollup", worker.rollup.sequencers)):  # fmt: skip
+            held = list(sequencers.values())
+            self.held_rows.labels(stage=name).set(sum(len(q) for q in held))
+            self.reorder_late.labels(stage=name).set(sum(q.late for q in held))
+            self.reorder_forced.labels(stage=name).set(sum(q.forced for q in held))
         self.ready.set(1 if worker.ready() else 0)
 
     def lag(self, partition: int, messages: int) -> None:

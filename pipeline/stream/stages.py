@@ -15,6 +15,14 @@ Exactly-once effect on state, with at-least-once delivery:
 * changelog records are written after the envelope's decisions and alerts are
   acknowledged by the broker, and faust flushes the producer before it commits input
   offsets: a crash anywhere replays, and replays are skipped as above.
+
+Replay = live: each stage partition applies its rows in event-time order, not in arrival
+order. Rows go through a ``Sequencer`` (``pipeline.core.sequence``) that holds them until
+every upstream partition has marked a later event time, then releases them sorted by
+``(occurred_ms, event_id)``. Every upstream sends its mark to every downstream partition
+(ingest to the account stage in its envelopes; the account and source stages to the
+source stage and the rollup as mark rows), even with no rows for it. The held rows,
+the marks and the release position are in the changelog like the rest of the state.
 """
 
 from __future__ import annotations
@@ -26,11 +34,11 @@ from typing import Any
 from pipeline.contracts.codec import dumps, encode, loads
 from pipeline.contracts.models import AUDIT_COLUMNS
 from pipeline.core.attempt import Attempt
-from pipeline.core.engine import AccountShard, Outbox, SourceShard, TenantRollup
+from pipeline.core.engine import TICK_MS, AccountShard, Outbox, SourceShard, TenantRollup
 from pipeline.core.policy import Policy, TenantPolicy
+from pipeline.core.sequence import NO_MARK, Sequencer
 from pipeline.stream.partitioning import source_partition
 
-ROWS_PER_ENVELOPE = 1 << 16  # seq = offset * this + row index; envelopes never hold more
 # Rows per message on the internal and audit topics: a few hundred bytes each, so a
 # message stays well under the broker's default 1 MB limit however a batch is skewed.
 MAX_ROWS_PER_MESSAGE = 2000
@@ -44,13 +52,32 @@ def chunks(rows: list[Any], size: int = MAX_ROWS_PER_MESSAGE) -> list[list[Any]]
 
 
 def latest_shares(shares: list[list[Any]]) -> list[list[Any]]:
-    """Tenant shares ``[tenant, window, kind, partition, share]``, each subject's latest
-    only: a share is the shard's absolute count, so an older one of the same subject
-    carries nothing (order of first appearance kept)."""
+    """Tenant shares ``[tenant, window, kind, partition, share, time_ms, event_id, seq]``,
+    each subject's latest per second of event time only (a share is the shard's absolute
+    count and rule 8 is evaluated at second boundaries, so an older one of the same
+    subject and second carries nothing), and each upstream's latest mark
+    ``[None, watermark_ms, kind, partition]`` (order of first appearance kept)."""
     latest: dict[tuple[Any, ...], list[Any]] = {}
     for share in shares:
-        latest[(share[0], share[1], share[2], share[3])] = share
+        if share[0] is None:
+            subject: tuple[Any, ...] = (None, share[2], share[3])
+            old = latest.get(subject)
+            if old is not None and old[1] >= share[1]:
+                continue
+        else:
+            subject = (share[0], share[1], share[2], share[3], share[5] // TICK_MS)
+        latest[subject] = share
     return list(latest.values())
+
+
+def _share_rows(out: Outbox, kind: str, partition: int, seq: int, a: Attempt, result: StageOutput) -> None:
+    """The shares one released row changed, stamped with its event time and order."""
+    for (tenant, window), share in out.partials.items():
+        result.shares.append([tenant, window, kind, partition, share, a.occurred_ms, a.event_id, seq])
+    out.partials.clear()
+    for (tenant, window), share in out.unknown_partials.items():  # the source stage's
+        result.shares.append([tenant, window, "u", partition, share, a.occurred_ms, a.event_id, seq])
+    out.unknown_partials.clear()
 
 
 @dataclass
@@ -64,8 +91,12 @@ class StageOutput:
     forwards: dict[int, list[list[Any]]] = field(default_factory=dict)
     shares: list[list[Any]] = field(default_factory=list)
     changelog: list[tuple[bytes, bytes | None]] = field(default_factory=list)
+    # The stage partition's new watermark, to send to every downstream partition (None:
+    # unchanged). Everything it will still send is at or after it in event time.
+    mark_ms: int | None = None
     counted: int = 0
     skipped: int = 0
+    held: int = 0
 
     def audit_message(self) -> bytes | None:
         """All audit rows as one batch message (see ``audit_messages`` for the sizes sent)."""
@@ -130,6 +161,8 @@ class _Stage:
         # duplicates share a partition), so it remembers its share of the ids.
         self.dedupe_capacity = max(1, dedupe_capacity // partitions)
         self.shards: dict[int, Any] = {}
+        self.sequencers: dict[int, Sequencer] = {}
+        self.sent_marks: dict[int, int] = {}
         self.inputs: dict[int, dict[int, int]] = {}
         # Per partition: the offset of the next envelope of this stage's own input to
         # apply (None until known). Envelopes must be applied in offset order with no
@@ -148,28 +181,39 @@ class _Stage:
         )  # fmt: skip
         inputs: dict[int, int] = {}
         next_envelope: int | None = None
+        sequencer = Sequencer(self.upstreams)
         for raw_key, raw_value in records:
             key = loads(raw_key)
             if key[0] != partition or raw_value is None:
                 continue
             value = loads(raw_value)
             if key[1] == "inputs":
-                inputs = {int(p): int(o) for p, o in value.items()}
+                inputs = {int(p): int(o) for p, o in value["positions"].items()}
+                sequencer.restore_meta(value["order"])
             elif key[1] == "next":
                 next_envelope = int(value)
+            elif key[1] == "held":
+                sequencer.restore((key[2], key[3]), value)
             else:
                 shard.restore(key[1:], value)
+        sequencer.finish_restore()
         out = Outbox()
         shard.finish_restore(out)
         self.shards[partition] = shard
+        self.sequencers[partition] = sequencer
+        self.sent_marks[partition] = NO_MARK  # the first envelope sends the watermark again
         self.inputs[partition] = inputs
         self.next_envelope[partition] = next_envelope
         result = StageOutput()
         _collect(out, result)
         return result
 
+    upstreams = 1  # upstream partitions feeding each partition (set by the subclass)
+
     def drop(self, partition: int) -> None:
         self.shards.pop(partition, None)
+        self.sequencers.pop(partition, None)
+        self.sent_marks.pop(partition, None)
         self.inputs.pop(partition, None)
         self.next_envelope.pop(partition, None)
 
@@ -178,28 +222,49 @@ class _Stage:
         return self.next_envelope.get(partition)
 
     def expire(self, now_ms: int) -> list[tuple[bytes, None]]:
-        """Tombstones for decisions past their expiry on the wall clock (no event needed)."""
+        """Tombstones for decisions past their expiry on the wall clock (no event needed),
+        so an idle stream's topic forgets them. The index keeps them until the event-time
+        watermark passes their expiry (that emits no second tombstone): the wall clock
+        never changes what a later event is checked against."""
         from pipeline.core.keys import format_key
 
         lifted: list[tuple[bytes, None]] = []
         for shard in self.shards.values():
-            for key in shard.index.prune(now_ms):
+            for key in shard.index.announce_expired(now_ms):
                 lifted.append((format_key(key).encode(), None))
         return lifted
+
+    def _release(self, partition: int) -> list[tuple[int, int, Any]]:
+        """The held rows the watermark now passes, in order (see the module docstring)."""
+        return self.sequencers[partition].release()
 
     def _finish(
         self, partition: int, offset: int, shard: Any, out: Outbox, result: StageOutput
     ) -> None:
         self.next_envelope[partition] = offset + 1
+        sequencer = self.sequencers[partition]
         shard.advance(shard.watermark_ms, out)
         _collect(out, result)
+        if sequencer.released_ms > self.sent_marks.get(partition, NO_MARK):
+            result.mark_ms = self.sent_marks[partition] = sequencer.released_ms
+        result.held = len(sequencer)
+        # A crash may leave any prefix of these records written, so their order matters:
+        # state, then rows newly held, then ONE record with the upstream positions and the
+        # release position together, then the envelope offset, then the rows released
+        # from the held set (a restart discards stale ones by the release cursor).
         for key, value in shard.take_dirty():
             result.changelog.append(
                 (_changelog_key(partition, key), dumps(value) if value is not None else None)
             )
-        inputs = {str(p): o for p, o in self.inputs[partition].items()}
-        result.changelog.append((_changelog_key(partition, ["inputs"]), dumps(inputs)))
+        added, removed = sequencer.take_changes()
+        for (upstream, position), held in added:
+            result.changelog.append((_changelog_key(partition, ["held", upstream, position]), dumps(held)))
+        positions = {str(p): o for p, o in self.inputs[partition].items()}
+        progress = {"positions": positions, "order": sequencer.meta()}
+        result.changelog.append((_changelog_key(partition, ["inputs"]), dumps(progress)))
         result.changelog.append((_changelog_key(partition, ["next"]), dumps(offset + 1)))
+        for upstream, position in removed:
+            result.changelog.append((_changelog_key(partition, ["held", upstream, position]), None))
 
     def _fresh(self, partition: int, upstream: int, position: int) -> bool:
         """True once per upstream position: replays at or below the watermark are skipped."""
@@ -223,25 +288,41 @@ class AccountStage(_Stage):
         super().__init__(policy, partitions, dedupe_horizon_ms, dedupe_capacity)
         self.input_topic = input_topic
         self.version = policy.policy_version
+        self.upstreams = partitions  # input partitions: the envelopes say how many
 
-    def process(self, partition: int, offset: int, rows: list[list[Any]]) -> StageOutput:
+    def process(
+        self, partition: int, offset: int, rows: list[list[Any]],
+        marks: list[list[int]] | None = None, inputs: int | None = None,
+    ) -> StageOutput:  # fmt: skip
+        """Apply one envelope: hold its rows, take ingest's marks (``[input partition,
+        watermark_ms]``; ``inputs`` is the input topic's partition count) and apply every
+        row the watermark now passes, in event-time order."""
         shard: AccountShard = self.shards[partition]
+        sequencer = self.sequencers[partition]
+        if inputs is not None:
+            sequencer.upstreams = inputs
         result = StageOutput()
         out = Outbox()
-        base_seq = offset * ROWS_PER_ENVELOPE
-        watermark = shard.watermark_ms
-        for index, row in enumerate(rows):
-            in_part, in_off, service, plain = row[0], row[1], row[2], row[3]
+        for row in rows:
+            in_part, in_off = row[0], row[1]
             if not self._fresh(partition, in_part, in_off):
                 result.skipped += 1
                 continue
+            sequencer.push(row[5], row[4], in_part, in_off, row)
+        for in_part, mark_ms in marks or ():
+            sequencer.mark(in_part, mark_ms)
+        watermark = shard.watermark_ms
+        for seq, occurred_ms, row in self._release(partition):
+            service, plain = row[2], row[3]
+            in_part, in_off = row[0], row[1]
             attempt = Attempt.from_row(row[4:])
-            if attempt.occurred_ms > watermark:
-                watermark = attempt.occurred_ms
-            seq = base_seq + index
+            if occurred_ms > watermark:
+                watermark = occurred_ms
             verdict = shard.step(attempt, watermark, out, seq)
             if out.forwards:
                 self._forward(out.forwards, seq, partition, result)
+            if out.partials:
+                _share_rows(out, "a", partition, seq, attempt, result)
             if verdict is None:
                 continue
             result.counted += 1
@@ -252,9 +333,6 @@ class AccountStage(_Stage):
                 verdict.applied, 1, False, self.version, attempt.event_id, self.input_topic,
                 in_part, in_off,
             ])  # fmt: skip
-        for (tenant, window), share in out.partials.items():
-            result.shares.append([tenant, window, "a", partition, share])
-        out.partials.clear()
         self._finish(partition, offset, shard, out, result)
         return result
 
@@ -277,46 +355,58 @@ class SourceStage(_Stage):
 
     def __init__(self, policy: Policy, partitions: int) -> None:
         super().__init__(policy, partitions, dedupe_horizon_ms=0)
+        self.upstreams = partitions
 
     def process(self, partition: int, offset: int, rows: list[list[Any]]) -> StageOutput:
+        """Apply one envelope of forwards ``[account partition, seq, *attempt]`` and marks
+        ``[account partition, -1, watermark_ms]``, releasing rows in event-time order."""
         shard: SourceShard = self.shards[partition]
+        sequencer = self.sequencers[partition]
         result = StageOutput()
         out = Outbox()
-        base_seq = offset * ROWS_PER_ENVELOPE
-        watermark = shard.watermark_ms
-        for index, row in enumerate(rows):
+        for row in rows:
+            if row[1] < 0:
+                sequencer.mark(row[0], row[2])
+                continue
             if not self._fresh(partition, row[0], row[1]):
                 result.skipped += 1
                 continue
+            sequencer.push(row[3], row[2], row[0], row[1], row)
+        watermark = shard.watermark_ms
+        for seq, occurred_ms, row in self._release(partition):
             attempt = Attempt.from_row(row[2:])
-            if attempt.occurred_ms > watermark:
-                watermark = attempt.occurred_ms
-            shard.step(attempt, watermark, out, base_seq + index)
+            if occurred_ms > watermark:
+                watermark = occurred_ms
+            shard.step(attempt, watermark, out, seq)
+            if out.partials or out.unknown_partials:
+                _share_rows(out, "s", partition, seq, attempt, result)
             result.counted += 1
-        for (tenant, window), share in out.partials.items():
-            result.shares.append([tenant, window, "s", partition, share])
-        out.partials.clear()
-        for (tenant, window), share in out.unknown_partials.items():
-            result.shares.append([tenant, window, "u", partition, share])
-        out.unknown_partials.clear()
         self._finish(partition, offset, shard, out, result)
         return result
 
 
 class RollupStage:
-    """Tenant shares in, ``spray_tenant`` (rule 8) and ``stuffing_tenant`` alerts out. Shares are absolute values
-    (each shard's latest count), so replays and duplicates are harmless."""
+    """Tenant shares in, ``spray_tenant`` (rule 8) and ``stuffing_tenant`` alerts out.
+    Shares are absolute values (each shard's latest count), so replays and duplicates are
+    harmless. They are held by a ``Sequencer`` over every account and source partition and
+    recorded in event-time order; rule 8 is evaluated at second boundaries
+    (``TenantRollup.advance``) and ``stuffing_tenant`` on the released share itself, so the
+    alerts do not depend on which partition's shares arrived first."""
 
-    def __init__(self, policy: Policy) -> None:
+    def __init__(self, policy: Policy, partitions: int = 1) -> None:
         self.policy = policy
+        self.partitions = partitions
         self.rollups: dict[int, TenantRollup] = {}
+        self.sequencers: dict[int, Sequencer] = {}
 
     def owns(self, partition: int) -> bool:
         return partition in self.rollups
 
     def rebuild(self, partition: int, records: Iterable[tuple[bytes, bytes]]) -> None:
         rollup = TenantRollup(self.policy)
+        sequencer = Sequencer(2 * self.partitions)
         shares: list[list[Any]] = []
+        meta: list[Any] | None = None
         for raw_key, raw_value in records:
             key = loads(raw_key)
             if key[0] != partition or raw_value is None:
@@ -328,27 +418,69 @@ class RollupStage:
                     rollup.stuffing.fired[(key[2], key[3])] = loads(raw_value)
                 else:
                     rollup.fired.add((key[2], key[3]))
+            elif key[1] == "held":
+                sequencer.restore((key[2], key[3]), loads(raw_value))
+            elif key[1] == "order":
+                meta = loads(raw_value)
             else:
                 shares.append([*key[1:], loads(raw_value)])
         for tenant, window, kind, part, share in shares:
             rollup.update(tenant, window, kind, part, share)
+        rollup.touched.clear()
+        if meta is not None:
+            tick_ms, touched, order = meta
+            rollup.tick_ms = tick_ms
+            rollup.touched.update(((t, w), None) for t, w in touched)
+            sequencer.restore_meta(order)
+        sequencer.finish_restore()
         self.rollups[partition] = rollup
+        self.sequencers[partition] = sequencer
 
     def drop(self, partition: int) -> None:
         self.rollups.pop(partition, None)
+        self.sequencers.pop(partition, None)
 
     def process(self, partition: int, shares: list[list[Any]]) -> StageOutput:
+        """Hold shares ``[tenant, window, kind, part, share, time_ms, event_id, seq]`` and
+        take marks ``[None, watermark_ms, kind, part]``; record what the watermark passes."""
         rollup = self.rollups[partition]
+        sequencer = self.sequencers[partition]
         result = StageOutput()
-        for tenant, window, kind, part, share in shares:
+        for share in shares:
+            upstream = share[3] if share[2] == "a" else self.partitions + share[3]
+            if share[0] is None:
+                sequencer.mark(upstream, share[1])
+            elif share[5] >= sequencer.released_ms or share[4] > rollup.shares.get(
+                (share[2], share[0], share[1], share[3]), 0
+            ):  # an older share re-sent after an upstream's restart carries nothing: skipped
+                sequencer.push(share[5], share[6], upstream, share[7], share[:5])
+        alerts: list[Any] = []
+        for _seq, time_ms, (tenant, window, kind, part, share) in sequencer.release():
+            alerts.extend(rollup.advance(time_ms))
             alert = rollup.update(tenant, window, kind, part, share)
             result.changelog.append((dumps([partition, tenant, window, kind, part]), dumps(share)))
-            if alert is not None:
+            if alert is not None:  # stuffing_tenant, raised on its share
                 result.alerts.append(encode(alert))
-                if kind == "u":  # what TenantStuffing.fired holds now (it may fire once more)
-                    state = rollup.stuffing.fired[(tenant, window)]
-                    fired_record = (dumps([partition, "fired", tenant, window, "u"]), dumps(state))
-                else:
-                    fired_record = (dumps([partition, "fired", tenant, window]), b"1")
-                result.changelog.append(fired_record)
+                state = rollup.stuffing.fired[(tenant, window)]  # it may fire once more
+                result.changelog.append((dumps([partition, "fired", tenant, window, "u"]), dumps(state)))
+        alerts.extend(rollup.advance(sequencer.released_ms))
+        for alert in alerts:
+            result.alerts.append(encode(alert))
+            result.changelog.append((dumps([partition, "fired", alert.tenant, _window(alert)]), b"1"))
+        added, removed = sequencer.take_changes()  # in the order _Stage._finish explains
+        for (upstream, position), held in added:
+            result.changelog.append((_changelog_key(partition, ["held", upstream, position]), dumps(held)))
+        meta = [rollup.tick_ms, [list(slot) for slot in rollup.touched], sequencer.meta()]
+        result.changelog.append((_changelog_key(partition, ["order"]), dumps(meta)))
+        for upstream, position in removed:
+            result.changelog.append((_changelog_key(partition, ["held", upstream, position]), None))
+        result.held = len(sequencer)
         return result
+
+
+def _window(alert: Any) -> int:
+    """The tumbling window index of a ``spray_tenant`` alert."""
+    from pipeline.contracts.models import datetime_to_ms
+
+    start = datetime_to_ms(alert.window_start)
+    return start // (datetime_to_ms(alert.window_end) - start)

@@ -73,6 +73,7 @@ class _Wired:
     def step(self, a: Attempt, now: int) -> None:
         out = self.out
         if now >= self.next_advance:
+            out.alerts.extend(self.rollup.advance(now))
             self.accounts.advance(now, out)
             self.sources.advance(now, out)
             self.next_advance = now - now % 1000 + 1000
@@ -85,9 +86,7 @@ class _Wired:
 
     def _shares(self, kind: str) -> None:
         for (tenant, window), share in self.out.partials.items():
-            alert = self.rollup.update(tenant, window, kind, 0, share)
-            if alert is not None:
-                self.out.alerts.append(alert)
+            self.rollup.update(tenant, window, kind, 0, share)
         self.out.partials.clear()
 
 

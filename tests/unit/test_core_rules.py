@@ -378,27 +378,46 @@ def test_spray_tenant_far_above_baseline() -> None:
     """With a baseline of 30 accounts/window, 150 accounts from 20 sources fire, 149 not."""
     rollup = TenantRollup()
     for window in range(8):
-        assert rollup.update("t", window, "a", 0, 30) is None
-        assert rollup.update("t", window, "s", 0, 20) is None
-    assert rollup.update("t", 8, "s", 0, 20) is None
-    assert rollup.update("t", 8, "a", 0, 149) is None
-    alert = rollup.update("t", 8, "a", 0, 150)
-    assert alert is not None
+        rollup.update("t", window, "a", 0, 30)
+        rollup.update("t", window, "s", 0, 20)
+    rollup.update("t", 8, "s", 0, 20)
+    rollup.update("t", 8, "a", 0, 149)
+    assert rollup.advance(8 * 15 * MIN + 1000) == []
+    rollup.update("t", 8, "a", 0, 150)
+    assert rollup.advance(8 * 15 * MIN + 1999) == []  # evaluated at second boundaries only
+    (alert,) = rollup.advance(8 * 15 * MIN + 2000)
     assert (alert.type, alert.tenant, alert.count, alert.distinct_accounts) == ("spray_tenant", "t", 150, 150)
     assert datetime_to_ms(alert.window_start) == 8 * 15 * MIN
     assert datetime_to_ms(alert.window_end) == 9 * 15 * MIN
-    assert rollup.update("t", 8, "a", 1, 500) is None  # once per (tenant, window)
+    rollup.update("t", 8, "a", 1, 500)
+    assert rollup.advance(8 * 15 * MIN + 3000) == []  # once per (tenant, window)
 
 
 def test_spray_tenant_needs_min_sources_and_sums_parts() -> None:
     """Shares from several parts add up; fewer than 10 sources never fire."""
     rollup = TenantRollup()
-    assert rollup.update("t", 0, "a", 0, 80) is None
-    assert rollup.update("t", 0, "a", 1, 80) is None  # 160 accounts, 0 sources
-    assert rollup.update("t", 0, "s", 0, 9) is None
-    assert rollup.update("t", 0, "s", 0, 9) is None  # a replayed share changes nothing
-    alert = rollup.update("t", 0, "s", 1, 1)
-    assert alert is not None and alert.count == 160
+    rollup.update("t", 0, "a", 0, 80)
+    rollup.update("t", 0, "a", 1, 80)  # 160 accounts, 0 sources
+    rollup.update("t", 0, "s", 0, 9)
+    assert rollup.advance(1000) == []
+    rollup.update("t", 0, "s", 0, 9)  # a replayed share changes nothing
+    assert rollup.advance(2000) == []
+    rollup.update("t", 0, "s", 1, 1)
+    (alert,) = rollup.advance(3000)
+    assert alert.count == 160
+
+
+def test_spray_tenant_does_not_depend_on_the_order_of_one_seconds_shares() -> None:
+    """The shares of one second, recorded in any order, give the same alert and count."""
+    shares = [("a", 0, 60), ("s", 1, 6), ("a", 1, 70), ("s", 0, 5), ("a", 0, 90)]
+    results = set()
+    for order in (shares, shares[::-1], shares[2:] + shares[:2]):
+        rollup = TenantRollup()
+        for kind, part, share in order:
+            rollup.update("t", 0, kind, part, share)
+        (alert,) = rollup.advance(1000)
+        results.add(alert.count)
+    assert results == {160}
 
 
 def test_spray_tenant_through_the_engine() -> None:
@@ -583,8 +602,10 @@ def test_spray_tenant_waits_for_history_when_asked() -> None:
     """With min_history_windows = 1 a tenant's first window never fires; its second can."""
     policy = policy_from_toml("[defaults.tenant_spray]\nmin_history_windows = 1\n")
     rollup = TenantRollup(policy)
-    assert rollup.update("t", 5, "s", 0, 20) is None
-    assert rollup.update("t", 5, "a", 0, 500) is None  # cold start: no earlier window seen
-    assert rollup.update("t", 6, "s", 0, 20) is None
-    alert = rollup.update("t", 6, "a", 0, 500)
-    assert alert is not None and (alert.count, alert.tenant) == (500, "t")
+    rollup.update("t", 5, "s", 0, 20)
+    rollup.update("t", 5, "a", 0, 500)
+    assert rollup.advance(5 * 15 * MIN + 1000) == []  # cold start: no earlier window seen
+    rollup.update("t", 6, "s", 0, 20)
+    rollup.update("t", 6, "a", 0, 500)
+    (alert,) = rollup.advance(6 * 15 * MIN + 1000)
+    assert (alert.count, alert.tenant) == (500, "t")

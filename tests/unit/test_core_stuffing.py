@@ -3,6 +3,8 @@ typo-makers and households out of the stuffing block and the spray signal."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -179,18 +181,25 @@ def test_rollup_stage_restores_stuffing_firings_from_its_changelog() -> None:
     from pipeline.core.policy import DEFAULT_POLICY
     from pipeline.stream.stages import RollupStage
 
-    stage = RollupStage(DEFAULT_POLICY)
+    def at(time_ms: int, part: int, share: int) -> list[list[Any]]:
+        """One share of source partition ``part`` at ``time_ms``, and every upstream
+        partition's mark past it (the sequencer releases it)."""
+        row: list[Any] = ["t", 7, "u", part, share, time_ms, f"e{time_ms}", time_ms]
+        return [row] + [[None, time_ms + 1, kind, p] for kind in "as" for p in range(2)]
+
+    base_ms = 7 * 60_000
+    stage = RollupStage(DEFAULT_POLICY, partitions=2)
     stage.rebuild(0, [])
-    first = stage.process(0, [["t", 7, "u", 0, 20]])
+    first = stage.process(0, at(base_ms, 0, 20))
     assert [orjson_type(a) for a in first.alerts] == ["stuffing_tenant"]
-    again = RollupStage(DEFAULT_POLICY)
+    again = RollupStage(DEFAULT_POLICY, partitions=2)
     again.rebuild(0, [(k, v) for k, v in first.changelog if v is not None])
-    assert again.process(0, [["t", 7, "u", 1, 5]]).alerts == []
-    second = again.process(0, [["t", 7, "u", 1, 20]])
+    assert again.process(0, at(base_ms + 10, 1, 5)).alerts == []
+    second = again.process(0, at(base_ms + 20, 1, 20))
     assert [orjson_type(a) for a in second.alerts] == ["stuffing_tenant"]
-    third = RollupStage(DEFAULT_POLICY)
+    third = RollupStage(DEFAULT_POLICY, partitions=2)
     third.rebuild(0, [(k, v) for k, v in first.changelog + second.changelog if v is not None])
-    assert third.process(0, [["t", 7, "u", 1, 500]]).alerts == []
+    assert third.process(0, at(base_ms + 30, 1, 500)).alerts == []
 
 
 def orjson_type(raw: bytes) -> str:

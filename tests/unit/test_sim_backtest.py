@@ -7,11 +7,13 @@ from typing import Any
 
 import orjson
 
-from pipeline.core.policy import policy_from_toml
+from pipeline.contracts.models import Decision
+from pipeline.core.policy import DEFAULT_POLICY, policy_from_toml
 from pipeline.settings import load_settings
-from pipeline.sim.backtest import TopicRange, backtest, events_from_records, label
-from pipeline.sim.scorecard import load_truth
+from pipeline.sim.backtest import TopicRange, backtest, events_from_records, label, render
+from pipeline.sim.scorecard import DecisionRecord, load_truth, run_engine, score
 from pipeline.stream.app import build_normaliser
+from pipeline.stream.worker import load_policy
 from tests.unit.test_sim_scorecard import SEC, T0, row, write_truth
 
 # Seed 002's lock is set out of the way in both: this stream is about the ceiling alone.
@@ -92,3 +94,54 @@ def test_topic_records_are_decoded_filtered_and_labelled(tmp_path: Path) -> None
     assert {e.role for e in events} == {"unknown"}
     truth = load_truth(write_truth(tmp_path, rows), normaliser)
     assert [e.role for e in label(events, truth)] == ["attacker"] * 11 + ["owner"]
+
+
+def test_backtest_and_scorecard_engine_give_the_same_outputs_and_card(tmp_path: Path) -> None:
+    """The backtest's baseline run and `scorecard --engine` (run_engine) give the same records
+    and card, and the backtest given them as the live outputs prints 0 differences."""
+    events = load_truth(write_truth(tmp_path, stream()), build_normaliser(load_settings()))
+    engine = run_engine(events, CEILING_10)
+    result = backtest(events, CEILING_10, DEFAULT_POLICY, labelled=True, live=engine)
+    assert result.live is not None and result.live.equal
+    assert (result.live.live_decisions, result.live.replay_decisions) == (2, 2)
+    assert result.scorecards["baseline"].as_json() == score(events, engine).as_json()
+    assert "live vs replay: 0 decisions differ (live 2, replay 2), 0 alerts differ" in render(result)
+
+
+def test_backtest_shows_a_live_output_the_replay_does_not_give(tmp_path: Path) -> None:
+    """A decision only the live run published (and one it lacks) count as 2 differences."""
+    events = load_truth(write_truth(tmp_path, stream()), build_normaliser(load_settings()))
+    live = run_engine(events, CEILING_10)
+    live.decisions = [*live.decisions[1:], DecisionRecord(live.decisions[0].key, _moved(live.decisions[0]))]
+    result = backtest(events, CEILING_10, DEFAULT_POLICY, live=live)
+    assert result.live is not None and result.live.decisions_differ == 2
+    assert render(result).splitlines()[-3].startswith("live vs replay: 2 decisions differ")
+
+
+def _moved(record: DecisionRecord) -> Decision:
+    assert record.decision is not None
+    return record.decision.model_copy(update={"count": record.decision.count + 1})
+
+
+def test_the_shipped_strict_policy_refuses_more_attacker_traffic_than_the_defaults(tmp_path: Path) -> None:
+    """schemas/policy.strict.toml on the hand-made stream: rule 1 at 3 failures blocks each of the 6
+    attacking addresses at its 3rd try, and seed 002's lock at the 3rd consecutive failure
+    (not the 5th) refuses each account's 4th and 5th attacker attempts: 4 newly refused, all
+    attacker traffic, no owner collateral."""
+    strict = load_policy(Path(__file__).resolve().parents[2] / "schemas" / "policy.strict.toml")
+    assert strict.policy_version == "strict-1"
+    events = load_truth(write_truth(tmp_path, stream()), build_normaliser(load_settings()))
+    result = backtest(events, DEFAULT_POLICY, strict, labelled=True).as_json()
+    assert result["decisions"]["added_by_rule"] == {"account_source": 6, "lockout": 2}
+    attempts = result["attempts"]
+    assert (attempts["newly_refused"], attempts["attacker_traffic"], attempts["owner_collateral"]) == (4, 4, 0)
+
+
+def test_a_record_the_worker_sent_twice_is_one_record(tmp_path: Path) -> None:
+    """After a crash the worker may send a decision or alert again (identical): not a difference."""
+    events = load_truth(write_truth(tmp_path, stream()), build_normaliser(load_settings()))
+    live = run_engine(events, CEILING_10)
+    live.decisions.append(live.decisions[0])
+    result = backtest(events, CEILING_10, DEFAULT_POLICY, live=live)
+    assert result.live is not None and result.live.equal and result.live.resent == 1
+    assert "; 1 live records sent twice (after a restart)" in render(result)

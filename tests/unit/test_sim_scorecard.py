@@ -111,9 +111,11 @@ EXPECTED_ATTACKS = [
         "attack": "spray", "tenant": "acme", "status": "detected_only", "attempts": 4,
         "start": "2026-09-21T14:00:03.000Z", "end": "2026-09-21T14:00:06.000Z",
         "first_block": None, "first_block_rule": None,
-        "first_alert": "2026-09-21T14:00:04.000Z", "first_alert_type": "spray_tenant",
-        "response": "2026-09-21T14:00:04.000Z", "response_by": "alert:spray_tenant",
-        "time_to_response_ms": 1000, "allowed_before_response": 2, "refused": 0, "allowed": 4,
+        # rule 8 is evaluated at second boundaries of event time: at 14:00:05.000 on the
+        # three accounts failed before it
+        "first_alert": "2026-09-21T14:00:05.000Z", "first_alert_type": "spray_tenant",
+        "response": "2026-09-21T14:00:05.000Z", "response_by": "alert:spray_tenant",
+        "time_to_response_ms": 2000, "allowed_before_response": 3, "refused": 0, "allowed": 4,
         "successes_allowed": 0, "guesses_per_account_24h": 1, "account_takeovers": 0,
         "alerts": {"spray_tenant": 1}, "blocks": {}, "observes": {},
     },
@@ -147,7 +149,8 @@ def check_hand_card(card: dict[str, Any]) -> None:
 
 def test_hand_stream_scorecard_from_the_engine(tmp_path: Path) -> None:
     """Engine outputs: brute force stopped at its 5th try (2 refused), the spray detected by
-    spray_tenant after 2 of its 4 tries (1 s), nothing legitimate refused, 1 stray alert."""
+    spray_tenant at the second boundary after 2 of its 4 tries (2 s), nothing legitimate
+    refused, 1 stray alert."""
     events = load(tmp_path, hand_stream())
     outputs = run_engine(events, POLICY)
     outputs.alerts.append(extra_alert())

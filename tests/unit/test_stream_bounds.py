@@ -52,11 +52,14 @@ def test_a_flood_holds_at_most_dedupe_capacity_ids_and_capped_tables() -> None:
         accounts.rebuild(partition, [])
         sources.rebuild(partition, [])
     for start in range(0, 50_000, 2_500):
+        # Marks past the batch release its rows at once (one input partition; every account partition).
+        mark = T0_MS + start + 2_500
         for partition, rows in flood_rows(start, 2_500).items():
-            result = accounts.process(partition, offsets[partition], rows)
+            result = accounts.process(partition, offsets[partition], rows, [[0, mark]], 1)
             offsets[partition] += 1
             for target, forwarded in result.forwards.items():
-                sources.process(target, source_offsets[target], forwarded)
+                marks = [[p, -1, mark] for p in range(PARTITIONS)]
+                sources.process(target, source_offsets[target], forwarded + marks)
                 source_offsets[target] += 1
     remembered = sum(len(shard.dedupe) for shard in accounts.shards.values())
     assert DEDUPE_CAPACITY // 2 <= remembered <= DEDUPE_CAPACITY

@@ -1,0 +1,169 @@
+"""Event-time order for a stage that merges several upstream partitions.
+
+A stage partition receives rows from many upstream partitions (the account stage from
+every input partition, the source stage from every account partition, the rollup from
+every account and source partition), interleaved in whatever order the broker and the
+batching deliver them. Rules that see rows of many keys (the source stage's spray and
+stuffing signals, the tenant rollup) and everything that reads the shard's watermark
+would then depend on arrival order. ``Sequencer`` removes that dependence: rows are held
+and released in ``(time_ms, tiebreak)`` order (event time, then event id) once the
+watermark has passed them. The watermark is the minimum over every upstream of the
+latest mark it sent: "every row I send from now on has a time at or after this". A
+stage that processes only released rows therefore sees the same sequence whatever the
+partitioning, the batch sizes and the arrival interleaving, which is the sequence a
+single-process replay sorted by ``(occurred_ms, event_id)`` sees.
+
+Guarantees and bounds:
+
+* exact order when every upstream keeps its marks (each upstream sends rows in time
+  order at or after its last mark); a row that arrives below the released watermark
+  anyway is ``late``: released at once, counted, never dropped;
+* memory: at most ``cap`` rows are held; past it the oldest row is released before the
+  watermark (``forced``, counted): a silent or stuck upstream can delay rows, never grow
+  memory without bound;
+* rows are released with a strictly increasing ``seq`` (the stage's own position of
+  applied rows: per-key idempotence after a restart relies on it).
+
+Held rows are state: the stream writes them to its changelog (``take_changes``) so a
+restart holds them again. ``meta`` carries the release position (``seq``) and the sort
+key of the last row released (``cursor``); a restart drops every restored held row at or
+below the cursor (``finish_restore``). So the changelog may write the held rows' removals
+after the meta record, in a later batch: a crash between the two leaves stale held rows
+that the cursor discards, never a released row applied twice or a held row lost.
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import Any
+
+NO_MARK = -(1 << 62)
+"""The watermark of an upstream that has not sent a mark yet: nothing is released."""
+
+HeldKey = tuple[int, int]
+"""(upstream, position): identifies a held row (its upstream's own position)."""
+
+
+class Sequencer:
+    """Rows from ``upstreams`` upstream partitions, released in event-time order."""
+
+    __slots__ = (
+        "_changes",
+        "_heap",
+        "_held",
+        "cap",
+        "cursor",
+        "forced",
+        "late",
+        "marks",
+        "released_ms",
+        "seq",
+        "upstreams",
+    )
+
+    def __init__(self, upstreams: int, cap: int = 200_000) -> None:
+        self.upstreams = upstreams
+        self.cap = cap
+        self.marks: dict[int, int] = {}
+        self._heap: list[tuple[int, str, int, int]] = []
+        self._held: dict[HeldKey, Any] = {}
+        self._changes: dict[HeldKey, tuple[int, str, Any] | None] = {}
+        self.released_ms = NO_MARK
+        self.cursor: tuple[int, str, int, int] | None = None
+        self.seq = 0
+        self.late = 0
+        self.forced = 0
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def mark(self, upstream: int, watermark_ms: int) -> None:
+        """``upstream`` sends nothing earlier than ``watermark_ms`` from now on (monotone)."""
+        if watermark_ms > self.marks.get(upstream, NO_MARK):
+            self.marks[upstream] = watermark_ms
+
+    def watermark_ms(self) -> int:
+        """The minimum mark over every upstream (NO_MARK until each has sent one)."""
+        if len(self.marks) < self.upstreams:
+            return NO_MARK
+        return min(self.marks.values())
+
+    def push(self, time_ms: int, tiebreak: str, upstream: int, position: int, item: Any) -> None:
+        """Hold ``item``; a row already held (same upstream and position) is ignored."""
+        key = (upstream, position)
+        if key in self._held:
+            return
+        if time_ms < self.released_ms:
+            self.late += 1
+        self._held[key] = item
+        heapq.heappush(self._heap, (time_ms, tiebreak, upstream, position))
+        self._changes[key] = (time_ms, tiebreak, item)
+
+    def release(self, watermark_ms: int | None = None) -> list[tuple[int, int, Any]]:
+        """``(seq, time_ms, item)`` of every held row below the watermark (and of the
+        oldest rows past ``cap``), in ``(time_ms, tiebreak)`` order."""
+        limit = self.watermark_ms() if watermark_ms is None else watermark_ms
+        heap, held = self._heap, self._held
+        out: list[tuple[int, int, Any]] = []
+        while heap and (heap[0][0] < limit or len(held) > self.cap):
+            head = heapq.heappop(heap)
+            time_ms, _tiebreak, upstream, position = head
+            if self.cursor is None or head > self.cursor:
+                self.cursor = head
+            if time_ms >= limit:
+                self.forced += 1
+            key = (upstream, position)
+            item = held.pop(key)
+            if self._changes.get(key) is not None:
+                del self._changes[key]  # held and released between two flushes: nothing to write
+            else:
+                self._changes[key] = None
+            out.append((self.seq, time_ms, item))
+            self.seq += 1
+        if limit > self.released_ms:
+            self.released_ms = limit
+        return out
+
+    def take_changes(self) -> tuple[list[tuple[HeldKey, tuple[int, str, Any]]], list[HeldKey]]:
+        """Held rows added (with ``(time_ms, tiebreak, item)``) and held rows released since
+        the last call: what the changelog must write (the additions before ``meta``, the
+        removals after it)."""
+        added = [(key, value) for key, value in self._changes.items() if value is not None]
+        removed = [key for key, value in self._changes.items() if value is None]
+        self._changes.clear()
+        return added, removed
+
+    def restore(self, key: HeldKey, value: tuple[int, str, Any] | list[Any]) -> None:
+        """Hold a row read back from the changelog (not a change to write again)."""
+        time_ms, tiebreak, item = value
+        if key not in self._held:
+            self._held[key] = item
+            heapq.heappush(self._heap, (time_ms, tiebreak, key[0], key[1]))
+
+    def meta(self) -> list[Any]:
+        cursor = list(self.cursor) if self.cursor is not None else None
+        return [self.seq, self.released_ms, [[u, m] for u, m in sorted(self.marks.items())], cursor]
+
+    def restore_meta(self, value: list[Any]) -> None:
+        seq, released_ms, marks, cursor = value
+        self.seq = max(self.seq, seq)
+        self.released_ms = max(self.released_ms, released_ms)
+        for upstream, mark in marks:
+            self.mark(upstream, mark)
+        if cursor is not None:
+            restored = (cursor[0], cursor[1], cursor[2], cursor[3])
+            if self.cursor is None or restored > self.cursor:
+                self.cursor = restored
+
+    def finish_restore(self) -> None:
+        """Drop restored held rows the cursor shows released (see the module docstring)."""
+        cursor = self.cursor
+        if cursor is None:
+            return
+        stale = [entry for entry in self._heap if entry <= cursor]
+        if not stale:
+            return
+        for entry in stale:
+            self._held.pop((entry[2], entry[3]), None)
+        self._heap = [entry for entry in self._heap if entry > cursor]
+        heapq.heapify(self._heap)
