@@ -22,9 +22,11 @@ rewritten, after its placeholders are filled in, into ``ON CLUSTER`` DDL:
   written only by views (the minute aggregates) are never inserted into through their
   Distributed table; their key is ``rand()``.
 
-Any other statement is refused with a message: a migration that alters tables must say
-how for a cluster (``ALTER TABLE … ON CLUSTER`` on the local tables, and on the
-Distributed ones for column changes). The migrations table itself is replicated too.
+* ``ALTER TABLE <db>.t ADD COLUMN …`` runs ``ON CLUSTER`` on the local table first, then on
+  the Distributed table in front of it (a Distributed table names the columns it reads).
+
+Any other statement is refused with a message: a migration that alters tables otherwise
+must say how for a cluster. The migrations table itself is replicated too.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ _ENGINE = re.compile(r"ENGINE\s*=\s*(\w*)MergeTree\b(?:\s*\(([^()]*)\))?")
 _CREATE_VIEW = re.compile(
     r"^CREATE MATERIALIZED VIEW IF NOT EXISTS (\w+)\.(\w+)\s+TO (\w+)\.(\w+)\s+AS\s"
 )
+_ADD_COLUMN = re.compile(r"^ALTER TABLE (\w+)\.(\w+)\s+(ADD COLUMN\b.*)$", re.DOTALL)
 _FROM = re.compile(r"\bFROM (\w+)\.(\w+)\b")
 _DEDUP_WINDOW = re.compile(r"\bnon_replicated_deduplication_window\b")
 
@@ -66,9 +69,16 @@ def for_cluster(statement: str, cluster: str) -> list[str]:
         return _table(sql, match, cluster)
     if match := _CREATE_VIEW.match(sql):
         return [_view(sql, match, cluster)]
+    if match := _ADD_COLUMN.match(sql):
+        database, table, change = match[1], match[2], match[3].rstrip(";").strip()
+        return [
+            f"ALTER TABLE {database}.{table}{LOCAL_SUFFIX} ON CLUSTER {cluster} {change}",
+            f"ALTER TABLE {database}.{table} ON CLUSTER {cluster} {change}",
+        ]
     raise ClickHouseError(
         f"cluster mode cannot rewrite this migration statement: {sql[:80]!r}; "
-        "only CREATE TABLE and CREATE MATERIALIZED VIEW are rewritten: add a migration "
+        "only CREATE TABLE, CREATE MATERIALIZED VIEW and ALTER TABLE … ADD COLUMN are "
+        "rewritten: add a migration "
         "that states its ON CLUSTER form"
     )
 
