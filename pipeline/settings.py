@@ -160,4 +160,4 @@ def load_settings(**overrides: Any) -> Settings:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
         )
-        raise ConfigError(f"invalid settings ({problems}); see README 'Configuration'") from exc
+        raise ConfigError(f"invalid settings ({problems}); see docs/operations.md 'Configuration'") from exc
