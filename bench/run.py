@@ -474,6 +474,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bootstrap", help="use this broker instead of starting one")
     parser.add_argument("--parts", default=",".join(PARTS), help="comma-separated subset of " + ",".join(PARTS))
     parser.add_argument("--events", type=int, help="events of the B1 topic (default 1M, quick 50k)")
+    parser.add_argument("--b3-events", type=int, help="events of the B3 flood (default 1M, quick 50k)")
     parser.add_argument("--peer-events", type=int,
                         help="events of the topic the peers run to completion on (default 300k, quick 20k; "
                              "at least --events: the peers use the B1 topic itself)")  # fmt: skip
@@ -489,6 +490,8 @@ def main(argv: list[str] | None = None) -> int:
     plan = Plan.of(args.quick)
     if args.events:
         plan = replace(plan, scale=replace(plan.scale, b1_events=args.events))
+    if args.b3_events:
+        plan = replace(plan, scale=replace(plan.scale, b3_events=args.b3_events))
     if args.peer_events:
         plan = replace(plan, peer_events=args.peer_events)
     report: dict[str, Any] = {

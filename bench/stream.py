@@ -61,6 +61,8 @@ READY_TIMEOUT_S = 120.0
 RESTART_TIMEOUT_S = 600.0  # B6 reports how long recovery takes, however long
 
 Message = tuple[bytes, bytes, int]  # key, value, timestamp (epoch ms = occurred_at)
+# bootstrap -> data dir of each broker this process started (for bytes-on-the-broker figures)
+BROKER_DATA_DIRS: dict[str, Path] = {}
 
 
 # -- traffic -------------------------------------------------------------------------------
@@ -212,6 +214,7 @@ def broker(bootstrap: str | None) -> Iterator[str]:
     kafka = LocalKafka(state_dir, port, port + 1, libs_dir=LIBS_DIR, heap_mb=1024)
     try:
         kafka.up()
+        BROKER_DATA_DIRS[kafka.bootstrap] = kafka.data_dir
         yield kafka.bootstrap
     finally:
         kafka.down()
@@ -562,6 +565,27 @@ def follow_group(runs: list[WorkerRun], expected_rows: int, timeout_s: float) ->
     }  # fmt: skip
 
 
+def broker_bytes_per_event(bootstrap: str, names: Names, events: int) -> dict[str, float] | None:
+    """Bytes in the broker's logs per input event, for every topic of the run (input,
+    internal, changelogs, outputs; one replica), read from the data dir of a broker this
+    process started (None for ``--bootstrap``). Segments are preallocated sparse files,
+    so this counts allocated blocks."""
+    data_dir = BROKER_DATA_DIRS.get(bootstrap)
+    if data_dir is None:
+        return None
+    tag = names.app_id.removeprefix("bench-")
+    sizes: dict[str, float] = {}
+    for part_dir in data_dir.iterdir():
+        if not part_dir.is_dir() or tag not in part_dir.name:
+            continue
+        topic = part_dir.name.rsplit("-", 1)[0]
+        used = sum(f.stat().st_blocks * 512 for f in part_dir.iterdir() if f.suffix == ".log")
+        sizes[topic] = sizes.get(topic, 0.0) + used
+    out = {topic.replace(tag, "*"): round(size / events, 1) for topic, size in sorted(sizes.items())}
+    out["total"] = round(sum(sizes.values()) / events, 1)
+    return out
+
+
 def bench_b1_group(ctx: Context, events: int, workers: int = 2, seed: int = 7,
                    settle_s: float = 10.0, timeout_s: float = 900.0) -> dict[str, Any]:
     """B1 with one worker, then ``workers`` workers in one consumer group, on the same
@@ -583,6 +607,7 @@ def bench_b1_group(ctx: Context, events: int, workers: int = 2, seed: int = 7,
             producer.start()
             out[label] = follow_group(runs, events, timeout_s)
             producer.join()
+            out[label]["broker_bytes_per_event"] = broker_bytes_per_event(ctx.bootstrap, names, events)
         finally:
             for run in runs:
                 run.stop()
