@@ -33,6 +33,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 import uuid
@@ -60,6 +61,8 @@ READY_TIMEOUT_S = 120.0
 RESTART_TIMEOUT_S = 600.0  # B6 reports how long recovery takes, however long
 
 Message = tuple[bytes, bytes, int]  # key, value, timestamp (epoch ms = occurred_at)
+# bootstrap -> data dir of each broker this process started (for bytes-on-the-broker figures)
+BROKER_DATA_DIRS: dict[str, Path] = {}
 
 
 # -- traffic -------------------------------------------------------------------------------
@@ -211,6 +214,7 @@ def broker(bootstrap: str | None) -> Iterator[str]:
     kafka = LocalKafka(state_dir, port, port + 1, libs_dir=LIBS_DIR, heap_mb=1024)
     try:
         kafka.up()
+        BROKER_DATA_DIRS[kafka.bootstrap] = kafka.data_dir
         yield kafka.bootstrap
     finally:
         kafka.down()
@@ -515,6 +519,103 @@ def bench_b1(ctx: Context, names: Names, events: int, timeout_s: float = 900.0) 
         run.stop()
     final = result.pop("final")
     return {**result, "events": events, "counts": summary_counts(final)}
+
+
+def follow_group(runs: list[WorkerRun], expected_rows: int, timeout_s: float) -> dict[str, Any]:
+    """Poll every worker of one consumer group until their account stages together counted
+    ``expected_rows`` and no stage of any worker moved for SETTLE_S. The span runs from
+    the call (the input is produced after it) to the last poll at which a counter moved;
+    CPU is the sum over the workers over the same span."""
+    watched = ('authpipe_stage_rows_total{stage="account"}', 'authpipe_stage_rows_total{stage="source"}')
+    t0 = time.perf_counter()
+    at_start = [run.metrics() for run in runs]
+    cpu_start = [run.cpu_s() for run in runs]
+    cpu_moved = list(cpu_start)
+    last = at_start
+    t_moved = t0
+    deadline = t0 + timeout_s
+    while True:
+        time.sleep(METRICS_POLL_S)
+        now = time.perf_counter()
+        current = [run.metrics() for run in runs]
+        for i, run in enumerate(runs):
+            if not current[i]:
+                run.check_alive()
+                current[i] = last[i]
+        moved = any(c.get(k, 0) != p.get(k, 0) for c, p in zip(current, last, strict=True) for k in watched)
+        if moved:
+            t_moved = now
+            cpu_moved = [run.cpu_s() for run in runs]
+        last = current
+        rows_now = sum(c.get(watched[0], 0) - a.get(watched[0], 0) for c, a in zip(current, at_start, strict=True))
+        if rows_now >= expected_rows and now - t_moved >= SETTLE_S:
+            break
+        if now > deadline:
+            raise RuntimeError(f"{len(runs)} workers did not finish {expected_rows} rows in {timeout_s} s: {rows_now}")
+    per_worker = [int(c.get(watched[0], 0) - a.get(watched[0], 0)) for c, a in zip(last, at_start, strict=True)]
+    rows = sum(per_worker)
+    span_s = max(t_moved - t0, 1e-9)
+    cpu_s = max(sum(cpu_moved) - sum(cpu_start), 1e-9)
+    return {
+        "workers": len(runs), "rows": rows, "rows_per_worker": per_worker,
+        "replayed_rows": int(sum(c.get('authpipe_stage_replayed_rows_total{stage="account"}', 0) for c in last)),
+        "seconds": round(span_s, 3), "events_per_s": round(rows / span_s),
+        "cpu_s": round(cpu_s, 2), "events_per_cpu_s": round(rows / cpu_s),
+        "cpu_s_per_worker": [round(m - s, 2) for m, s in zip(cpu_moved, cpu_start, strict=True)],
+    }  # fmt: skip
+
+
+def broker_bytes_per_event(bootstrap: str, names: Names, events: int) -> dict[str, float] | None:
+    """Bytes in the broker's logs per input event, for every topic of the run (input,
+    internal, changelogs, outputs; one replica), read from the data dir of a broker this
+    process started (None for ``--bootstrap``). Segments are preallocated sparse files,
+    so this counts allocated blocks."""
+    data_dir = BROKER_DATA_DIRS.get(bootstrap)
+    if data_dir is None:
+        return None
+    tag = names.app_id.removeprefix("bench-")
+    sizes: dict[str, float] = {}
+    for part_dir in data_dir.iterdir():
+        if not part_dir.is_dir() or tag not in part_dir.name:
+            continue
+        topic = part_dir.name.rsplit("-", 1)[0]
+        used = sum(f.stat().st_blocks * 512 for f in part_dir.iterdir() if f.suffix == ".log")
+        sizes[topic] = sizes.get(topic, 0.0) + used
+    out = {topic.replace(tag, "*"): round(size / events, 1) for topic, size in sorted(sizes.items())}
+    out["total"] = round(sum(sizes.values()) / events, 1)
+    return out
+
+
+def bench_b1_group(ctx: Context, events: int, workers: int = 2, seed: int = 7,
+                   settle_s: float = 10.0, timeout_s: float = 900.0) -> dict[str, Any]:
+    """B1 with one worker, then ``workers`` workers in one consumer group, on the same
+    mixed events: events per CPU-second of all workers together (on 2 cores the wall rate
+    of two workers says little). Each run has a fresh empty input topic; its workers are
+    started, ready and given ``settle_s`` for the group to settle, and only then are the
+    events produced, so no measured span includes a worker joining the group."""
+    messages = mixed_events(events, seed, wall_ms() - 60_000)
+    out: dict[str, Any] = {"events": events, "settle_s": settle_s}
+    for label, count in (("one", 1), ("two", workers)):
+        names = Names.fresh(f"group{count}")
+        create_topics(ctx.bootstrap, names, ctx.partitions)
+        runs = [ctx.worker(names, f"group{count}-{i}") for i in range(count)]
+        try:
+            for run in runs:
+                run.wait_ready()
+            time.sleep(settle_s)
+            producer = threading.Thread(target=preload, args=(ctx.bootstrap, names.input, messages, ctx.partitions))
+            producer.start()
+            out[label] = follow_group(runs, events, timeout_s)
+            producer.join()
+            out[label]["broker_bytes_per_event"] = broker_bytes_per_event(ctx.bootstrap, names, events)
+        finally:
+            for run in runs:
+                run.stop()
+    one, two = out["one"]["events_per_cpu_s"], out["two"]["events_per_cpu_s"]
+    out["one_worker_events_per_cpu_s"] = one
+    out["two_workers_events_per_cpu_s"] = two
+    out["cpu_efficiency_ratio"] = round(two / one, 3) if one else None
+    return out
 
 
 def flood_policy(path: Path, entry_cap: int) -> Path:

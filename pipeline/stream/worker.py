@@ -10,7 +10,7 @@ from pipeline.core.policy import DEFAULT_POLICY, Policy, policy_from_toml
 from pipeline.kafka_admin import ensure_topics, wait_for_broker
 from pipeline.kafka_client import security_kwargs
 from pipeline.logs import get_logger, stdlib_logging_config
-from pipeline.runtime import tune_gc
+from pipeline.runtime import tune_allocator, tune_gc
 from pipeline.settings import Settings
 from pipeline.stream.topics import Topics
 
@@ -42,10 +42,11 @@ def run_worker(settings: Settings) -> int:
 
     policy = load_policy(settings.policy_path)
     tune_gc()
+    allocator = tune_allocator()  # before faust starts its threads
     asyncio.run(prepare_topics(settings))
     (settings.state_dir / "faust").mkdir(parents=True, exist_ok=True)
     worker = Worker(settings, policy)
-    log.info("worker_starting", policy_version=policy.policy_version,
+    log.info("worker_starting", policy_version=policy.policy_version, allocator=allocator,
              partitions=settings.kafka.partitions, web_port=settings.worker.web_port)  # fmt: skip
     faust_worker = FaustWorker(
         worker.app, loglevel="WARNING", quiet=True, redirect_stdouts=False,

@@ -43,10 +43,22 @@ def test_quick_run_writes_json_and_markdown(kafka_bootstrap: str, tmp_path: Path
         assert "error" not in results[part], results[part]
         assert results[part]["events_per_s"] > 0
     assert results["b1"]["rows"] == 20_000
+    # the peer ran to completion on the same topic: every event seen and counted
+    assert (results["naive"]["events_seen"], results["naive"]["events_counted"]) == (20_000, 20_000)
+    assert results["naive"]["complete"] is True
+    assert summary_peer(report, "naive") == {"seen": 20_000, "counted": 20_000, "complete": True, "agree": True}
     summary = report["summary"]
     assert summary["b1_vs_ceiling"] is not None and summary["b1_vs_naive"] is not None
     assert set(summary["met"]) >= {"b1_events_per_s", "b1_vs_naive", "b2_p99_ms", "b6_s"}
 
     markdown = json_path.with_suffix(".md").read_text()
-    for needle in ("| B1 |", "| B6 |", "ceiling:", "naive faust:", "## Versions", "load average"):
+    for needle in ("| B1 |", "| B6 |", "ceiling:", "naive faust:", "## Versions", "load average",
+                   "events seen / counted", "| 20,000 / 20,000 |"):  # fmt: skip
         assert needle in markdown
+    assert "peer naive: events seen 20000, counted 20000, complete True, agree True" in done.stdout
+
+
+def summary_peer(report: dict[str, object], name: str) -> object:
+    summary = report["summary"]
+    assert isinstance(summary, dict)
+    return summary["peers_seen_counted"][name]
