@@ -54,15 +54,15 @@ from pipeline.contracts.models import Decision, ms_to_datetime
 from pipeline.core.decisions import applicable_keys
 from pipeline.core.engine import APPLIES_TO
 from pipeline.core.keys import Key, format_key
+from pipeline.dev.stack import LocalKafka
 from pipeline.edge.fastpath import EdgeSite
 from pipeline.edge.service import AlwaysReady, create_app
 from pipeline.edge.view import DecisionFeed, DecisionView, FeedConfig, settle_heap, wall_ms
 from pipeline.kafka_admin import TopicSpec, ensure_topics
 from pipeline.logs import configure_logging
 from pipeline.settings import Settings
-from pipeline.stack import LocalKafka
-from pipeline.stream.app import build_normaliser
-from pipeline.stream.topics import DECISIONS_CONFIG
+from pipeline.topics import DECISIONS_CONFIG
+from pipeline.wiring import build_normaliser
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 LIBS_DIR = REPO_ROOT / ".state" / "kafka" / "libs"

@@ -19,8 +19,8 @@ import orjson
 
 from pipeline.contracts.codec import decode_attempt
 from pipeline.settings import Settings
-from pipeline.stream.app import build_normaliser
 from pipeline.stream.ingest import Ingest, Record
+from pipeline.wiring import build_normaliser
 
 START = datetime(2026, 11, 1, tzinfo=UTC)
 NOW_MS = int((START + timedelta(days=1)).timestamp() * 1000)  # every event inside both skews

@@ -41,7 +41,8 @@ from pipeline.contracts.models import AUDIT_COLUMNS
 from pipeline.runtime import tune_gc
 from pipeline.settings import ClickHouseSettings
 from pipeline.sinks.audit import ATTEMPTS_COLUMNS, INSERT_SETTINGS, Lane, decode_audit
-from pipeline.sinks.clickhouse import ClickHouse, open_clickhouse
+from pipeline.sinks.clickhouse import ClickHouse
+from pipeline.sinks.connect import open_clickhouse
 from pipeline.sinks.migrate import apply_migrations
 from pipeline.sinks.ratecap import RateCapConfig
 

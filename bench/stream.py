@@ -205,7 +205,7 @@ def broker(bootstrap: str | None) -> Iterator[str]:
     if bootstrap:
         yield bootstrap
         return
-    from pipeline.stack import LocalKafka, port_free
+    from pipeline.dev.stack import LocalKafka, port_free
 
     state_dir = Path(tempfile.mkdtemp(prefix="authpipe-bench-kafka-"))
     port = free_port()
@@ -256,7 +256,7 @@ def create_topics(bootstrap: str, names: Names, partitions: int = PARTITIONS) ->
     """Every topic of the worker, as it creates them (so the input can be pre-loaded)."""
     from pipeline.kafka_admin import ensure_topics
     from pipeline.settings import KafkaSettings
-    from pipeline.stream.topics import Topics
+    from pipeline.topics import Topics
 
     kafka = KafkaSettings(
         bootstrap_servers=bootstrap, partitions=partitions, app_id=names.app_id,
@@ -695,7 +695,7 @@ async def probe_latencies(ctx: Context, names: Names, probes: int, gap_s: float)
     """Trip ``probes`` fresh (account, source) pairs; time to the topic and to the edge."""
     from pipeline.edge.view import DecisionFeed, DecisionView, FeedConfig
     from pipeline.settings import load_settings
-    from pipeline.stream.app import build_normaliser
+    from pipeline.wiring import build_normaliser
 
     view = DecisionView(build_normaliser(load_settings()))
     feed = DecisionFeed(view, FeedConfig(ctx.bootstrap, names.decisions, poll_interval_ms=100))

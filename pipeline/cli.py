@@ -24,7 +24,7 @@ SERVICES = frozenset({"worker", "sink", "edge", "alerts"})
 
 
 def _stack(args: argparse.Namespace, settings: Settings) -> int:
-    from pipeline.stack import run_stack_command
+    from pipeline.dev.stack import run_stack_command
 
     return run_stack_command(args.action, settings)
 

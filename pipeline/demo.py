@@ -23,12 +23,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.dev.stack import LocalKafka
 from pipeline.errors import AuthpipeError
 from pipeline.logs import get_logger
 from pipeline.settings import Settings, ensure_digest_key_file
 from pipeline.sim.demo_notes import blocklist_note, load_source_decisions, wall_ms
 from pipeline.sim.scenarios import SLOW_ATTACKS
-from pipeline.stack import LocalKafka
 
 log = get_logger("demo")
 
@@ -315,7 +315,7 @@ def _show(output: str) -> None:
 
 
 def _audit_summary(settings: Settings, env: dict[str, str], run_id: str) -> None:
-    from pipeline.sinks.clickhouse import open_clickhouse
+    from pipeline.sinks.connect import open_clickhouse
 
     chs = settings.clickhouse.model_copy(update={"path": Path(env["AUTHPIPE_CLICKHOUSE_PATH"])})
     with open_clickhouse(chs) as ch:

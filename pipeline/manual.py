@@ -38,6 +38,7 @@ from pipeline.core.grouping import check_block_source
 from pipeline.core.keys import format_key, stable_id
 from pipeline.core.policy import MAX_BLOCK_MS
 from pipeline.errors import AuthpipeError
+from pipeline.wiring import build_normaliser
 
 if TYPE_CHECKING:
     from pipeline.core.attempt import Normaliser
@@ -205,8 +206,6 @@ async def _publish(settings: Settings, key: str, value: bytes | None) -> None:
 
 
 def add(settings: Settings, target: Target, *, ttl_ms: int, reason: str, operator: str) -> Decision:
-    from pipeline.stream.app import build_normaliser
-
     decision = manual_decision(
         target, build_normaliser(settings), ttl_ms=ttl_ms, reason=reason, operator=operator,
         now_ms=time.time_ns() // 1_000_000,

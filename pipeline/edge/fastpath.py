@@ -44,7 +44,8 @@ import asyncio
 import email.utils
 import re
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import Any, Protocol
 from urllib.parse import unquote_to_bytes
 
 from aiohttp import web
@@ -52,8 +53,21 @@ from aiohttp.http import SERVER_SOFTWARE
 
 from pipeline.edge.slowclients import HeadDeadline, HeadDeadlineHandler
 
-if TYPE_CHECKING:
-    from pipeline.edge.service import Edge
+
+class Counters(Protocol):
+    def connection_refused(self) -> None: ...
+    def head_timeout(self) -> None: ...
+
+
+class Edge(Protocol):
+    """What the fast path needs of the edge's handlers (``pipeline.edge.service.Edge``):
+    the check itself, answered as body bytes (None: hand the request to aiohttp), and the
+    metrics it counts into."""
+
+    @property
+    def metrics(self) -> Counters: ...
+
+    def quick_check(self, query: Mapping[str, str], authorization: bytes | None) -> bytes | None: ...
 
 HEAD_MAX_BYTES = 8190
 """A request head longer than this goes to aiohttp (its line and field limits are 8190)."""
@@ -387,12 +401,16 @@ class EdgeSite(web.BaseSite):
         host: str | None,
         port: int,
         *,
+        edge: Edge,
+        known: frozenset[str],
         backlog: int = 128,
         reuse_port: bool | None = None,
         head_timeout_s: float = HEAD_TIMEOUT_S,
         max_connections: int = MAX_CONNECTIONS,
     ) -> None:
         super().__init__(runner, backlog=backlog)
+        self._edge = edge
+        self._known = known
         self._head_timeout_s = head_timeout_s
         self._max_connections = max_connections
         self._edge_runner = runner
@@ -408,14 +426,11 @@ class EdgeSite(web.BaseSite):
         return f"http://{self._host or '0.0.0.0'}:{self.port}"
 
     async def start(self) -> None:
-        from pipeline.edge.service import CHECK_FIELDS, EDGE_KEY
-
         await super().start()
         server = self._edge_runner.server
         assert server is not None  # BaseSite refuses a runner that was not set up
-        edge = self._edge_runner.app[EDGE_KEY]
         self._connections = CheckConnections(
-            edge, server, CHECK_FIELDS,
+            self._edge, server, self._known,
             head_timeout_s=self._head_timeout_s, max_connections=self._max_connections,
         )  # fmt: skip
         self._server = listener = await asyncio.get_running_loop().create_server(

@@ -747,8 +747,9 @@ async def _listen(
 ) -> int:
     edge = settings or EdgeSettings()
     site = EdgeSite(
-        runner, host, port, head_timeout_s=edge.head_timeout_s, max_connections=edge.max_connections
-    )
+        runner, host, port, edge=runner.app[EDGE_KEY], known=CHECK_FIELDS,
+        head_timeout_s=edge.head_timeout_s, max_connections=edge.max_connections,
+    )  # fmt: skip
     try:
         await site.start()
     except OSError as exc:

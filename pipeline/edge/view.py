@@ -54,6 +54,7 @@ from pipeline.core.keys import Key, format_key, parse_key
 from pipeline.edge.blocklist import BlockEntry, valid_source
 from pipeline.errors import AuthpipeError
 from pipeline.logs import get_logger
+from pipeline.wiring import build_normaliser
 
 if TYPE_CHECKING:
     from pipeline.core.attempt import Normaliser
@@ -605,8 +606,6 @@ class DecisionFeed:
     ) -> DecisionFeed:
         """A feed of ``settings.kafka.decisions_topic`` into a view normalising exactly as
         the worker does (``build_normaliser``)."""
-        from pipeline.stream.app import build_normaliser
-
         view = DecisionView(build_normaliser(settings), now_ms=now_ms)
         from pipeline.kafka_client import security_kwargs
 

@@ -48,6 +48,7 @@ from pipeline.logs import get_logger
 from pipeline.settings import Settings
 from pipeline.sim import scorecard as sc
 from pipeline.sim.parity import Parity, compare
+from pipeline.wiring import build_normaliser, load_policy
 
 log = get_logger("backtest")
 
@@ -382,9 +383,6 @@ def run_backtest_command(
 ) -> int:  # fmt: skip
     """``authpipe backtest``: load the input, run both policies, print and write the diff;
     with ``verdicts``, write one verdict line per event under one policy instead."""
-    from pipeline.stream.app import build_normaliser
-    from pipeline.stream.worker import load_policy
-
     normaliser = build_normaliser(settings)
     invalid = 0
     if events is not None:

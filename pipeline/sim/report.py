@@ -31,6 +31,7 @@ from pipeline.contracts.models import datetime_to_ms, format_utc_ms, ms_to_datet
 from pipeline.errors import AuthpipeError
 from pipeline.settings import Settings
 from pipeline.sim import scorecard as sc
+from pipeline.wiring import build_normaliser, load_policy
 
 BUCKETS_MS = (1_000, 5_000, 10_000, 30_000, 60_000, 300_000, 900_000, 3_600_000, 86_400_000)
 MAX_BUCKETS = 240
@@ -320,9 +321,6 @@ def run_report_command(
     engine: bool, policy: Path | None, scorecard: Path | None, title: str, plain_accounts: bool,
 ) -> int:  # fmt: skip
     """``authpipe report``: gather the inputs (computing what is missing) and write the page."""
-    from pipeline.stream.app import build_normaliser
-    from pipeline.stream.worker import load_policy
-
     loaded = sc.load_truth(events, build_normaliser(settings))
     outputs = None
     if engine:

@@ -72,6 +72,7 @@ from pipeline.core.policy import Policy
 from pipeline.errors import AuthpipeError
 from pipeline.logs import get_logger
 from pipeline.settings import Settings
+from pipeline.wiring import build_normaliser, load_policy
 
 log = get_logger("scorecard")
 
@@ -1030,9 +1031,6 @@ def run_scorecard_command(
     save_outputs: Path | None, timeout_s: float, strict: bool,
 ) -> int:  # fmt: skip
     """``authpipe scorecard``: load, score, print, write; exit 3 on failure with --strict."""
-    from pipeline.stream.app import build_normaliser
-    from pipeline.stream.worker import load_policy
-
     events = load_truth(truth, build_normaliser(settings))
     if engine:
         outputs = run_engine(events, load_policy(policy or settings.policy_path))

@@ -29,6 +29,7 @@ from pipeline.contracts.models import datetime_to_ms, format_utc_ms, ms_to_datet
 from pipeline.logs import get_logger
 from pipeline.settings import Settings
 from pipeline.sim.scenarios import ScenarioError, SimConfig, SimEvent, check_config, generate
+from pipeline.topics import Topics
 
 log = get_logger("simulate")
 
@@ -157,8 +158,6 @@ async def produce(options: SimulateOptions, settings: Settings) -> Summary:
 
     from pipeline.kafka_admin import ensure_topics, wait_for_broker
     from pipeline.kafka_client import client_kwargs, security_kwargs
-    from pipeline.stream.topics import Topics
-
     kafka = settings.kafka
     security = security_kwargs(kafka)
     await wait_for_broker(kafka.bootstrap_servers, 30.0, security=security)

@@ -51,7 +51,9 @@ from pipeline.contracts.models import Alert, datetime_to_ms
 from pipeline.errors import AuthpipeError
 from pipeline.logs import get_logger
 from pipeline.settings import Settings
-from pipeline.sinks.clickhouse import ClickHouse, ClickHouseError, open_clickhouse
+from pipeline.sinks.clickhouse import ClickHouse, ClickHouseError
+from pipeline.sinks.connect import open_clickhouse
+from pipeline.topics import Topics
 
 log = get_logger("alerts")
 
@@ -241,8 +243,6 @@ class AlertRunner:
 
         from pipeline.kafka_admin import ensure_topics, wait_for_broker
         from pipeline.kafka_client import client_kwargs, security_kwargs
-        from pipeline.stream.topics import Topics
-
         kafka = self.settings.kafka
         bootstrap = kafka.bootstrap_servers
         security = security_kwargs(kafka)

@@ -110,12 +110,13 @@ from pipeline.sinks.clickhouse import (
     ClickHouse,
     ClickHouseError,
     ClickHouseUnavailable,
-    open_clickhouse,
 )
 from pipeline.sinks.cluster import CLUSTER_INSERT_SETTINGS
+from pipeline.sinks.connect import open_clickhouse
 from pipeline.sinks.partitions import MAX_DAYS_PER_INSERT, PARTITION_COLUMN, split_by_day
 from pipeline.sinks.quarantine import DEAD_LETTERS_COLUMNS, Quarantine, Quarantined
 from pipeline.sinks.ratecap import MINUTE_MS, TS_MS, RateCap, RateCapConfig
+from pipeline.topics import Topics
 
 log = get_logger("sink")
 
@@ -869,8 +870,6 @@ class AuditSink:
 
         from pipeline.kafka_admin import TopicSpec, ensure_topics, wait_for_broker
         from pipeline.kafka_client import client_kwargs, security_kwargs
-        from pipeline.stream.topics import Topics
-
         kafka = self.settings.kafka
         security = security_kwargs(kafka)
         try:

@@ -39,7 +39,6 @@ from typing import Any, Final, Protocol, Self
 
 from pipeline.errors import AuthpipeError
 from pipeline.logs import get_logger
-from pipeline.settings import ClickHouseSettings
 
 _log = get_logger("clickhouse")
 
@@ -357,22 +356,6 @@ def _refuse_naive_datetime_columns(
                 f"insert into {table}: column {name} has a naive datetime; "
                 "pass timezone-aware UTC datetimes or epoch-millisecond ints"
             )
-
-
-def open_clickhouse(settings: ClickHouseSettings, *, create_database: bool = False) -> ClickHouse:
-    """Connect to the configured ClickHouse: the server at ``url``, else embedded chdb.
-
-    The database must exist unless ``create_database`` is set (migrations set it);
-    raises ClickHouseUnavailable when the server cannot be reached.
-    """
-    check_identifier(settings.database, "clickhouse.database")
-    if settings.url:
-        from pipeline.sinks.http_backend import open_http
-
-        return open_http(settings, create_database=create_database)
-    from pipeline.sinks.chdb_backend import open_chdb
-
-    return open_chdb(settings, create_database=create_database)
 
 
 def use_database(client: Any, database: str, where: str, *, create: bool) -> None:

@@ -26,8 +26,9 @@ from pathlib import Path
 
 from pipeline.logs import get_logger
 from pipeline.settings import ClickHouseSettings, Settings
-from pipeline.sinks.clickhouse import ClickHouse, ClickHouseError, check_identifier, open_clickhouse
+from pipeline.sinks.clickhouse import ClickHouse, ClickHouseError, check_identifier
 from pipeline.sinks.cluster import CLUSTER_INSERT_SETTINGS, create_database, for_cluster
+from pipeline.sinks.connect import open_clickhouse
 
 _log = get_logger("clickhouse.migrate")
 

@@ -36,14 +36,10 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import TopicPartition
 
 from pipeline.contracts.codec import dumps, loads
-from pipeline.core.attempt import Normaliser
-from pipeline.core.keys import Digester
-from pipeline.core.normalise import NetworkSet, SourceRules
 from pipeline.core.policy import Policy
-from pipeline.errors import ConfigError
 from pipeline.kafka_client import client_kwargs, security_kwargs
 from pipeline.logs import get_logger
-from pipeline.settings import KafkaSettings, Settings, require_digest_key
+from pipeline.settings import KafkaSettings, Settings
 from pipeline.stream.batching import Batcher
 from pipeline.stream.chains import ChangelogChains
 from pipeline.stream.ingest import DeadLetter, Ingest
@@ -60,8 +56,9 @@ from pipeline.stream.stages import (
     chunks,
     latest_shares,
 )  # fmt: skip
-from pipeline.stream.topics import Topics
 from pipeline.stream.undecodable import DECODE_ERRORS, salvage
+from pipeline.topics import Topics
+from pipeline.wiring import build_normaliser
 
 log = get_logger("worker")
 
@@ -71,37 +68,6 @@ RAW: dict[str, Any] = {"key_serializer": "raw", "value_serializer": "raw"}
 def wall_ms() -> int:
     """The only clock read of the stream shell (the core never reads one)."""
     return time.time_ns() // 1_000_000
-
-
-def build_normaliser(settings: Settings, policy: Policy | None = None) -> Normaliser:
-    """The Normaliser every component must share (worker, edge, simulator, reports).
-
-    Case-sensitive tenants are ``ingest.case_sensitive_tenants`` plus the tenants whose
-    policy says ``case_sensitive = true``; the policy is ``settings.policy_path`` unless
-    given. Raises ConfigError for ``case_sensitive`` in the policy's ``[defaults]``, which
-    a list of tenants cannot express.
-    """
-    if policy is None:
-        from pipeline.stream.worker import load_policy
-
-        policy = load_policy(settings.policy_path)
-    if policy.defaults.case_sensitive:
-        raise ConfigError(
-            "the policy sets case_sensitive = true in [defaults]; set it per tenant "
-            "([tenants.<name>] case_sensitive = true) or list the tenants in "
-            "ingest.case_sensitive_tenants"
-        )
-    ingest = settings.ingest
-    return Normaliser(
-        digester=Digester(require_digest_key(settings)),
-        sources=SourceRules(
-            trusted_proxies=NetworkSet(ingest.trusted_proxies),
-            ipv4_prefix=ingest.ipv4_prefix,
-            ipv6_prefix=ingest.ipv6_prefix,
-        ),
-        case_sensitive_tenants=frozenset(ingest.case_sensitive_tenants)
-        | policy.case_sensitive_tenants(),
-    )
 
 
 def broker_credentials(kafka: KafkaSettings) -> Any:
@@ -215,7 +181,7 @@ class Worker:
         self.dlq = app.topic(t.dlq, partitions=self.partitions, **RAW)
         self.audit = app.topic(t.audit, partitions=self.partitions, **RAW)
         # No faust tables: the changelog topics are created with the others
-        # (pipeline.stream.topics, compacted) and read back by pipeline.stream.restore.
+        # (pipeline.topics, compacted) and read back by pipeline.stream.restore.
         app.agent(self.by_account, name="account-stage")(self._account_agent)
         app.agent(self.by_source, name="source-stage")(self._source_agent)
         app.agent(self.shares, name="rollup-stage")(self._rollup_agent)

@@ -20,10 +20,11 @@ from typing import Any
 from pipeline.contracts.codec import loads
 from pipeline.core.policy import Policy
 from pipeline.settings import Settings
-from pipeline.stream.app import build_normaliser, hash_tenant
+from pipeline.stream.app import hash_tenant
 from pipeline.stream.ingest import DeadLetter, Ingest, Record
 from pipeline.stream.marks import InputMarks
 from pipeline.stream.stages import AccountStage, RollupStage, SourceStage, StageOutput
+from pipeline.wiring import build_normaliser
 
 
 @dataclass

@@ -4,24 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from pathlib import Path
 
-from pipeline.core.policy import DEFAULT_POLICY, Policy, policy_from_toml
 from pipeline.kafka_admin import ensure_topics, wait_for_broker
 from pipeline.kafka_client import security_kwargs
 from pipeline.logs import get_logger, stdlib_logging_config
 from pipeline.runtime import tune_allocator, tune_gc
 from pipeline.settings import Settings
-from pipeline.stream.topics import Topics
+from pipeline.topics import Topics
+from pipeline.wiring import load_policy
 
 log = get_logger("worker")
-
-
-def load_policy(path: Path | None) -> Policy:
-    """The policy from a TOML file, or the built-in defaults."""
-    if path is None:
-        return DEFAULT_POLICY
-    return policy_from_toml(path.read_text(encoding="utf-8"))
 
 
 async def prepare_topics(settings: Settings, timeout_s: float = 30.0) -> None:

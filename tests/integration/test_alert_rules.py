@@ -31,7 +31,8 @@ from pipeline.sinks.alerts import (
     load_rules,
 )
 from pipeline.sinks.audit import DECISIONS_COLUMNS
-from pipeline.sinks.clickhouse import ClickHouse, open_clickhouse
+from pipeline.sinks.clickhouse import ClickHouse
+from pipeline.sinks.connect import open_clickhouse
 from pipeline.sinks.migrate import apply_migrations
 from tests.plugins.clickhouse import ATTEMPT_COLUMNS, ChHttpEndpoint, attempt_row, free_port
 from tests.plugins.waiting import wait_until_async

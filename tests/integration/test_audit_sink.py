@@ -40,7 +40,8 @@ from pipeline.sinks.audit import (
     encode_marks,
     encode_plan,
 )
-from pipeline.sinks.clickhouse import ClickHouse, open_clickhouse
+from pipeline.sinks.clickhouse import ClickHouse
+from pipeline.sinks.connect import open_clickhouse
 from pipeline.sinks.migrate import SCHEMA_DIR, apply_migrations, render, split_statements
 from pipeline.sinks.ratecap import RateCapConfig
 from tests.plugins.clickhouse import ChHttpEndpoint, recent_minute

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from pipeline.settings import ClickHouseSettings
-from pipeline.sinks.clickhouse import ClickHouseError, open_clickhouse
+from pipeline.sinks.clickhouse import ClickHouseError
+from pipeline.sinks.connect import open_clickhouse
 from pipeline.sinks.migrate import apply_migrations
 from tests.plugins.clickhouse import ATTEMPT_COLUMNS, REPO_ROOT, attempt_row, recent_minute
 
@@ -23,7 +24,7 @@ _READER = textwrap.dedent(
     import json, sys
     from pathlib import Path
     from pipeline.settings import ClickHouseSettings
-    from pipeline.sinks.clickhouse import open_clickhouse
+    from pipeline.sinks.connect import open_clickhouse
 
     with open_clickhouse(ClickHouseSettings(path=Path(sys.argv[1]))) as ch:
         rows = ch.query("SELECT ts, event_id, account FROM attempts ORDER BY event_id")

@@ -18,8 +18,8 @@ from pipeline.sinks.clickhouse import (
     ClickHouse,
     ClickHouseError,
     ClickHouseUnavailable,
-    open_clickhouse,
 )
+from pipeline.sinks.connect import open_clickhouse
 from pipeline.sinks.migrate import (
     SCHEMA_DIR,
     apply_migrations,

@@ -14,8 +14,9 @@ import pytest
 
 from pipeline.settings import ClickHouseSettings
 from pipeline.sinks.audit import ATTEMPTS_COLUMNS
-from pipeline.sinks.clickhouse import ClickHouseError, open_clickhouse
+from pipeline.sinks.clickhouse import ClickHouseError
 from pipeline.sinks.cluster import for_cluster
+from pipeline.sinks.connect import open_clickhouse
 from pipeline.sinks.migrate import plan_sql
 from tests.plugins.clickhouse import attempt_row, recent_minute
 

@@ -22,7 +22,8 @@ import pytest
 from pipeline.contracts.models import AUDIT_COLUMNS, datetime_to_ms
 from pipeline.settings import ClickHouseSettings
 from pipeline.sinks.audit import ALERTS_COLUMNS, DEAD_LETTERS_COLUMNS, DECISIONS_COLUMNS
-from pipeline.sinks.clickhouse import ClickHouse, ClickHouseError, open_clickhouse
+from pipeline.sinks.clickhouse import ClickHouse, ClickHouseError
+from pipeline.sinks.connect import open_clickhouse
 from pipeline.sinks.migrate import apply_migrations
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -18,7 +18,7 @@ from pipeline.core.keys import Key, format_key
 from pipeline.edge.service import create_app
 from pipeline.edge.view import DecisionFeed, DecisionView, FeedConfig, wall_ms
 from pipeline.kafka_admin import TopicSpec, ensure_topics
-from pipeline.stream.topics import DECISIONS_CONFIG
+from pipeline.topics import DECISIONS_CONFIG
 from tests.plugins.waiting import wait_until_async
 from tests.unit.test_edge_support import (
     ACCOUNT,

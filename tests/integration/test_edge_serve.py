@@ -18,7 +18,7 @@ from aiokafka import AIOKafkaProducer
 
 from pipeline.edge.view import wall_ms
 from pipeline.kafka_admin import TopicSpec, ensure_topics
-from pipeline.stream.topics import DECISIONS_CONFIG
+from pipeline.topics import DECISIONS_CONFIG
 from tests.plugins.kafka import REPO_ROOT, free_ports
 from tests.plugins.waiting import wait_until_async
 from tests.unit.test_edge_support import ACCOUNT, DIGEST_KEY, MIN, account_key, message

@@ -20,7 +20,7 @@ from aiokafka.errors import TopicAuthorizationFailedError
 from pipeline.kafka_admin import BrokerUnavailableError, wait_for_broker
 from pipeline.kafka_client import security_kwargs
 from pipeline.settings import ClickHouseSettings, KafkaSettings
-from pipeline.sinks.clickhouse import open_clickhouse
+from pipeline.sinks.connect import open_clickhouse
 from pipeline.sinks.migrate import apply_migrations
 from tests.integration.test_worker import as_messages, event
 from tests.plugins.clickhouse import ChHttpEndpoint

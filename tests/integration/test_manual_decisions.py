@@ -11,7 +11,7 @@ import pytest
 
 from pipeline.kafka_admin import TopicSpec, ensure_topics
 from pipeline.sim.scorecard import read_topic
-from pipeline.stream.topics import DECISIONS_CONFIG
+from pipeline.topics import DECISIONS_CONFIG
 from tests.integration.edge_process import authpipe, edge_serving, get, write_config
 from tests.plugins.kafka import free_ports
 from tests.plugins.waiting import wait_until

@@ -20,7 +20,7 @@ from pipeline.sim.report import ReportInputs, write_report
 from pipeline.sim.scenarios import MIXED_SCENARIOS, SimConfig
 from pipeline.sim.scorecard import load_truth, run_engine, score
 from pipeline.sim.simulate import SimulateOptions, dry_run
-from pipeline.stream.app import build_normaliser
+from pipeline.wiring import build_normaliser
 
 BROWSER_TIMEOUT_S = 90
 CHARTS = ("traffic", "timeline", "sources", "accounts", "alerts")

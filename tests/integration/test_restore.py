@@ -8,7 +8,7 @@ from aiokafka.structs import TopicPartition
 
 from pipeline.kafka_admin import TopicSpec, ensure_topics
 from pipeline.stream.restore import read_changelogs
-from pipeline.stream.topics import CHANGELOG_CONFIG
+from pipeline.topics import CHANGELOG_CONFIG
 
 pytestmark = pytest.mark.integration
 

@@ -15,7 +15,7 @@ from pipeline.contracts.codec import decode_attempt, encode
 from pipeline.core.engine import Engine, replay_order
 from pipeline.core.policy import DEFAULT_POLICY, Policy
 from pipeline.settings import load_settings
-from pipeline.stream.app import build_normaliser
+from pipeline.wiring import build_normaliser
 from tests.plugins.waiting import wait_until
 from tests.plugins.worker import (
     StreamNames,

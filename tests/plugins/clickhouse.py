@@ -26,7 +26,8 @@ from typing import Any
 import pytest
 
 from pipeline.settings import ClickHouseSettings
-from pipeline.sinks.clickhouse import ClickHouse, open_clickhouse
+from pipeline.sinks.clickhouse import ClickHouse
+from pipeline.sinks.connect import open_clickhouse
 from pipeline.sinks.migrate import apply_migrations
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

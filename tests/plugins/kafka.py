@@ -24,9 +24,9 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.dev.stack import LocalKafka, fetch_libs, pid_alive, port_free
 from pipeline.errors import AuthpipeError
 from pipeline.kafka_admin import wait_for_broker
-from pipeline.stack import LocalKafka, fetch_libs, pid_alive, port_free
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SHARED_LIBS_DIR = REPO_ROOT / ".state" / "kafka" / "libs"

@@ -208,7 +208,7 @@ def ensure_stream_topics(bootstrap: str, names: StreamNames, partitions: int = 4
     """Create a test's topics as the worker would (the broker does not auto-create)."""
     from pipeline.kafka_admin import ensure_topics
     from pipeline.settings import KafkaSettings
-    from pipeline.stream.topics import Topics
+    from pipeline.topics import Topics
 
     kafka = KafkaSettings(
         bootstrap_servers=bootstrap, partitions=partitions, app_id=names.app_id,

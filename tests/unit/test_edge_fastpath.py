@@ -126,7 +126,7 @@ async def _serve(token: str | None = None) -> Served:
     clock.now = T0 + 4 * MIN
     runner = web.AppRunner(create_app(view, FakeHealth(), token=token), access_log=None)
     await runner.setup()
-    site = EdgeSite(runner, "127.0.0.1", 0)
+    site = EdgeSite(runner, "127.0.0.1", 0, edge=runner.app[EDGE_KEY], known=CHECK_FIELDS)
     await site.start()
     return Served(runner, site.port, clock)
 

@@ -66,7 +66,7 @@ async def _site(**limits: float) -> Site:
     clock.now = T0 + 4 * MIN
     runner = web.AppRunner(create_app(view, FakeHealth()), access_log=None)
     await runner.setup()
-    site = EdgeSite(runner, "127.0.0.1", 0, **limits)  # type: ignore[arg-type]
+    site = EdgeSite(runner, "127.0.0.1", 0, edge=runner.app[EDGE_KEY], known=CHECK_FIELDS, **limits)  # type: ignore[arg-type]
     await site.start()
     return Site(runner, site)
 

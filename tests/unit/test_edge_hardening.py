@@ -16,7 +16,7 @@ from structlog.testing import capture_logs
 
 from pipeline.edge.service import create_app
 from pipeline.edge.view import CheckInputError
-from pipeline.stream.app import build_normaliser
+from pipeline.wiring import build_normaliser
 from tests.unit.test_edge_service import SITES, Edge, FakeHealth, check_url
 from tests.unit.test_edge_support import (
     ACCOUNT,

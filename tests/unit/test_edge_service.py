@@ -20,7 +20,7 @@ from yarl import URL
 
 from pipeline.core.keys import format_key
 from pipeline.edge.fastpath import EdgeSite
-from pipeline.edge.service import BATCH_MAX_CHECKS, create_app
+from pipeline.edge.service import BATCH_MAX_CHECKS, CHECK_FIELDS, EDGE_KEY, create_app
 from pipeline.edge.view import DecisionView
 from tests.unit.test_edge_support import (
     ACCOUNT,
@@ -88,7 +88,7 @@ class FastPathServer(TestServer):
         self.runner = await self._make_runner(handler_cancellation=True, **kwargs)
         await self.runner.setup()
         assert isinstance(self.runner, web.AppRunner)
-        site = EdgeSite(self.runner, self.host, 0)
+        site = EdgeSite(self.runner, self.host, 0, edge=self.runner.app[EDGE_KEY], known=CHECK_FIELDS)
         await site.start()
         self.port, self.scheme = site.port, "http"
         self._root = URL(f"http://{self.host}:{self.port}")

@@ -13,7 +13,7 @@ from pipeline.core.engine import APPLIES_TO
 from pipeline.core.keys import Key, format_key
 from pipeline.edge.view import DecisionView
 from pipeline.settings import Settings
-from pipeline.stream.app import build_normaliser
+from pipeline.wiring import build_normaliser
 
 T0 = 1_790_000_000_000  # 2026-09-21T14:13:20Z
 SEC = 1000

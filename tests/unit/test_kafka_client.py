@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.dev.stack import StackError, add_sasl_listener, scram_format_args
 from pipeline.errors import ConfigError
 from pipeline.kafka_client import client_kwargs, security_kwargs
 from pipeline.settings import KafkaSettings, load_settings
-from pipeline.stack import StackError, add_sasl_listener, scram_format_args
 
 
 def test_plaintext_adds_no_client_options() -> None:

@@ -12,8 +12,7 @@ from pipeline.core.policy import DEFAULT_POLICY, policy_from_toml
 from pipeline.settings import load_settings
 from pipeline.sim.backtest import TopicRange, backtest, events_from_records, label, render
 from pipeline.sim.scorecard import DecisionRecord, load_truth, run_engine, score
-from pipeline.stream.app import build_normaliser
-from pipeline.stream.worker import load_policy
+from pipeline.wiring import build_normaliser, load_policy
 from tests.unit.test_sim_scorecard import SEC, T0, row, write_truth
 
 # Seed 002's lock is set out of the way in both: this stream is about the ceiling alone.

@@ -9,7 +9,7 @@ from pipeline.settings import load_settings
 from pipeline.sim.scenarios import MIXED_SCENARIOS, SimConfig
 from pipeline.sim.scorecard import load_truth, replay, run_engine, score
 from pipeline.sim.simulate import SimulateOptions, dry_run
-from pipeline.stream.app import build_normaliser
+from pipeline.wiring import build_normaliser
 
 START_MS = 1_790_000_123_000  # not on a window boundary: the run straddles one
 

@@ -24,7 +24,7 @@ from pipeline.sim.scorecard import (
     score,
     write_outputs,
 )
-from pipeline.stream.app import build_normaliser
+from pipeline.wiring import build_normaliser
 
 T0 = 1_789_999_200_000  # on a 15-minute boundary
 SEC = 1000

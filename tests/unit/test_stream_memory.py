@@ -14,9 +14,9 @@ from pipeline.core.engine import Engine
 from pipeline.core.policy import DEFAULT_POLICY, policy_from_toml
 from pipeline.errors import ConfigError
 from pipeline.settings import Settings
-from pipeline.stream.app import build_normaliser
 from pipeline.stream.ingest import Ingest, Record
 from pipeline.stream.memory import MemoryPipeline
+from pipeline.wiring import build_normaliser
 
 T0 = datetime(2026, 11, 1, tzinfo=UTC)
 NOW_MS = int((T0 + timedelta(days=1)).timestamp() * 1000)

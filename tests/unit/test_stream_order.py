@@ -12,9 +12,9 @@ from pipeline.core.engine import Engine, replay_order
 from pipeline.core.policy import policy_from_toml
 from pipeline.core.sequence import Sequencer
 from pipeline.settings import Settings
-from pipeline.stream.app import build_normaliser
 from pipeline.stream.ingest import Record
 from pipeline.stream.memory import MemoryPipeline
+from pipeline.wiring import build_normaliser
 from tests.unit.test_stream_memory import NOW_MS, records
 
 # Low thresholds so a short stream trips every kind of rule, rule 8 and spray included.

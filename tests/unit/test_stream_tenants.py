@@ -10,8 +10,8 @@ from pipeline.core.dedupe import Deduper
 from pipeline.core.engine import Engine
 from pipeline.errors import ConfigError
 from pipeline.settings import load_settings
-from pipeline.stream.app import build_normaliser
 from pipeline.stream.ingest import Ingest, Record
+from pipeline.wiring import build_normaliser
 from tests.unit.test_core_support import att
 from tests.unit.test_edge_support import SETTINGS
 

@@ -45,7 +45,7 @@ from pipeline.settings import Settings, ensure_digest_key_file
 
 log = get_logger("stack")
 
-KAFKA_DEPLOY_DIR = Path(__file__).resolve().parents[1] / "deploy" / "local" / "kafka"
+KAFKA_DEPLOY_DIR = Path(__file__).resolve().parents[2] / "deploy" / "local" / "kafka"
 POM_PATH = KAFKA_DEPLOY_DIR / "pom.xml"
 TEMPLATE_PATH = KAFKA_DEPLOY_DIR / "server.properties.template"
 LOG4J_PATH = KAFKA_DEPLOY_DIR / "log4j2.properties"
@@ -676,10 +676,10 @@ def run_stack_command(action: str, settings: Settings) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m pipeline.stack fetch-libs <dir>``: pre-fetch the broker jars (scripts/setup)."""
+    """``python -m pipeline.dev.stack fetch-libs <dir>``: pre-fetch the broker jars (scripts/setup)."""
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) != 2 or args[0] != "fetch-libs":
-        print("usage: python -m pipeline.stack fetch-libs <libs-dir>", file=sys.stderr)
+        print("usage: python -m pipeline.dev.stack fetch-libs <libs-dir>", file=sys.stderr)
         return 2
     configure_logging(one_shot=True)  # like `authpipe stack`: console lines on stderr
     try:

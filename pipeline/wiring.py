@@ -1,0 +1,54 @@
+"""What every component builds the same way from settings: the policy and the Normaliser.
+
+The worker, the edge, the simulator, the scorecard, the backtest and the report must
+agree on both (the same digests, sources and case rules), so each builds them here and
+none reaches into another's package for them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pipeline.core.attempt import Normaliser
+from pipeline.core.keys import Digester
+from pipeline.core.normalise import NetworkSet, SourceRules
+from pipeline.core.policy import DEFAULT_POLICY, Policy, policy_from_toml
+from pipeline.errors import ConfigError
+from pipeline.settings import Settings, require_digest_key
+
+
+def load_policy(path: Path | None) -> Policy:
+    """The policy from a TOML file, or the built-in defaults."""
+    if path is None:
+        return DEFAULT_POLICY
+    return policy_from_toml(path.read_text(encoding="utf-8"))
+
+
+
+def build_normaliser(settings: Settings, policy: Policy | None = None) -> Normaliser:
+    """The Normaliser every component must share (worker, edge, simulator, reports).
+
+    Case-sensitive tenants are ``ingest.case_sensitive_tenants`` plus the tenants whose
+    policy says ``case_sensitive = true``; the policy is ``settings.policy_path`` unless
+    given. Raises ConfigError for ``case_sensitive`` in the policy's ``[defaults]``, which
+    a list of tenants cannot express.
+    """
+    if policy is None:
+        policy = load_policy(settings.policy_path)
+    if policy.defaults.case_sensitive:
+        raise ConfigError(
+            "the policy sets case_sensitive = true in [defaults]; set it per tenant "
+            "([tenants.<name>] case_sensitive = true) or list the tenants in "
+            "ingest.case_sensitive_tenants"
+        )
+    ingest = settings.ingest
+    return Normaliser(
+        digester=Digester(require_digest_key(settings)),
+        sources=SourceRules(
+            trusted_proxies=NetworkSet(ingest.trusted_proxies),
+            ipv4_prefix=ingest.ipv4_prefix,
+            ipv6_prefix=ingest.ipv6_prefix,
+        ),
+        case_sensitive_tenants=frozenset(ingest.case_sensitive_tenants)
+        | policy.case_sensitive_tenants(),
+    )
