@@ -1060,28 +1060,29 @@ class TenantRollup:
         self.fired: set[tuple[str, int]] = set()
         self.first_window: dict[str, int] = {}
         self.touched: dict[tuple[str, int], None] = {}
+        self.touched_unknown: dict[tuple[str, int], None] = {}
         self.tick_ms = -1
         self._configs: dict[str, TenantSprayConfig] = {}
         self.stuffing = TenantStuffing()
 
-    def update(self, tenant: str, window: int, kind: str, part: int, share: int) -> Alert | None:
+    def update(self, tenant: str, window: int, kind: str, part: int, share: int) -> None:
         """Record a shard's latest share (``kind`` "a" accounts or "s" sources of rule 8,
-        evaluated by ``advance``; "u" distinct unknown accounts of ``stuffing_tenant``,
-        which is evaluated on the share itself and may return its alert)."""
+        "u" distinct unknown accounts of ``stuffing_tenant``); ``advance`` evaluates both."""
         if kind == "u":
-            return self._stuffing(tenant, window, part, share)
+            if self.stuffing.record(tenant, window, part, share):
+                self.touched_unknown[(tenant, window)] = None
+            return
         if window < self.first_window.get(tenant, window + 1):
             self.first_window[tenant] = window
         share_key = (kind, tenant, window, part)
         old = self.shares.get(share_key, 0)
         if share <= old:
-            return None
+            return
         self.shares[share_key] = share
         slot = (tenant, window)
         totals = self.accounts if kind == "a" else self.sources
         totals[slot] = totals.get(slot, 0) + share - old
         self.touched[slot] = None
-        return None
 
     def advance(self, time_ms: int) -> list[Alert]:
         """Everything before ``time_ms`` is recorded: evaluate the windows touched since
@@ -1090,7 +1091,7 @@ class TenantRollup:
         if boundary <= self.tick_ms:
             return []
         self.tick_ms = boundary
-        if not self.touched:
+        if not self.touched and not self.touched_unknown:
             return []
         alerts = []
         for slot in sorted(self.touched):
@@ -1098,6 +1099,11 @@ class TenantRollup:
             if alert is not None:
                 alerts.append(alert)
         self.touched.clear()
+        for slot in sorted(self.touched_unknown):
+            alert = self._stuffing(*slot)
+            if alert is not None:
+                alerts.append(alert)
+        self.touched_unknown.clear()
         return alerts
 
     def _evaluate(self, tenant: str, window: int) -> Alert | None:
@@ -1122,12 +1128,11 @@ class TenantRollup:
             start + cfg.window_ms, self.policy.policy_version,
         )  # fmt: skip
 
-    def _stuffing(self, tenant: str, window: int, part: int, share: int) -> Alert | None:
+    def _stuffing(self, tenant: str, window: int) -> Alert | None:
         cfg = self.policy.for_tenant(tenant).stuffing
-        total = self.stuffing.update(
-            tenant, window, part, share, cfg.tenant_min_unknown, cfg.tenant_factor,
-            cfg.tenant_baseline_windows,
-        )  # fmt: skip
+        total = self.stuffing.evaluate(
+            tenant, window, cfg.tenant_min_unknown, cfg.tenant_factor, cfg.tenant_baseline_windows
+        )
         if not total:
             return None
         start = window * cfg.tenant_window_ms
@@ -1197,9 +1202,7 @@ class Engine:
     def _drain_unknown(self) -> None:
         partials = self.out.unknown_partials
         for (tenant, window), share in partials.items():
-            alert = self.rollup.update(tenant, window, "u", 0, share)
-            if alert is not None:
-                self.out.alerts.append(alert)
+            self.rollup.update(tenant, window, "u", 0, share)
         partials.clear()
 
     def finish(self) -> None:

@@ -70,19 +70,22 @@ class TenantStuffing:
         self.fired: dict[tuple[str, int], int] = {}
         """The total at a window's first firing; ``REFIRED`` once it fired again."""
 
-    def update(
-        self, tenant: str, window: int, part: int, share: int,
-        min_unknown: int, factor: float, baseline_windows: int,
-    ) -> int:  # fmt: skip
-        """Record a shard's share; returns the window's total when it fires now, else 0."""
+    def record(self, tenant: str, window: int, part: int, share: int) -> bool:
+        """Record a shard's share; True when the window's total moved (evaluate it)."""
         share_key = (tenant, window, part)
         old = self.shares.get(share_key, 0)
         if share <= old:
-            return 0
+            return False
         self.shares[share_key] = share
         slot = (tenant, window)
-        total = self.totals.get(slot, 0) + share - old
-        self.totals[slot] = total
+        self.totals[slot] = self.totals.get(slot, 0) + share - old
+        return True
+
+    def evaluate(self, tenant: str, window: int, min_unknown: int, factor: float, baseline_windows: int) -> int:
+        """The window's total when it fires now, else 0 (called at second boundaries of
+        event time, like rule 8, so the answer does not depend on how shares were cut)."""
+        slot = (tenant, window)
+        total = self.totals.get(slot, 0)
         first = self.fired.get(slot, 0)
         if first == REFIRED or (first and total < 2 * first):
             return 0

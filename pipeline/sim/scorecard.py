@@ -735,8 +735,9 @@ def design_reasons(events: Sequence[TruthEvent], verdicts: Sequence[Verdict]) ->
     """Per event: why a seed's rule refused this legitimate attempt on purpose, else None.
 
     ``BY_DESIGN`` names the cohorts a rule refuses on purpose; a lock refusal of any other
-    legitimate attempt is by design when attacker failures let through on the account are
-    in its run (since its last untrusted success), ``ATTACKED_RUN``, or failures of the
+    legitimate attempt is by design when attacker failures on the account are in its run
+    (since its last untrusted success; the simulator enforces nothing, so the worker counted
+    them whether or not a gateway would have refused them), ``ATTACKED_RUN``, or failures of the
     account's own stale app, ``STALE_APP_RUN``."""
     fed: dict[tuple[str, str], str] = {}
     reasons: list[str | None] = []
@@ -751,7 +752,9 @@ def design_reasons(events: Sequence[TruthEvent], verdicts: Sequence[Verdict]) ->
                 reason = fed.get(account)
         reasons.append(reason)
         counted = verdict.allowed and a.password_flow and not a.trusted
-        if counted and not a.success and event.role == ATTACKER:
+        # The simulated login service enforces nothing, so the worker counted an attacker's
+        # failure into the run even where a gateway would have refused it.
+        if a.password_flow and not a.trusted and not a.success and event.role == ATTACKER:
             fed[account] = ATTACKED_RUN
         elif counted and not a.success and event.cohort == "stale_app":
             fed.setdefault(account, STALE_APP_RUN)
@@ -887,10 +890,9 @@ def _match_alert(
         at_ms, shares = tenant_windows.contributions(
             alert.tenant, start_ms, end_ms, alert.count, unknown_only=alert.type == "stuffing_tenant"
         )
-        if alert.type == "spray_tenant":
-            # Rule 8 is evaluated at second boundaries of event time: it fired at the first
-            # one after the window's ``count``-th account failed, however the outputs were read.
-            at_ms = at_ms - at_ms % TICK_MS + TICK_MS
+        # Both are evaluated at second boundaries of event time: each fired at the first
+        # one after its window's ``count``-th account failed, however the outputs were read.
+        at_ms = at_ms - at_ms % TICK_MS + TICK_MS
         attacker_share = sum(v for k, v in shares.items() if k is not None)
         if attacker_share < MIN_ATTACKER_SHARE:
             return (

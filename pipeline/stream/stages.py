@@ -390,8 +390,8 @@ class RollupStage:
     Shares are absolute values (each shard's latest count), so replays and duplicates are
     harmless. They are held by a ``Sequencer`` over every account and source partition and
     recorded in event-time order; rule 8 is evaluated at second boundaries
-    (``TenantRollup.advance``) and ``stuffing_tenant`` on the released share itself, so the
-    alerts do not depend on which partition's shares arrived first."""
+    (``TenantRollup.advance``), ``stuffing_tenant`` too, so the alerts do not depend on
+    which partition's shares arrived first or how they were cut."""
 
     def __init__(self, policy: Policy, partitions: int = 1) -> None:
         self.policy = policy
@@ -427,10 +427,12 @@ class RollupStage:
         for tenant, window, kind, part, share in shares:
             rollup.update(tenant, window, kind, part, share)
         rollup.touched.clear()
+        rollup.touched_unknown.clear()
         if meta is not None:
-            tick_ms, touched, order = meta
+            tick_ms, touched, order = meta[:3]
             rollup.tick_ms = tick_ms
             rollup.touched.update(((t, w), None) for t, w in touched)
+            rollup.touched_unknown.update(((t, w), None) for t, w in (meta[3] if len(meta) > 3 else ()))
             sequencer.restore_meta(order)
         sequencer.finish_restore()
         self.rollups[partition] = rollup
@@ -457,20 +459,22 @@ class RollupStage:
         alerts: list[Any] = []
         for _seq, time_ms, (tenant, window, kind, part, share) in sequencer.release():
             alerts.extend(rollup.advance(time_ms))
-            alert = rollup.update(tenant, window, kind, part, share)
+            rollup.update(tenant, window, kind, part, share)
             result.changelog.append((dumps([partition, tenant, window, kind, part]), dumps(share)))
-            if alert is not None:  # stuffing_tenant, raised on its share
-                result.alerts.append(encode(alert))
-                state = rollup.stuffing.fired[(tenant, window)]  # it may fire once more
-                result.changelog.append((dumps([partition, "fired", tenant, window, "u"]), dumps(state)))
         alerts.extend(rollup.advance(sequencer.released_ms))
         for alert in alerts:
             result.alerts.append(encode(alert))
-            result.changelog.append((dumps([partition, "fired", alert.tenant, _window(alert)]), b"1"))
+            window = _window(alert)
+            if alert.type == "stuffing_tenant":  # what TenantStuffing.fired holds (it may fire once more)
+                state = rollup.stuffing.fired[(alert.tenant, window)]
+                result.changelog.append((dumps([partition, "fired", alert.tenant, window, "u"]), dumps(state)))
+            else:
+                result.changelog.append((dumps([partition, "fired", alert.tenant, window]), b"1"))
         added, removed = sequencer.take_changes()  # in the order _Stage._finish explains
         for (upstream, position), held in added:
             result.changelog.append((_changelog_key(partition, ["held", upstream, position]), dumps(held)))
-        meta = [rollup.tick_ms, [list(slot) for slot in rollup.touched], sequencer.meta()]
+        meta = [rollup.tick_ms, [list(slot) for slot in rollup.touched], sequencer.meta(),
+                [list(slot) for slot in rollup.touched_unknown]]  # fmt: skip
         result.changelog.append((_changelog_key(partition, ["order"]), dumps(meta)))
         for upstream, position in removed:
             result.changelog.append((_changelog_key(partition, ["held", upstream, position]), None))

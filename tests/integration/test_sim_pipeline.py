@@ -135,9 +135,12 @@ def test_mixed_run_through_the_worker_catches_every_attack_and_refuses_nobody(
     statuses = {a["attack"]: a["status"] for a in card["attacks"]}
     assert statuses == {
         "brute_force": "stopped", "distributed_brute_force": "stopped", "lockout_dos": "stopped",
-        "uia_bruteforce": "stopped", "spray": "slowed",  # the lock refuses 1 (spray + a user's typos)
-        "low_and_slow_spray": "detected_only",
-        "credential_stuffing": "detected_only",
+        "uia_bruteforce": "stopped",
+        # This run packs the spray's 6,000 attempts into 5 minutes: its source fails mostly on
+        # unknown accounts, so the stuffing rule blocks it (spray itself stays signal-only).
+        "spray": "stopped",
+        "low_and_slow_spray": "slowed",  # some proxies fail mostly on unknown accounts
+        "credential_stuffing": "stopped",
     }, done.stdout  # fmt: skip
     attacks = {a["attack"]: a for a in card["attacks"]}
     # Every proxy is blocked. (Takeovers are not asserted here: this run packs 4,200
@@ -145,8 +148,9 @@ def test_mixed_run_through_the_worker_catches_every_attack_and_refuses_nobody(
     # account partitions forward them, so which early attempt trips the block varies
     # between live runs; tests/unit/test_sim_engine.py asserts 0 at the demo's pace.)
     assert attacks["credential_stuffing"]["blocks"] == {"stuffing": 60}
-    assert set(attacks["low_and_slow_spray"]["blocks"]) <= {"stuffing"}  # spray stays signal-only
-    assert attacks["spray"]["blocks"] == {}
+    # Spray stays signal-only: only the stuffing rule and the seed 002 lock refuse its attempts.
+    assert set(attacks["low_and_slow_spray"]["blocks"]) <= {"stuffing", "lockout"}
+    assert set(attacks["spray"]["blocks"]) <= {"stuffing", "lockout"}
     assert card["all_attacks_caught"] is True
     assert card["legitimate"]["refused"] == 0, card["legitimate"]["examples"]
     assert card["legitimate"]["by_cohort"]["owner_trusted_device"] == {"attempts": 26, "refused": 0}

@@ -142,15 +142,22 @@ def test_stuffing_tenant_fires_within_seconds_of_a_wave_across_proxies() -> None
     assert decisions(engine.out) == []
 
 
+def update(waves: TenantStuffing, tenant: str, window: int, part: int, share: int,
+           min_unknown: int, factor: float, baseline_windows: int) -> int:  # fmt: skip
+    """Record a share, then evaluate at the next second boundary (what the rollup does)."""
+    waves.record(tenant, window, part, share)
+    return waves.evaluate(tenant, window, min_unknown, factor, baseline_windows)
+
+
 def test_tenant_stuffing_shares_are_absolute_and_fired_windows_do_not_teach_the_baseline() -> None:
     """Replayed shares change nothing; a fired window counts at its own baseline."""
     waves = TenantStuffing()
-    assert waves.update("t", 0, 0, 19, 20, 5.0, 15) == 0
-    assert waves.update("t", 0, 1, 1, 20, 5.0, 15) == 20
-    assert waves.update("t", 0, 1, 1, 20, 5.0, 15) == 0
-    assert waves.update("t", 0, 0, 39, 20, 5.0, 15) == 40
-    assert waves.update("t", 0, 0, 500, 20, 5.0, 15) == 0  # two alerts per window at most
-    assert waves.update("t", 1, 0, 20, 20, 5.0, 15) == 20  # window 0 counted at baseline 0
+    assert update(waves, "t", 0, 0, 19, 20, 5.0, 15) == 0
+    assert update(waves, "t", 0, 1, 1, 20, 5.0, 15) == 20
+    assert update(waves, "t", 0, 1, 1, 20, 5.0, 15) == 0
+    assert update(waves, "t", 0, 0, 39, 20, 5.0, 15) == 40
+    assert update(waves, "t", 0, 0, 500, 20, 5.0, 15) == 0  # two alerts per window at most
+    assert update(waves, "t", 1, 0, 20, 20, 5.0, 15) == 20  # window 0 counted at baseline 0
 
 
 @given(st.integers(0, 100), st.integers(0, 100), st.booleans(), st.integers(1, 10))
@@ -183,9 +190,10 @@ def test_rollup_stage_restores_stuffing_firings_from_its_changelog() -> None:
 
     def at(time_ms: int, part: int, share: int) -> list[list[Any]]:
         """One share of source partition ``part`` at ``time_ms``, and every upstream
-        partition's mark past it (the sequencer releases it)."""
+        partition's mark a second past it (the sequencer releases it, and the rollup
+        evaluates at that second boundary)."""
         row: list[Any] = ["t", 7, "u", part, share, time_ms, f"e{time_ms}", time_ms]
-        return [row] + [[None, time_ms + 1, kind, p] for kind in "as" for p in range(2)]
+        return [row] + [[None, time_ms + 1000, kind, p] for kind in "as" for p in range(2)]
 
     base_ms = 7 * 60_000
     stage = RollupStage(DEFAULT_POLICY, partitions=2)
@@ -194,12 +202,12 @@ def test_rollup_stage_restores_stuffing_firings_from_its_changelog() -> None:
     assert [orjson_type(a) for a in first.alerts] == ["stuffing_tenant"]
     again = RollupStage(DEFAULT_POLICY, partitions=2)
     again.rebuild(0, [(k, v) for k, v in first.changelog if v is not None])
-    assert again.process(0, at(base_ms + 10, 1, 5)).alerts == []
-    second = again.process(0, at(base_ms + 20, 1, 20))
+    assert again.process(0, at(base_ms + 1000, 1, 5)).alerts == []
+    second = again.process(0, at(base_ms + 2000, 1, 20))
     assert [orjson_type(a) for a in second.alerts] == ["stuffing_tenant"]
     third = RollupStage(DEFAULT_POLICY, partitions=2)
     third.rebuild(0, [(k, v) for k, v in first.changelog + second.changelog if v is not None])
-    assert third.process(0, at(base_ms + 30, 1, 500)).alerts == []
+    assert third.process(0, at(base_ms + 3000, 1, 500)).alerts == []
 
 
 def orjson_type(raw: bytes) -> str:
