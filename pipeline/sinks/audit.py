@@ -102,6 +102,7 @@ from pipeline.contracts.codec import loads
 from pipeline.contracts.models import AUDIT_COLUMNS, datetime_to_ms
 from pipeline.core.grouping import within_grouping
 from pipeline.errors import AuthpipeError
+from pipeline.kafka_client import client_kwargs
 from pipeline.logs import get_logger
 from pipeline.runtime import tune_gc
 from pipeline.settings import Settings
@@ -842,7 +843,7 @@ class AuditSink:
             else INSERT_SETTINGS
         )
         self.quarantine = Quarantine(
-            kafka.bootstrap_servers, kafka.dlq_topic, insert_settings=self.insert_settings
+            client_kwargs(kafka), kafka.dlq_topic, insert_settings=self.insert_settings
         )
         self._last_progress_s = time.monotonic()
 

@@ -112,8 +112,8 @@ def _locate(row: Any, fallback: tuple[str, int, int]) -> tuple[str, int, int]:
 class DeadLetterProducer:
     """Sends quarantined rows to the dead-letter topic; started lazily, on first use."""
 
-    def __init__(self, bootstrap_servers: str, topic: str) -> None:
-        self.bootstrap_servers = bootstrap_servers
+    def __init__(self, client: Mapping[str, Any], topic: str) -> None:
+        self.client = client  # bootstrap_servers and the TLS/SASL options (kafka_client)
         self.topic = topic
         self._producer: Any = None
 
@@ -123,7 +123,7 @@ class DeadLetterProducer:
             from aiokafka import AIOKafkaProducer
 
             producer = AIOKafkaProducer(
-                bootstrap_servers=self.bootstrap_servers, acks="all", enable_idempotence=True,
+                **self.client, acks="all", enable_idempotence=True,
                 max_request_size=4 * 1024 * 1024,
             )  # fmt: skip
             await producer.start()
@@ -147,9 +147,9 @@ class Quarantine:
     """The sink's quarantine: rejects waiting to be set aside, and the two writes."""
 
     def __init__(
-        self, bootstrap_servers: str, topic: str, *, insert_settings: Mapping[str, Any] | None = None
+        self, client: Mapping[str, Any], topic: str, *, insert_settings: Mapping[str, Any] | None = None
     ) -> None:
-        self.producer = DeadLetterProducer(bootstrap_servers, topic)
+        self.producer = DeadLetterProducer(client, topic)
         self.insert_settings = insert_settings
         self.pending: deque[Quarantined] = deque()
         self.rows = 0

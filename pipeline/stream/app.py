@@ -32,7 +32,7 @@ from collections.abc import AsyncIterator, Awaitable, Iterable
 from typing import Any
 
 import faust
-from aiokafka import AIOKafkaConsumer
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
 from aiokafka.structs import TopicPartition
 
 from pipeline.contracts.codec import dumps, loads
@@ -69,6 +69,28 @@ def wall_ms() -> int:
     """The only clock read of the stream shell (the core never reads one)."""
     return time.time_ns() // 1_000_000
 
+
+
+class RereadLast(ConsumerRebalanceListener):  # type: ignore[misc]
+    """On assignment, ingest re-reads each input partition's last committed record.
+
+    Its event time is that partition's mark (``pipeline.stream.marks``): an ingest that
+    restarts with its input already read would otherwise send no marks, and the stages
+    would hold the rows they had not released before the restart until new input came.
+    The account stage skips the re-read row as a replay (it remembers the highest input
+    offset it applied per input partition)."""
+
+    def __init__(self, consumer: AIOKafkaConsumer) -> None:
+        self.consumer = consumer
+
+    async def on_partitions_revoked(self, revoked: Any) -> None:
+        return None
+
+    async def on_partitions_assigned(self, assigned: Any) -> None:
+        for tp in assigned:
+            committed = await self.consumer.committed(tp)
+            if committed:
+                self.consumer.seek(tp, committed - 1)
 
 def broker_credentials(kafka: KafkaSettings) -> Any:
     """faust's form of ``security_kwargs``: None for PLAINTEXT, else SSL or SASL credentials
@@ -227,7 +249,6 @@ class Worker:
     async def _ingest_loop(self) -> None:
         s = self.settings
         consumer = AIOKafkaConsumer(
-            self.topics.input,
             **client_kwargs(s.kafka),
             group_id=f"{s.kafka.app_id}-ingest",
             enable_auto_commit=False,
@@ -235,6 +256,7 @@ class Worker:
             max_partition_fetch_bytes=4 * 1024 * 1024,
             fetch_max_wait_ms=s.worker.batch_max_wait_ms,
         )
+        consumer.subscribe([self.topics.input], listener=RereadLast(consumer))
         await consumer.start()
         self.ingest_ready.set()
         try:

@@ -13,9 +13,8 @@ passes in; the wall clock only decides when a partition counts as idle.
   that reached any partition in the last ``idle_ms`` (a producer's next event there is
   about as new as what the others receive now, live or replaying a backlog);
 * when every partition is read to its end and silent for ``idle_ms``, everything read is
-  released (mark = newest + 1, or the wall clock less ``slack_ms`` if later, then
-  following the wall clock in steps of ``slack_ms`` while the quiet lasts): the tail of a
-  replayed backlog, a quiet moment, rows held from before a restart, rows dated ahead.
+  released (mark = newest + 1, or the wall clock less ``slack_ms`` if later): the tail of
+  a replayed backlog, or a quiet moment.
 
 The reordering therefore costs a live event at most the time until every input
 partition has delivered a later event, and at most ``idle_ms`` of wall time plus
@@ -69,7 +68,9 @@ class InputMarks:
                 self.caught_up_ms.setdefault(p, wall_ms)
             else:
                 self.caught_up_ms.pop(p, None)
-        top = max(self.latest.values()) if self.latest else NO_MARK
+        if not self.latest:
+            return []
+        top = max(self.latest.values())
         idle = {
             p for p in parts
             if p in done and wall_ms - max(self.caught_up_ms[p], self.arrived_ms.get(p, NO_MARK)) >= self.idle_ms
@@ -80,14 +81,8 @@ class InputMarks:
             # later than that is released too, and a live producer's next event is newer.
             # Taken once per quiet period: marks that follow the wall clock would send
             # envelopes through every stage every batch while nothing happens.
-            # While the quiet lasts it follows the wall clock in steps of ``slack_ms``: rows
-            # held from before a restart (this ingest read nothing since) and rows dated
-            # ahead of the wall clock are released once it passes them.
-            floor = wall_ms - self.slack_ms
             if self.flush_ms is None:
-                self.flush_ms = max(top + 1, floor)
-            elif floor - self.flush_ms >= self.slack_ms:
-                self.flush_ms = floor
+                self.flush_ms = max(top + 1, wall_ms - self.slack_ms)
             return [[p, self.flush_ms] for p in parts]
         self.flush_ms = None
         recent = self.recent

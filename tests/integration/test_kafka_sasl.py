@@ -162,9 +162,10 @@ def test_worker_edge_and_sink_run_through_the_sasl_listener(
             with open_clickhouse(clickhouse) as ch:
                 counts = (int(ch.query("SELECT count() FROM attempts")[0][0]),
                           int(ch.query("SELECT count() FROM decisions")[0][0]))  # fmt: skip
-            return counts if counts == (5, 1) else None
+            return counts if counts == (5, 2) else None
 
-        wait_until(written, 60, interval_s=0.5, description="5 audit rows and the decision in ClickHouse")
+        # The account_source block and the seed 002 lock beside it.
+        wait_until(written, 60, interval_s=0.5, description="5 audit rows and the 2 decisions in ClickHouse")
     finally:
         sink.terminate()
         sink.wait(30)

@@ -48,7 +48,7 @@ def test_audit_rows_before_1970_are_rejects_with_a_reason_not_silent_drops() -> 
     message = decode_audit(12, orjson.dumps(body))
     assert (len(message.rows), message.bad_rows) == (1, 2)
     assert [reason for reason, _ in message.rejects] == ["past_timestamp", "invalid_row"]
-    quarantine = Quarantine("127.0.0.1:1", "dlq")
+    quarantine = Quarantine({"bootstrap_servers": "127.0.0.1:1"}, "dlq")
     quarantine.queue_rejects("auth.audit", 0, 12, message.rejects)
     assert [(q.reason, q.token, q.dead_letter_rows(0)) for q in quarantine.pending] == [
         ("invalid_row", "rejects:auth.audit:0:12:invalid_row",
