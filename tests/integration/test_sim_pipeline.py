@@ -147,7 +147,8 @@ def test_mixed_run_through_the_worker_catches_every_attack_and_refuses_nobody(
     # attempts into 105 s, and the source stage sees a proxy's attempts in the order the
     # account partitions forward them, so which early attempt trips the block varies
     # between live runs; tests/unit/test_sim_engine.py asserts 0 at the demo's pace.)
-    assert attacks["credential_stuffing"]["blocks"] == {"stuffing": 60}
+    stuffing_blocks = attacks["credential_stuffing"]["blocks"]
+    assert stuffing_blocks["stuffing"] == 60 and set(stuffing_blocks) <= {"stuffing", "lockout"}
     # Spray stays signal-only: only the stuffing rule and the seed 002 lock refuse its attempts.
     assert set(attacks["low_and_slow_spray"]["blocks"]) <= {"stuffing", "lockout"}
     assert set(attacks["spray"]["blocks"]) <= {"stuffing", "lockout"}
