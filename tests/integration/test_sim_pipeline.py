@@ -99,18 +99,6 @@ def settled(probe: Callable[[], Any], quiet_s: float) -> Callable[[], bool]:
     return check
 
 
-def wait_for_outputs(bootstrap: str, names: StreamNames, outputs: list[str]) -> None:
-    """Until the worker's internal topics have no lag and ``outputs``' end offsets have not
-    moved for QUIET_S seconds."""
-
-    def probe() -> tuple[int, int] | None:
-        lag = internal_lag(bootstrap, names)
-        return None if lag else (lag, end_offsets(bootstrap, outputs))
-
-    wait_until(settled(probe, QUIET_S), SETTLE_TIMEOUT_S, interval_s=1.0,
-               description="no internal lag and the outputs settled")  # fmt: skip
-
-
 @pytest.mark.timeout(1200)
 def test_mixed_run_through_the_worker_catches_every_attack_and_refuses_nobody(
     kafka_bootstrap: str, stream_names: StreamNames, worker_env: dict[str, str],
@@ -131,7 +119,13 @@ def test_mixed_run_through_the_worker_catches_every_attack_and_refuses_nobody(
     wait_until(lambda: worker.metric("authpipe_events_total") >= produced, INGEST_TIMEOUT_S,
                interval_s=1.0, description=f"the worker to ingest {produced} events")  # fmt: skip
     outputs = [stream_names.decisions, stream_names.alerts]
-    wait_for_outputs(kafka_bootstrap, stream_names, outputs)
+
+    def probe() -> tuple[int, int] | None:
+        lag = internal_lag(kafka_bootstrap, stream_names)
+        return None if lag else (lag, end_offsets(kafka_bootstrap, outputs))
+
+    wait_until(settled(probe, QUIET_S), SETTLE_TIMEOUT_S, interval_s=1.0,
+               description="no internal lag and decisions and alerts settled")  # fmt: skip
 
     card_path = tmp_path / "card.json"
     done = cli(env, "scorecard", "--truth", str(truth), "--decisions-from-topic", "--out", str(card_path))
