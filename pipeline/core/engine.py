@@ -1065,6 +1065,12 @@ class TenantRollup:
         self._configs: dict[str, TenantSprayConfig] = {}
         self.stuffing = TenantStuffing()
 
+    def recorded(self, tenant: str, window: int, kind: str, part: int) -> int:
+        """The share last recorded for a shard (0 if none): a share at or below it is old."""
+        if kind == "u":
+            return self.stuffing.shares.get((tenant, window, part), 0)
+        return self.shares.get((kind, tenant, window, part), 0)
+
     def update(self, tenant: str, window: int, kind: str, part: int, share: int) -> None:
         """Record a shard's latest share (``kind`` "a" accounts or "s" sources of rule 8,
         "u" distinct unknown accounts of ``stuffing_tenant``); ``advance`` evaluates both."""

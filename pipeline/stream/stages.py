@@ -452,10 +452,12 @@ class RollupStage:
             upstream = share[3] if share[2] == "a" else self.partitions + share[3]
             if share[0] is None:
                 sequencer.mark(upstream, share[1])
-            elif share[5] >= sequencer.released_ms or share[4] > rollup.shares.get(
-                (share[2], share[0], share[1], share[3]), 0
-            ):  # an older share re-sent after an upstream's restart carries nothing: skipped
-                sequencer.push(share[5], share[6], upstream, share[7], share[:5])
+            elif share[5] >= sequencer.released_ms or share[4] > rollup.recorded(*share[:4]):
+                # (an older share re-sent after an upstream's restart carries nothing: skipped)
+                # One source row may change its "s" and its "u" share under one upstream
+                # position: the held row's position tells them apart.
+                position = 2 * share[7] + (share[2] == "u")
+                sequencer.push(share[5], share[6], upstream, position, share[:5])
         alerts: list[Any] = []
         for _seq, time_ms, (tenant, window, kind, part, share) in sequencer.release():
             alerts.extend(rollup.advance(time_ms))

@@ -14,6 +14,7 @@ from pipeline.core.sequence import Sequencer
 from pipeline.settings import Settings
 from pipeline.stream.ingest import Record
 from pipeline.stream.memory import MemoryPipeline
+from pipeline.stream.stages import RollupStage
 from pipeline.wiring import build_normaliser
 from tests.unit.test_stream_memory import NOW_MS, records
 
@@ -117,3 +118,23 @@ def test_any_number_of_stage_partitions_gives_the_engines_outputs() -> None:
             twin.feed(RECORDS[start : start + 450], NOW_MS)
         twin.finish()
         assert outputs([v for _, v in twin.out.decisions if v is not None], twin.out.alerts) == EXPECTED
+
+
+def test_the_rollup_records_a_rows_spray_and_stuffing_shares_though_they_share_its_position() -> None:
+    """One source-stage row can change both its tenant share ("s") and its unknown-account
+    share ("u"), stamped with the same upstream position: the rollup records both, and
+    skips both when an upstream's restart sends them again."""
+    stage = RollupStage(POLICY, partitions=1)
+    stage.rebuild(0, [])
+    shares = [
+        ["acme", 7, "s", 0, 1, 1_000, "e1", 0],
+        ["acme", 7, "u", 0, 1, 1_000, "e1", 0],
+        [None, 2_000, "a", 0],
+        [None, 2_000, "s", 0],
+    ]
+    stage.process(0, shares)
+    rollup = stage.rollups[0]
+    assert (rollup.recorded("acme", 7, "s", 0), rollup.recorded("acme", 7, "u", 0)) == (1, 1)
+    assert (stage.sequencers[0].late, stage.sequencers[0].forced, len(stage.sequencers[0])) == (0, 0, 0)
+    stage.process(0, shares[:2])  # re-sent after an upstream's restart: old, skipped, not late
+    assert (stage.sequencers[0].late, len(stage.sequencers[0])) == (0, 0)
