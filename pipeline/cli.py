@@ -110,14 +110,6 @@ def _existing_dir(text: str) -> Path:
     return path
 
 
-def _not_yet(name: str) -> Handler:
-    def handler(args: argparse.Namespace, settings: Settings) -> int:
-        print(f"authpipe {name}: not built yet in this version", file=sys.stderr)
-        return 2
-
-    return handler
-
-
 # -- simulator, scorecard, backtest, report (pipeline.sim) ------------------------------------
 
 

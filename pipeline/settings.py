@@ -162,7 +162,6 @@ class WorkerSettings(_Section):
         "127.0.0.1", min_length=1,
         description="metrics and readiness bind address; 0.0.0.0 in a container",
     )  # fmt: skip
-    entry_cap: int = Field(100_000, ge=10, description="entries per tenant per table")
 
 
 class EdgeSettings(_Section):

@@ -1,12 +1,12 @@
 """The faust-streaming worker: ingest loop, agents over batch envelopes, changelogs, web.
 
-Why batches: faust costs about 120 us per event it iterates and one changelog message
-per table write. So the input topic is read by an aiokafka ``getmany`` loop inside the
-faust worker (``ingest``), which validates and normalises a whole batch, dead-letters
-bad events, and writes ONE envelope per target partition to the internal
-``attempts-by-account`` topic. faust agents then iterate envelopes, not events: the
-framework's cost is paid per envelope of hundreds of rows, and each changed state key
-is written to the changelog once per envelope, not once per event.
+Invariants: faust iterates envelopes, never single events. The input topic is read by an
+aiokafka ``getmany`` loop inside the faust worker (``ingest``), which validates and
+normalises a whole batch, dead-letters bad events, and writes ONE envelope per target
+partition to the internal ``attempts-by-account`` topic; the agents iterate envelopes, and
+each changed state key is written to its changelog once per envelope. (Why: faust's cost
+per iterated message and per table write; figures in bench/README.md, "Where the time
+goes".)
 
 Flow inside one worker (every worker runs every stage; partitions spread the work):
 
@@ -17,10 +17,9 @@ Flow inside one worker (every worker runs every stage; partitions spread the wor
 State lives in the stages' core shards, made durable by compacted changelog topics (one
 per stage, written as record batches after an envelope's outputs are acknowledged). On
 assignment the worker reads each assigned partition's changelog back with an aiokafka
-reader (``pipeline.stream.restore``; faust's own table recovery replayed it a record at a
-time, about 370 us each) and rebuilds the shard from it before the partition's first
-envelope, expiring what was kept past its time. Two workers in one group own disjoint
-partitions, so a limit is enforced once, never twice.
+reader (``pipeline.stream.restore``) and rebuilds the shard from it before the
+partition's first envelope, expiring what was kept past its time. Two workers in one group
+own disjoint partitions, so a limit is enforced once, never twice.
 """
 
 from __future__ import annotations
@@ -219,7 +218,7 @@ class Worker:
     def _add_views(self, app: faust.App) -> None:
         # faust calls a page function as fun(view, request); plain closures, not methods.
         async def metrics(web: Any, request: Any) -> Any:
-            self.metrics.observe_state(self)
+            self.metrics.observe_state(self.accounts, self.sources, self.rollup, self.ready())
             body, content_type = self.metrics.render()
             return web.bytes(body, content_type=content_type)
 

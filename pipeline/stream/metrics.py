@@ -14,8 +14,7 @@ from prometheus_client import (
 )
 
 if TYPE_CHECKING:
-    from pipeline.stream.app import Worker
-    from pipeline.stream.stages import StageOutput
+    from pipeline.stream.stages import AccountStage, RollupStage, SourceStage, StageOutput
 
 
 class WorkerMetrics:
@@ -31,7 +30,7 @@ class WorkerMetrics:
         self.stage_rows_total = Counter(
             "authpipe_stage_rows_total", "rows processed by a stage", ["stage"], registry=r
         )
-        self.stage_skipped_total = Counter(
+        self.stage_replayed_rows_total = Counter(
             "authpipe_stage_replayed_rows_total", "replayed rows skipped", ["stage"], registry=r
         )
         self.stage_seconds_total = Counter(
@@ -89,7 +88,7 @@ class WorkerMetrics:
 
     def stage(self, name: str, rows: int, result: StageOutput, seconds: float) -> None:
         self.stage_rows_total.labels(stage=name).inc(rows)
-        self.stage_skipped_total.labels(stage=name).inc(result.skipped)
+        self.stage_replayed_rows_total.labels(stage=name).inc(result.skipped)
         self.stage_seconds_total.labels(stage=name).inc(seconds)
 
     def emitted(self, result: StageOutput) -> None:
@@ -98,19 +97,25 @@ class WorkerMetrics:
         self.alerts_total.inc(len(result.alerts))
         self.forwarded_total.inc(sum(len(rows) for rows in result.forwards.values()))
 
-    def observe_state(self, worker: Worker) -> None:
-        for name, stage in (("account", worker.accounts), ("source", worker.sources)):
+    def observe_state(
+        self, accounts: AccountStage, sources: SourceStage, rollup: RollupStage, ready: bool
+    ) -> None:
+        """Set the gauges from what the worker's stages hold now (handed in by the worker)."""
+        for name, stage in (("account", accounts), ("source", sources)):
             shards = list(stage.shards.values())
             self.table_entries.labels(stage=name).set(sum(s.entries() for s in shards))
             self.table_evictions.labels(stage=name).set(sum(s.evictions() for s in shards))
             self.active_decisions.labels(stage=name).set(sum(len(s.index) for s in shards))
-        for name, sequencers in (("account", worker.accounts.sequencers), ("source", worker.sources.sequencers),
-                                 ("rollup", worker.rollup.sequencers)):  # fmt: skip
+        for name, sequencers in (
+            ("account", accounts.sequencers),
+            ("source", sources.sequencers),
+            ("rollup", rollup.sequencers),
+        ):
             held = list(sequencers.values())
             self.held_rows.labels(stage=name).set(sum(len(q) for q in held))
             self.reorder_late.labels(stage=name).set(sum(q.late for q in held))
             self.reorder_forced.labels(stage=name).set(sum(q.forced for q in held))
-        self.ready.set(1 if worker.ready() else 0)
+        self.ready.set(1 if ready else 0)
 
     def lag(self, partition: int, messages: int) -> None:
         self.ingest_lag.labels(partition=str(partition)).set(max(0, messages))

@@ -1,12 +1,8 @@
 """Reading the stages' changelogs back at assignment: one aiokafka reader, whole fetches.
 
-Why not faust's table recovery: faust-streaming 0.15 replays a memory-store changelog one
-message at a time (its consumer thread hands each message to the event loop, a task per
-message, a 64-slot queue, a debug log line and a recount of the remaining offsets of
-every partition per message). Measured on 405,000 changelog records (B6, 100,000 tracked
-accounts): 150 CPU seconds, about 370 us per record, and 141-350 s to ready on this
-machine. The same records read with ``getmany`` in fetches of megabytes cost a few
-microseconds each in aiokafka plus a dict store per record here.
+Invariant: a partition's state is read with ``getmany`` in fetches of megabytes, never a
+record at a time through faust's table recovery (which replays a memory-store changelog
+message by message; the restart figures that decided this are B6 in bench/README.md).
 
 ``read_changelogs`` folds each partition into its live records (the last value per key,
 deleted keys dropped: what a fully compacted changelog holds, and what faust's memory store
