@@ -111,7 +111,7 @@ def versions() -> dict[str, str]:
             out[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
             out[name] = "absent"
-    from pipeline.dev.stack import POM_PATH, kafka_version
+    from pipeline.dev.jars import POM_PATH, kafka_version
 
     out["kafka_broker"] = kafka_version(POM_PATH.read_text())
     out["quixstreams"] = quix_env.REQUIREMENT.split("==")[1] if quix_env.env_ready() else "absent"

@@ -205,7 +205,8 @@ def broker(bootstrap: str | None) -> Iterator[str]:
     if bootstrap:
         yield bootstrap
         return
-    from pipeline.dev.stack import LocalKafka, port_free
+    from pipeline.dev.processes import port_free
+    from pipeline.dev.stack import LocalKafka
 
     state_dir = Path(tempfile.mkdtemp(prefix="authpipe-bench-kafka-"))
     port = free_port()

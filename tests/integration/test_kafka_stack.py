@@ -14,7 +14,8 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
-from pipeline.dev.stack import LocalKafka, pid_alive
+from pipeline.dev.processes import pid_alive
+from pipeline.dev.stack import LocalKafka
 from pipeline.kafka_admin import TopicMismatchError, TopicSpec, ensure_topics
 from tests.plugins.kafka import free_port_pair, shared_kafka_libs, unique_topic
 from tests.plugins.waiting import wait_until_async

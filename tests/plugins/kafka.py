@@ -24,7 +24,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.dev.stack import LocalKafka, fetch_libs, pid_alive, port_free
+from pipeline.dev.jars import fetch_libs
+from pipeline.dev.processes import pid_alive, port_free
+from pipeline.dev.stack import LocalKafka
 from pipeline.errors import AuthpipeError
 from pipeline.kafka_admin import wait_for_broker
 

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.dev.stack import StackError, add_sasl_listener, scram_format_args
+from pipeline.dev.broker_config import add_sasl_listener, scram_format_args
+from pipeline.dev.errors import StackError
 from pipeline.errors import ConfigError
 from pipeline.kafka_client import client_kwargs, security_kwargs
 from pipeline.settings import KafkaSettings, load_settings
