@@ -25,18 +25,13 @@ import orjson
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from pipeline.contracts.models import LoginAttempt
-from pipeline.errors import AuthpipeError
+from pipeline.errors import Rejected
 
 LOGIN_ATTEMPT: TypeAdapter[LoginAttempt] = TypeAdapter(LoginAttempt)
 
 
-class DecodeError(AuthpipeError):
+class DecodeError(Rejected):
     """An input event that is not a valid ``login_attempt`` v1; ``reason`` is a stable code."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
-        self.detail = detail
 
 
 def decode_attempt(raw: bytes | None, *, max_bytes: int = 16384) -> LoginAttempt:

@@ -1,19 +1,15 @@
 """Errors of the pure core."""
 
-from pipeline.errors import AuthpipeError
+from pipeline.errors import AuthpipeError, Rejected
 
 
 class CoreError(AuthpipeError):
-    """Base of the core's errors."""
+    """Base of the core's errors other than refused input (``InvalidAttempt``)."""
 
 
-class InvalidAttempt(CoreError):
-    """An attempt that cannot be normalised; ``reason`` is a stable machine-readable code."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
-        self.detail = detail
+class InvalidAttempt(Rejected):
+    """An attempt that cannot be normalised; ``reason`` is a stable machine-readable code
+    (the shape every package's refusal of bad input shares: ``pipeline.errors.Rejected``)."""
 
 
 class PolicyError(CoreError):
