@@ -49,6 +49,7 @@ import orjson
 from aiohttp import web
 from aiokafka import AIOKafkaProducer
 
+from pipeline.clock import wall_ms
 from pipeline.contracts.codec import encode
 from pipeline.contracts.models import Decision, ms_to_datetime
 from pipeline.core.decisions import applicable_keys
@@ -56,8 +57,11 @@ from pipeline.core.engine import APPLIES_TO
 from pipeline.core.keys import Key, format_key
 from pipeline.dev.stack import LocalKafka
 from pipeline.edge.fastpath import EdgeSite
-from pipeline.edge.service import AlwaysReady, create_app
-from pipeline.edge.view import DecisionFeed, DecisionView, FeedConfig, settle_heap, wall_ms
+from pipeline.edge.feed import DecisionFeed, FeedConfig, settle_heap
+from pipeline.edge.handlers import EDGE_KEY, create_app
+from pipeline.edge.health import AlwaysReady
+from pipeline.edge.http_input import CHECK_FIELDS
+from pipeline.edge.view import DecisionView
 from pipeline.kafka_admin import TopicSpec, ensure_topics
 from pipeline.logs import configure_logging
 from pipeline.settings import Settings
@@ -389,7 +393,9 @@ async def bench_http(
     path); ``aiohttp`` through aiohttp's own ``TCPSite`` (every request through the app)."""
     runner = web.AppRunner(create_app(view, AlwaysReady()), access_log=None)
     await runner.setup()
-    site = (EdgeSite if site_kind == "edge" else web.TCPSite)(runner, "127.0.0.1", 0)
+    site: web.BaseSite = web.TCPSite(runner, "127.0.0.1", 0)
+    if site_kind == "edge":
+        site = EdgeSite(runner, "127.0.0.1", 0, edge=runner.app[EDGE_KEY], known=CHECK_FIELDS)
     await site.start()
     port = runner.addresses[0][1]
     times_started, waited_started_s = os.times(), run_queue_wait_s()

@@ -694,7 +694,8 @@ def latency_summary(seconds: list[float]) -> dict[str, Any]:
 
 async def probe_latencies(ctx: Context, names: Names, probes: int, gap_s: float) -> dict[str, Any]:
     """Trip ``probes`` fresh (account, source) pairs; time to the topic and to the edge."""
-    from pipeline.edge.view import DecisionFeed, DecisionView, FeedConfig
+    from pipeline.edge.feed import DecisionFeed, FeedConfig
+    from pipeline.edge.view import DecisionView
     from pipeline.settings import load_settings
     from pipeline.wiring import build_normaliser
 

@@ -38,6 +38,8 @@ FORMATS: dict[str, str] = {
     "nginx-geo": "text/plain; charset=utf-8",
 }
 
+_JSON_FIELDS = ("source", "tenant", "action", "rule", "decision_id")
+"""The text fields of a ``BlockEntry`` in the order the JSON feed lists them."""
 _SOURCE_SYNTAX = re.compile(r"[0-9A-Fa-f.:]{2,45}(?:/[0-9]{1,3})?")
 
 
@@ -59,14 +61,10 @@ class BlockEntry:
     expires_ms: int
 
     def as_json(self) -> dict[str, str]:
-        return {
-            "source": self.source,
-            "tenant": self.tenant,
-            "action": self.action,
-            "rule": self.rule,
-            "decision_id": self.decision_id,
-            "expires_at": format_utc_ms(ms_to_datetime(self.expires_ms)),
-        }
+        """The entry in the feed's JSON: the text fields as named, then ``expires_at``."""
+        body = {name: getattr(self, name) for name in _JSON_FIELDS}
+        body["expires_at"] = format_utc_ms(ms_to_datetime(self.expires_ms))
+        return body
 
 
 @dataclass(frozen=True, slots=True)

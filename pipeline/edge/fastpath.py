@@ -10,10 +10,13 @@ a parameter the handler would answer 400, a view not ready yet) hands the connec
 with every byte not yet answered, to aiohttp's own protocol, which then serves it to the
 end; so every error and every other endpoint is aiohttp's, unchanged.
 
-Why: aiohttp spends 180-280 us of CPU per check request on this machine (request and
-response objects, the middleware chain, header multidicts, ``write_eof``); at 2,000
-requests/s that is half a core, and on two shared cores the queueing that follows is
-the latency tail. The fast path costs a few tens of microseconds.
+Invariant: a client cannot tell the two paths apart. Every answer the fast path writes is
+byte for byte aiohttp's (but ``Date``, formatted once a second as aiohttp does), counted
+and logged alike; what it does not read exactly as aiohttp would is handed off, never
+refused. What each path costs per request is measured in bench/README.md (B4).
+
+The fast path knows the handlers only through the ``Edge`` protocol below (the service
+passes its ``pipeline.edge.handlers.Edge``): it imports nothing of the service.
 
 What the fast path reads, strictly (anything outside it is handed off, not refused):
 
@@ -60,14 +63,17 @@ class Counters(Protocol):
 
 
 class Edge(Protocol):
-    """What the fast path needs of the edge's handlers (``pipeline.edge.service.Edge``):
+    """What the fast path needs of the edge's handlers (``pipeline.edge.handlers.Edge``):
     the check itself, answered as body bytes (None: hand the request to aiohttp), and the
     metrics it counts into."""
 
     @property
     def metrics(self) -> Counters: ...
 
-    def quick_check(self, query: Mapping[str, str], authorization: bytes | None) -> bytes | None: ...
+    def quick_check(
+        self, query: Mapping[str, str], authorization: bytes | None
+    ) -> bytes | None: ...
+
 
 HEAD_MAX_BYTES = 8190
 """A request head longer than this goes to aiohttp (its line and field limits are 8190)."""
@@ -78,12 +84,7 @@ MAX_CONNECTIONS = 10_000
 """Open connections at most (``edge.max_connections``); further ones are closed at once."""
 KEEPALIVE_TIMEOUT_S = 75.0
 SWEEP_INTERVAL_S = 15.0
-_TOKEN_CHARS = frozenset(
-    b"!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
-)
-_HANDED_OFF_HEADERS = frozenset(
-    {b"transfer-encoding", b"upgrade", b"expect", b"proxy-connection"}
-)
+_HANDED_OFF_HEADERS = frozenset({b"transfer-encoding", b"upgrade", b"expect", b"proxy-connection"})
 _ONCE = frozenset({b"authorization", b"connection"})
 _SERVER = SERVER_SOFTWARE.encode()
 

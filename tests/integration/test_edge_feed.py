@@ -14,9 +14,11 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from aiokafka import AIOKafkaProducer
 
+from pipeline.clock import wall_ms
 from pipeline.core.keys import Key, format_key
-from pipeline.edge.service import create_app
-from pipeline.edge.view import DecisionFeed, DecisionView, FeedConfig, wall_ms
+from pipeline.edge.feed import DecisionFeed, FeedConfig
+from pipeline.edge.handlers import create_app
+from pipeline.edge.view import DecisionView
 from pipeline.kafka_admin import TopicSpec, ensure_topics
 from pipeline.topics import DECISIONS_CONFIG
 from tests.plugins.waiting import wait_until_async

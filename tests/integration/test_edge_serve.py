@@ -16,7 +16,7 @@ import orjson
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from pipeline.edge.view import wall_ms
+from pipeline.clock import wall_ms
 from pipeline.kafka_admin import TopicSpec, ensure_topics
 from pipeline.topics import DECISIONS_CONFIG
 from tests.plugins.kafka import REPO_ROOT, free_ports

@@ -15,9 +15,10 @@ import orjson
 import pytest
 from aiohttp.test_utils import TestServer
 
+from pipeline.clock import wall_ms
 from pipeline.contracts.codec import decode_attempt, dumps
-from pipeline.edge.service import AlwaysReady, create_app
-from pipeline.edge.view import wall_ms
+from pipeline.edge.handlers import create_app
+from pipeline.edge.health import AlwaysReady
 from tests.plugins.kafka import free_ports
 from tests.unit.test_edge_support import MIN, account_key, message, new_view
 

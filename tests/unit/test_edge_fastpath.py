@@ -14,7 +14,8 @@ from aiohttp import web
 
 from pipeline.edge import fastpath
 from pipeline.edge.fastpath import EdgeSite, parse_head, parse_query
-from pipeline.edge.service import CHECK_FIELDS, EDGE_KEY, create_app
+from pipeline.edge.handlers import EDGE_KEY, create_app
+from pipeline.edge.http_input import CHECK_FIELDS
 from tests.unit.test_edge_service import FakeHealth
 from tests.unit.test_edge_support import (
     ACCOUNT,

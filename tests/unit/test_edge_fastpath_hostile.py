@@ -20,7 +20,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipeline.edge.fastpath import CheckConnections, EdgeSite, parse_head
-from pipeline.edge.service import CHECK_FIELDS, EDGE_KEY, create_app
+from pipeline.edge.handlers import EDGE_KEY, create_app
+from pipeline.edge.http_input import CHECK_FIELDS
 from pipeline.settings import Settings
 from tests.unit.test_edge_service import FakeHealth
 from tests.unit.test_edge_support import (

@@ -14,8 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
-from pipeline.edge.service import create_app
-from pipeline.edge.view import CheckInputError
+from pipeline.edge.errors import CheckInputError
+from pipeline.edge.handlers import create_app
 from pipeline.wiring import build_normaliser
 from tests.unit.test_edge_service import SITES, Edge, FakeHealth, check_url
 from tests.unit.test_edge_support import (
@@ -181,7 +181,7 @@ def _renders(edge: Edge) -> float:
 
 
 def _metrics(edge: Edge) -> str:
-    from pipeline.edge.service import EDGE_KEY
+    from pipeline.edge.handlers import EDGE_KEY
 
     app = edge.client.server.app
     assert app is not None

@@ -20,7 +20,8 @@ from yarl import URL
 
 from pipeline.core.keys import format_key
 from pipeline.edge.fastpath import EdgeSite
-from pipeline.edge.service import BATCH_MAX_CHECKS, CHECK_FIELDS, EDGE_KEY, create_app
+from pipeline.edge.handlers import BATCH_MAX_CHECKS, EDGE_KEY, create_app
+from pipeline.edge.http_input import CHECK_FIELDS
 from pipeline.edge.view import DecisionView
 from tests.unit.test_edge_support import (
     ACCOUNT,

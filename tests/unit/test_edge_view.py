@@ -15,15 +15,11 @@ from hypothesis import strategies as st
 from pipeline.contracts.codec import encode
 from pipeline.core.decisions import DecisionIndex, applicable_keys
 from pipeline.core.keys import Key, format_key
-from pipeline.edge import view as view_module
+from pipeline.edge import feed as view_module
 from pipeline.edge.blocklist import BlockEntry
-from pipeline.edge.view import (
-    ChangeSignal,
-    CheckInputError,
-    DecisionFeed,
-    DecisionView,
-    FeedConfig,
-)
+from pipeline.edge.errors import CheckInputError
+from pipeline.edge.feed import DecisionFeed, FeedConfig
+from pipeline.edge.view import ChangeSignal, DecisionView
 from pipeline.settings import Settings
 from tests.unit.test_edge_support import (
     ACCOUNT,
