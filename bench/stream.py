@@ -48,6 +48,7 @@ import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from bench.bench_core import _pick
+from pipeline.clock import wall_ms
 from pipeline.logs import get_logger
 
 log = get_logger("bench")
@@ -184,10 +185,6 @@ def failure(event_id: str, account: str, source: str, at_ms: int) -> Message:
         "account": account, "peer_ip": source, "outcome": "failure", "failure_reason": "bad_password",
     }  # fmt: skip
     return account.encode(), orjson.dumps(body), at_ms
-
-
-def wall_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 # -- broker and topics ---------------------------------------------------------------------

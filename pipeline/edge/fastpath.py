@@ -141,9 +141,18 @@ _RARE = re.compile(
 """The notable headers but Host and User-Agent, in lower-cased header lines: a head with
 none of them, one Host and at most one User-Agent (the common case) needs no more look."""
 _SINGLETONS = frozenset(
-    {b"content-length", b"content-location", b"content-range", b"content-type", b"etag",
-     b"host", b"max-forwards", b"server", b"user-agent"}
-)  # fmt: skip
+    {
+        b"content-length",
+        b"content-location",
+        b"content-range",
+        b"content-type",
+        b"etag",
+        b"host",
+        b"max-forwards",
+        b"server",
+        b"user-agent",
+    }
+)
 
 
 def parse_head(head: bytes, known: frozenset[str]) -> _Head | None:
@@ -216,11 +225,18 @@ class _Date:
 
 def response(body: bytes, date: bytes, close: bool) -> bytes:
     """A 200 with a JSON body, headed as aiohttp heads it."""
-    return b"".join((
-        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: ",
-        str(len(body)).encode(), b"\r\nDate: ", date, b"\r\nServer: ", _SERVER,
-        b"\r\nConnection: close\r\n\r\n" if close else b"\r\n\r\n", body,
-    ))  # fmt: skip
+    return b"".join(
+        (
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: ",
+            str(len(body)).encode(),
+            b"\r\nDate: ",
+            date,
+            b"\r\nServer: ",
+            _SERVER,
+            b"\r\nConnection: close\r\n\r\n" if close else b"\r\n\r\n",
+            body,
+        )
+    )
 
 
 class CheckConnections:
@@ -431,13 +447,19 @@ class EdgeSite(web.BaseSite):
         server = self._edge_runner.server
         assert server is not None  # BaseSite refuses a runner that was not set up
         self._connections = CheckConnections(
-            self._edge, server, self._known,
-            head_timeout_s=self._head_timeout_s, max_connections=self._max_connections,
-        )  # fmt: skip
+            self._edge,
+            server,
+            self._known,
+            head_timeout_s=self._head_timeout_s,
+            max_connections=self._max_connections,
+        )
         self._server = listener = await asyncio.get_running_loop().create_server(
-            self._connections, self._host, self._requested_port,
-            backlog=self._edge_backlog, reuse_port=self._reuse_port,
-        )  # fmt: skip
+            self._connections,
+            self._host,
+            self._requested_port,
+            backlog=self._edge_backlog,
+            reuse_port=self._reuse_port,
+        )
         sockets: Any = listener.sockets
         self.port = int(sockets[0].getsockname()[1])
 

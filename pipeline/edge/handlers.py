@@ -175,9 +175,15 @@ class Edge:
     def _check(self, req: CheckRequest, prefix: str = "") -> Verdict:
         try:
             verdict = self.view.check(
-                req.tenant, req.account, req.ip, req.forwarded_for, req.device, req.trusted,
-                req.flow, req.session,
-            )  # fmt: skip
+                req.tenant,
+                req.account,
+                req.ip,
+                req.forwarded_for,
+                req.device,
+                req.trusted,
+                req.flow,
+                req.session,
+            )
         except CheckInputError as exc:
             raise CheckInputError(prefix + exc.parameter, prefix + exc.message) from None
         self.metrics.check(verdict.applied)

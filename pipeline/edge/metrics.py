@@ -72,15 +72,17 @@ class EdgeMetrics:
         )
         self.check_logs_suppressed_total = Counter(
             "authpipe_edge_check_logs_suppressed_total",
-            "refusal log lines held back by the per-second budget", registry=r,
-        )  # fmt: skip
+            "refusal log lines held back by the per-second budget",
+            registry=r,
+        )
         self.feed_renders_total = Counter(
             "authpipe_edge_feed_renders_total", "block-list bodies rendered", registry=r
         )
         self.connections_refused_total = Counter(
             "authpipe_edge_connections_refused_total",
-            "connections closed at once: edge.max_connections were open", registry=r,
-        )  # fmt: skip
+            "connections closed at once: edge.max_connections were open",
+            registry=r,
+        )
         self.head_timeouts_total = Counter(
             "authpipe_edge_head_timeouts_total",
             "connections closed: a request head was not complete within edge.head_timeout_s",

@@ -39,9 +39,14 @@ async def _listen(
 ) -> int:
     edge = settings or EdgeSettings()
     site = EdgeSite(
-        runner, host, port, edge=runner.app[EDGE_KEY], known=CHECK_FIELDS,
-        head_timeout_s=edge.head_timeout_s, max_connections=edge.max_connections,
-    )  # fmt: skip
+        runner,
+        host,
+        port,
+        edge=runner.app[EDGE_KEY],
+        known=CHECK_FIELDS,
+        head_timeout_s=edge.head_timeout_s,
+        max_connections=edge.max_connections,
+    )
     try:
         await site.start()
     except OSError as exc:
@@ -56,9 +61,12 @@ async def serve(settings: Settings, host: str, port: int, stop: asyncio.Event) -
     """Follow the decisions topic and serve HTTP on ``host:port`` until ``stop`` is set."""
     feed = DecisionFeed.from_settings(settings)
     app = create_app(
-        feed.view, feed, token=settings.edge.token, tenants=settings.ingest.tenants,
+        feed.view,
+        feed,
+        token=settings.edge.token,
+        tenants=settings.ingest.tenants,
         refusal_logs_per_s=settings.edge.refusal_logs_per_s,
-    )  # fmt: skip
+    )
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S)
     await runner.setup()
     try:

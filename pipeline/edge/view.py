@@ -348,9 +348,15 @@ class DecisionView:
                 continue
             source = key[3] or ""
             entries.append(
-                BlockEntry(key[1], source, active.action, active.rule, active.decision_id,
-                           active.expires_ms)
-            )  # fmt: skip
+                BlockEntry(
+                    key[1],
+                    source,
+                    active.action,
+                    active.rule,
+                    active.decision_id,
+                    active.expires_ms,
+                )
+            )
             valid_until = min(valid_until, active.expires_ms)
         return entries, valid_until
 
