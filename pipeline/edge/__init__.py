@@ -11,7 +11,8 @@ One module, one job, in the order a decision travels:
 * ``http_input``: HTTP query parameters and JSON bodies as checks and feed queries.
 * ``handlers``: the aiohttp app (``create_app``) and its handlers; ``metrics``: its
   Prometheus registry; ``loglimit``: the refusal log's budget.
-* ``fastpath``: plain ``GET /v1/check`` answered on the connection; ``slowclients``:
+* ``fastpath``: plain ``GET /v1/check`` answered on the connection, for the request
+  heads ``check_head`` reads exactly as aiohttp would; ``slowclients``:
   the limits on slow heads and connection counts shared by both HTTP paths.
 * ``service``: ``authpipe edge serve``, the process (listen, follow, stop on a signal).
 * ``errors``: ``EdgeError``, the base of the edge's errors, and ``CheckInputError``.

@@ -13,7 +13,8 @@ import pytest
 from aiohttp import web
 
 from pipeline.edge import fastpath
-from pipeline.edge.fastpath import EdgeSite, parse_head, parse_query
+from pipeline.edge.check_head import parse_head, parse_query
+from pipeline.edge.fastpath import EdgeSite
 from pipeline.edge.handlers import EDGE_KEY, create_app
 from pipeline.edge.http_input import CHECK_FIELDS
 from tests.unit.test_edge_service import FakeHealth

@@ -19,7 +19,8 @@ from aiohttp.http_parser import HttpRequestParser, HttpRequestParserPy
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline.edge.fastpath import CheckConnections, EdgeSite, parse_head
+from pipeline.edge.check_head import parse_head
+from pipeline.edge.fastpath import CheckConnections, EdgeSite
 from pipeline.edge.handlers import EDGE_KEY, create_app
 from pipeline.edge.http_input import CHECK_FIELDS
 from pipeline.settings import Settings
