@@ -9,8 +9,9 @@ One module, one job, in the order a decision travels:
   consumer group; readiness, lag, staleness); ``health``: what the service asks of it.
 * ``blocklist``: the source block-list rendered as JSON, text or nginx.
 * ``http_input``: HTTP query parameters and JSON bodies as checks and feed queries.
-* ``handlers``: the aiohttp app (``create_app``) and its handlers; ``metrics``: its
-  Prometheus registry; ``loglimit``: the refusal log's budget.
+* ``handlers``: the aiohttp app (``create_app``) and its handlers, the block-list's in
+  ``blocklist_http``; ``metrics``: its Prometheus registry; ``loglimit``: the refusal
+  log's budget.
 * ``fastpath``: plain ``GET /v1/check`` answered on the connection, for the request
   heads ``check_head`` reads exactly as aiohttp would; ``slowclients``:
   the limits on slow heads and connection counts shared by both HTTP paths.

@@ -30,6 +30,7 @@ would allow attempts it should refuse. With ``edge.token`` set, every endpoint b
 is a 400 naming the parameter, never a 500. Refusals are logged with the decision key
 and id (the key holds the account digest, never the account).
 
+The block-list's two endpoints are ``pipeline.edge.blocklist_http`` (``Edge.blocklists``).
 ``Edge.quick_check`` is the same answer as ``check_get`` (metrics and log included) for
 the fast path (``pipeline.edge.fastpath``): the service hands it this ``Edge``, which it
 knows only through a protocol (it never imports this module).
@@ -37,7 +38,6 @@ knows only through a protocol (it never imports this module).
 
 from __future__ import annotations
 
-import asyncio
 import hmac
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -48,18 +48,15 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from pipeline.core.decisions import Verdict
 from pipeline.core.keys import Key, format_key
-from pipeline.edge.blocklist import FeedQuery, RenderedFeed, etag_matches, render, sse_event
+from pipeline.edge.blocklist_http import BlocklistEndpoints
 from pipeline.edge.errors import CheckInputError, EdgeError
 from pipeline.edge.health import Health
 from pipeline.edge.http_input import (
-    EVENTS_FIELDS,
-    FEED_FIELDS,
     CheckRequest,
     check_request,
     json_body,
     parse_check_json,
     parse_check_query,
-    parse_feed_query,
 )
 from pipeline.edge.loglimit import REFUSAL_LOG_LINES_PER_S, LineBudget
 from pipeline.edge.metrics import EdgeMetrics
@@ -70,7 +67,6 @@ log = get_logger("edge")
 
 BATCH_MAX_CHECKS = 1000
 BODY_MAX_BYTES = 1 << 20
-SSE_HEARTBEAT_S = 15.0
 ALLOWED_BODY = b'{"allowed":true,"retry_after_ms":0}'
 CHECK_PATH = "/v1/check"
 _NO_TOKEN_PATHS = frozenset({"/healthz"})
@@ -116,10 +112,7 @@ class Edge:
         self.metrics = EdgeMetrics(view, health)
         self._token = f"Bearer {token}".encode() if token else None
         self.log_budget = LineBudget(refusal_logs_per_s)
-        self.tenants = frozenset(tenants)
-        """Tenants the feed serves before any decision names them (``ingest.tenants``)."""
-        self._feeds: dict[FeedQuery, tuple[int, RenderedFeed]] = {}
-        self._closing = asyncio.Event()
+        self.blocklists = BlocklistEndpoints(view, self.metrics, self._require_ready, tenants)
 
     # -- middleware ----------------------------------------------------------------------
 
@@ -261,100 +254,6 @@ class Edge:
         results = [_verdict_body(self._check(req, f"[{i}].")) for i, req in enumerate(parsed)]
         return _json({"results": results})
 
-    # -- the block-list ------------------------------------------------------------------
-
-    def known_tenant(self, tenant: str) -> bool:
-        """A tenant the feed serves: in ``ingest.tenants`` or named by a decision."""
-        return tenant in self.tenants or tenant in self.view.tenants
-
-    def feed(self, query: FeedQuery) -> RenderedFeed:
-        """The rendered feed, re-rendered only when the block-list changed or expired.
-
-        Queries are for a known tenant (``known_tenant``) or all, so the cache holds at
-        most ``len(FORMATS) * 2 * (known tenants + 1)`` bodies and is never cleared: each
-        of them is rendered at most once per change (or first expiry) of the block-list,
-        whatever clients ask."""
-        if query.tenant is not None and not self.known_tenant(query.tenant):
-            raise CheckInputError(
-                "tenant",
-                f"unknown tenant {query.tenant!r}: no decision names it and it is not in "
-                "ingest.tenants",
-            )
-        version = self.view.blocklist_changes.version
-        cached = self._feeds.get(query)
-        fresh = cached is not None and cached[0] == version
-        if cached is not None and fresh and self.view.now_ms() < cached[1].valid_until_ms:
-            return cached[1]
-        entries, valid_until_ms = self.view.blocklist(
-            include_observe=query.include_observe, tenant=query.tenant
-        )
-        rendered = render(entries, query, valid_until_ms)
-        self.metrics.feed_rendered()
-        self._feeds[query] = (version, rendered)
-        return rendered
-
-    async def _wait_change(self, version: int, timeout_s: float) -> None:
-        """Until the block-list changes, ``timeout_s`` passes or the service closes."""
-        change = asyncio.ensure_future(self.view.blocklist_changes.wait(version, timeout_s))
-        closing = asyncio.ensure_future(self._closing.wait())
-        try:
-            await asyncio.wait({change, closing}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            change.cancel()
-            closing.cancel()
-
-    def _until_expiry_s(self, feed: RenderedFeed, cap_s: float) -> float:
-        return max(0.01, min(cap_s, (feed.valid_until_ms - self.view.now_ms()) / 1000))
-
-    async def blocklist(self, request: web.Request) -> web.Response:
-        query, wait_ms = parse_feed_query(request.query, FEED_FIELDS)
-        self._require_ready()
-        known = request.headers.get("If-None-Match")
-        current = self.feed(query)
-        if wait_ms and etag_matches(known, current.etag):
-            deadline = time.monotonic() + wait_ms / 1000
-            while etag_matches(known, current.etag) and not self._closing.is_set():
-                remaining_s = deadline - time.monotonic()
-                if remaining_s <= 0:
-                    break
-                version = self.view.blocklist_changes.version
-                await self._wait_change(version, self._until_expiry_s(current, remaining_s))
-                current = self.feed(query)
-        headers = {"ETag": current.etag, "Cache-Control": "no-cache"}
-        if etag_matches(known, current.etag):
-            return web.Response(status=304, headers=headers)
-        headers["Content-Type"] = current.content_type
-        return web.Response(body=current.body, headers=headers)
-
-    async def blocklist_events(self, request: web.Request) -> web.StreamResponse:
-        query, _ = parse_feed_query(request.query, EVENTS_FIELDS)
-        self._require_ready()
-        self.feed(query)  # a 400 for an unknown tenant before the stream starts
-        response = web.StreamResponse(
-            headers={
-                "Content-Type": "text/event-stream",
-                "Cache-Control": "no-cache",
-                "X-Accel-Buffering": "no",
-            }
-        )
-        await response.prepare(request)
-        sent = request.headers.get("Last-Event-ID")
-        written_s = time.monotonic()
-        try:
-            while not self._closing.is_set():
-                version = self.view.blocklist_changes.version
-                current = self.feed(query)
-                if current.etag != sent:
-                    await response.write(sse_event(current))
-                    sent, written_s = current.etag, time.monotonic()
-                elif time.monotonic() - written_s >= SSE_HEARTBEAT_S:
-                    await response.write(b": keep-alive\n\n")
-                    written_s = time.monotonic()
-                await self._wait_change(version, self._until_expiry_s(current, SSE_HEARTBEAT_S))
-        except ConnectionError:
-            pass  # the client went away
-        return response
-
     # -- operations ----------------------------------------------------------------------
 
     async def healthz(self, request: web.Request) -> web.Response:
@@ -379,7 +278,7 @@ class Edge:
 
     async def close(self, app: web.Application) -> None:
         """Wake long polls and event streams so shutdown does not wait for them."""
-        self._closing.set()
+        self.blocklists.close()
 
 
 def create_app(
@@ -399,8 +298,8 @@ def create_app(
     app.router.add_get(CHECK_PATH, edge.check_get, allow_head=False)
     app.router.add_post(CHECK_PATH, edge.check_post)
     app.router.add_post("/v1/check/batch", edge.check_batch)
-    app.router.add_get("/v1/blocklist", edge.blocklist, allow_head=False)
-    app.router.add_get("/v1/blocklist/events", edge.blocklist_events, allow_head=False)
+    app.router.add_get("/v1/blocklist", edge.blocklists.blocklist, allow_head=False)
+    app.router.add_get("/v1/blocklist/events", edge.blocklists.events, allow_head=False)
     app.router.add_get("/healthz", edge.healthz)
     app.router.add_get("/readyz", edge.readyz)
     app.router.add_get("/metrics", edge.metrics_text)
