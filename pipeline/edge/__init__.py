@@ -4,7 +4,8 @@ One module, one job, in the order a decision travels:
 
 * ``decode``: a message of the decisions topic as the view keeps it (no I/O).
 * ``view``: ``DecisionView``, the decisions in memory and the in-process ``check``
-  (no I/O); ``inputs``: the one validator of each check argument.
+  (no I/O); ``inputs``: the one validator of each check argument; ``changes``: the
+  signals it bumps when its decisions or its block-list change.
 * ``feed``: ``DecisionFeed``, follows the compacted topic into a view (aiokafka, no
   consumer group; readiness, lag, staleness); ``health``: what the service asks of it.
 * ``blocklist``: the source block-list rendered as JSON, text or nginx.

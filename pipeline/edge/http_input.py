@@ -16,7 +16,7 @@ from multidict import MultiMapping
 
 from pipeline.edge.blocklist import FORMATS, FeedQuery
 from pipeline.edge.errors import CheckInputError
-from pipeline.edge.inputs import require_flow, require_tenant
+from pipeline.edge.inputs import require_flow, require_tenant, require_trusted
 
 CHECK_FIELDS = frozenset(
     {"tenant", "account", "ip", "forwarded_for", "device", "session", "trusted", "flow"}
@@ -25,6 +25,7 @@ FEED_FIELDS = frozenset({"format", "include", "tenant", "wait_ms"})
 EVENTS_FIELDS = frozenset({"format", "include", "tenant"})
 WAIT_MAX_MS = 60_000
 _DIGITS = re.compile(r"[0-9]{1,5}")
+_QUERY_BOOLEANS = {"true": True, "false": False}
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,11 +60,10 @@ def _reject_unknown(names: Iterable[str], allowed: frozenset[str], prefix: str =
 
 
 def _parse_trusted(text: str | None, parameter: str = "trusted") -> bool:
-    if text is None or text == "false":
+    """The query's ``trusted``: absent, ``true`` or ``false``."""
+    if text is None:
         return False
-    if text == "true":
-        return True
-    raise CheckInputError(parameter, f"{parameter} must be true or false")
+    return require_trusted(_QUERY_BOOLEANS.get(text, text), parameter)
 
 
 def _parse_flow(text: str | None, parameter: str = "flow") -> str:
@@ -120,9 +120,7 @@ def parse_check_json(body: object, prefix: str = "") -> CheckRequest:
     if not isinstance(body, dict):
         raise CheckInputError(prefix.rstrip(".") or "body", "a check must be a JSON object")
     _reject_unknown(body.keys(), CHECK_FIELDS, prefix)
-    trusted = body.get("trusted", False)
-    if not isinstance(trusted, bool):
-        raise CheckInputError(prefix + "trusted", f"{prefix}trusted must be true or false")
+    trusted = require_trusted(body.get("trusted", False), prefix + "trusted")
     tenant = _json_text(body, "tenant", prefix)
     return CheckRequest(
         tenant="default" if tenant is None else tenant,

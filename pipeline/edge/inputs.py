@@ -37,6 +37,14 @@ def require_flow(flow: object, parameter: str = "flow") -> str:
     return flow  # type: ignore[return-value]
 
 
+def require_trusted(trusted: object, parameter: str = "trusted") -> bool:
+    """``trusted`` if it is a boolean (the query text ``true``/``false`` is read as one
+    first)."""
+    if trusted.__class__ is not bool:
+        raise CheckInputError(parameter, f"{parameter} must be true or false")
+    return trusted
+
+
 def require_account(account: object) -> str:
     """The account as typed: 1 to 320 characters (normalisation may still find it blank)."""
     if not isinstance(account, str) or not 1 <= len(account) <= ACCOUNT_MAX_CHARS:

@@ -25,7 +25,6 @@ fills a view from the topic.
 
 from __future__ import annotations
 
-import asyncio
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -37,6 +36,7 @@ from pipeline.core.decisions import ALLOWED, Active, DecisionIndex, Verdict, app
 from pipeline.core.errors import InvalidAttempt
 from pipeline.core.keys import Key, format_key
 from pipeline.edge.blocklist import BlockEntry
+from pipeline.edge.changes import ChangeSignal
 from pipeline.edge.decode import decode_decision, decode_key
 from pipeline.edge.errors import CheckInputError
 from pipeline.edge.inputs import (
@@ -46,6 +46,7 @@ from pipeline.edge.inputs import (
     require_handle,
     require_ip,
     require_tenant,
+    require_trusted,
     split_forwarded,
 )
 from pipeline.logs import get_logger
@@ -60,39 +61,6 @@ FORWARDED_CACHED_MAX_CHARS = 256
 """Checks whose ``forwarded_for`` is longer are answered without caching (a proxy chain
 is a few hops of 7 to 45 characters; longer text is a client's to vary at will)."""
 OUTCOMES = ("put", "lift", "expired", "bad")
-
-
-# -- change signals -------------------------------------------------------------------
-
-
-class ChangeSignal:
-    """A version number whose waiters wake at the next bump (no event until one waits)."""
-
-    __slots__ = ("_event", "version")
-
-    def __init__(self) -> None:
-        self.version = 0
-        self._event: asyncio.Event | None = None
-
-    def bump(self) -> None:
-        self.version += 1
-        if self._event is not None:
-            self._event.set()
-            self._event = None
-
-    async def wait(self, version: int, timeout_s: float) -> bool:
-        """True once the version differs from ``version``; False after ``timeout_s``."""
-        if self.version != version:
-            return True
-        if self._event is None:
-            self._event = asyncio.Event()
-        event = self._event
-        try:
-            async with asyncio.timeout(timeout_s):
-                await event.wait()
-        except TimeoutError:
-            pass
-        return self.version != version
 
 
 @dataclass(slots=True)
@@ -270,8 +238,7 @@ class DecisionView:
         """Validate and normalise the arguments of a check (cache miss)."""
         tenant, account, source_ip, forwarded_for, device_id, trusted, flow, session_id = memo
         require_flow(flow)
-        if trusted.__class__ is not bool:
-            raise CheckInputError("trusted", "trusted must be true or false")
+        require_trusted(trusted)
         account_digest = self._accounts.get((tenant, account)) or self._account(tenant, account)
         hops = split_forwarded(forwarded_for)
         source = self._addresses.get((source_ip, hops)) or self._source(source_ip, hops)

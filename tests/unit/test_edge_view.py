@@ -17,9 +17,10 @@ from pipeline.core.decisions import DecisionIndex, applicable_keys
 from pipeline.core.keys import Key, format_key
 from pipeline.edge import feed as view_module
 from pipeline.edge.blocklist import BlockEntry
+from pipeline.edge.changes import ChangeSignal
 from pipeline.edge.errors import CheckInputError
 from pipeline.edge.feed import DecisionFeed, FeedConfig
-from pipeline.edge.view import ChangeSignal, DecisionView
+from pipeline.edge.view import DecisionView
 from pipeline.settings import Settings
 from tests.unit.test_edge_support import (
     ACCOUNT,
