@@ -136,7 +136,7 @@ class Edge:
             return await handler(request)
         except CheckInputError as exc:
             self.metrics.bad_request(exc.parameter)
-            return _error(400, "bad_parameter", exc.message, exc.parameter)
+            return _error(400, "bad_parameter", exc.detail, exc.parameter)
         except NotReady as exc:
             response = _error(503, "not_ready", str(exc))
             response.headers["Retry-After"] = "1"
@@ -178,7 +178,7 @@ class Edge:
                 req.session,
             )
         except CheckInputError as exc:
-            raise CheckInputError(prefix + exc.parameter, prefix + exc.message) from None
+            raise CheckInputError(prefix + exc.parameter, prefix + exc.detail) from None
         self.metrics.check(verdict.applied)
         if verdict.matched_key is not None:
             self._log_match("edge_check_refused", verdict.matched_key, verdict)
