@@ -34,6 +34,7 @@ import faust
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
 from aiokafka.structs import TopicPartition
 
+from pipeline.clock import wall_ms
 from pipeline.contracts.codec import dumps, loads
 from pipeline.core.policy import Policy
 from pipeline.kafka_client import client_kwargs, security_kwargs
@@ -62,11 +63,6 @@ from pipeline.wiring import build_normaliser
 log = get_logger("worker")
 
 RAW: dict[str, Any] = {"key_serializer": "raw", "value_serializer": "raw"}
-
-
-def wall_ms() -> int:
-    """The only clock read of the stream shell (the core never reads one)."""
-    return time.time_ns() // 1_000_000
 
 
 
