@@ -74,14 +74,17 @@ def latest_shares(shares: list[list[Any]]) -> list[list[Any]]:
     return list(latest.values())
 
 
-def _share_rows(out: Outbox, kind: str, partition: int, seq: int, a: Attempt, result: StageOutput) -> None:
+def _share_rows(
+    out: Outbox, kind: str, partition: int, seq: int, attempt: Attempt, result: StageOutput
+) -> None:
     """The shares one released row changed, stamped with its event time and order."""
-    for (tenant, window), share in out.tenant_shares.items():
-        result.shares.append([tenant, window, kind, partition, share, a.occurred_ms, a.event_id, seq])
-    out.tenant_shares.clear()
-    for (tenant, window), share in out.unknown_shares.items():  # the source stage's
-        result.shares.append([tenant, window, UNKNOWN_SHARE, partition, share, a.occurred_ms, a.event_id, seq])
-    out.unknown_shares.clear()
+    # ``kind`` names the stage's tenant shares; unknown-account shares are the source stage's.
+    for shares, share_kind in ((out.tenant_shares, kind), (out.unknown_shares, UNKNOWN_SHARE)):
+        for (tenant, window), share in shares.items():
+            result.shares.append(
+                [tenant, window, share_kind, partition, share, attempt.occurred_ms, attempt.event_id, seq]
+            )
+        shares.clear()
 
 
 @dataclass
@@ -435,8 +438,9 @@ class RollupStage:
         if meta is not None:
             tick_ms, touched, order = meta[:3]
             rollup.tick_ms = tick_ms
-            rollup.touched.update(((t, w), None) for t, w in touched)
-            rollup.touched_unknown.update(((t, w), None) for t, w in (meta[3] if len(meta) > 3 else ()))
+            rollup.touched.update(((tenant, window), None) for tenant, window in touched)
+            touched_unknown = meta[3] if len(meta) > 3 else ()
+            rollup.touched_unknown.update(((tenant, window), None) for tenant, window in touched_unknown)
             sequencer.restore_meta(order)
         sequencer.finish_restore()
         self.rollups[partition] = rollup
