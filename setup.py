@@ -26,8 +26,9 @@ from setuptools.command.build_ext import build_ext
 # The modules on the hot path. ``policy.py`` stays Python: it defines pydantic models,
 # which mypyc cannot compile (and which are read once per tenant, not per event).
 CORE_MODULES = (
-    "attempt", "decisions", "dedupe", "engine", "errors", "grouping", "keys", "lockout",
-    "normalise", "sequence", "state", "stuffing", "table", "window",
+    "account", "attempt", "decisions", "dedupe", "engine", "errors", "grouping", "keys",
+    "lockout", "normalise", "outbox", "records", "rollup", "rules", "sequence", "shard",
+    "source", "state", "streaks", "stuffing", "table", "window",
 )  # fmt: skip
 
 

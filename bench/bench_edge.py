@@ -53,8 +53,8 @@ from pipeline.clock import wall_ms
 from pipeline.contracts.codec import encode
 from pipeline.contracts.models import Decision, ms_to_datetime
 from pipeline.core.decisions import applicable_keys
-from pipeline.core.engine import APPLIES_TO
 from pipeline.core.keys import Key, format_key
+from pipeline.core.records import APPLIES_TO
 from pipeline.dev.stack import LocalKafka
 from pipeline.edge.fastpath import EdgeSite
 from pipeline.edge.feed import DecisionFeed, FeedConfig, settle_heap

@@ -19,8 +19,9 @@ CORE_DIR = os.path.join(
 )
 # What setup.py compiles with mypyc (its CORE_MODULES).
 COMPILED_CORE_MODULES = (
-    "attempt", "decisions", "dedupe", "engine", "errors", "grouping", "keys", "lockout",
-    "normalise", "sequence", "state", "stuffing", "table", "window",
+    "account", "attempt", "decisions", "dedupe", "engine", "errors", "grouping", "keys",
+    "lockout", "normalise", "outbox", "records", "rollup", "rules", "sequence", "shard",
+    "source", "state", "streaks", "stuffing", "table", "window",
 )  # fmt: skip
 
 

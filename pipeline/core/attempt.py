@@ -21,8 +21,8 @@ class Attempt(NamedTuple):
     trusted for this account. ``device`` and ``session`` are keyed digests.
 
     A NamedTuple, not a frozen dataclass: both are immutable, but a frozen dataclass
-    sets each field through ``object.__setattr__`` (about 6 us per attempt here, and the
-    stages build one per event from its row), a tuple is built in one step.
+    sets each field through ``object.__setattr__`` and the stages build one per event
+    from its row; a tuple is built in one step (bench/README.md).
     """
 
     event_id: str
@@ -94,7 +94,7 @@ class Normaliser:
     """Frozen config that turns wire attempts into core attempts (shared with the edge).
 
     Normalising an identifier costs a keyed BLAKE2b digest, NFKC folding or an address
-    parse (2-3 us each here), and users, NATs and attackers repeat: the account digest,
+    parse, and users, NATs and attackers repeat: the account digest,
     the source and the device digest of recent identifiers are remembered separately
     (``Recent``), so an attempt pays only for the identifiers it is the first to send.
     Errors are never cached: a bad address is parsed, and refused, every time."""

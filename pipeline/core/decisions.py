@@ -104,8 +104,8 @@ def keys_for(attempt: Attempt) -> tuple[Key, ...]:
 class Active(NamedTuple):
     """What the index keeps of a decision: enough to refuse, and the id for operators.
 
-    A NamedTuple: mypyc leaves a frozen dataclass interpreted, and building one cost
-    2.3 us (40 % of decoding a decision on the edge's cold load)."""
+    A NamedTuple, built in one step (mypyc leaves a frozen dataclass interpreted: see
+    bench/README.md, "Records the compiled core can build")."""
 
     decision_id: str
     action: str

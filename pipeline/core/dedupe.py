@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+DEDUPE_HORIZON_MS = 3_600_000
+"""How long a worker remembers an event id by default (an hour)."""
+DEDUPE_CAPACITY = 1_000_000
+"""How many event ids a worker remembers at most by default."""
+
 
 class Deduper:
     """Event ids seen recently, per tenant, in two generations of plain sets.

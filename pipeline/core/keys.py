@@ -77,11 +77,6 @@ def parse_key(text: str) -> Key:
     return (scope, tenant, account, source, device)
 
 
-def pair_key(tenant: str, source: str, account_digest: str) -> Key:
-    """Key of a (source, account) pair in the spray table."""
-    return ("pair", tenant, account_digest, source, None)
-
-
 def stable_id(*parts: str | int) -> str:
     """A deterministic 128-bit id of its parts (decision and alert ids are replayable)."""
     h = hashlib.blake2b(digest_size=16)

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 
 from pipeline.core.errors import InvalidAttempt
 
-_V4_MAPPED_PREFIX = 0xFFFF << 32
 _V6_BITS = 128
 _V4_BITS = 32
 _V4_MASK = 0xFFFFFFFF

@@ -56,22 +56,12 @@ class BoundedTable(Generic[E]):
         """The entry for ``key``, moved to the newest end; created if missing or if its
         ``keep_until_ms`` is at or before ``now_ms`` (past its time, it is semantically
         gone even if ``expire`` has not reached it yet behind a longer-lived neighbour)."""
-        entries = self._entries
-        entry = entries.get(key)
-        if entry is not None and entry.keep_until_ms <= now_ms:
-            del entries[key]
-            self.expired += 1
-            entry = None
+        entry = self._entries.get(key)
         if entry is None:
-            if len(entries) >= self.cap:
-                old_key, old = entries.popitem(last=False)
-                self.evictions += 1
-                if self.on_drop is not None:
-                    self.on_drop(old_key, old)
-            entry = factory()
-            entries[key] = entry
-        else:
-            entries.move_to_end(key)
+            return self.create(key, factory)
+        if entry.keep_until_ms <= now_ms:
+            return self.create(key, factory, replace=True)
+        self._entries.move_to_end(key)
         return entry
 
     def create(self, key: Key, factory: Callable[[], E], replace: bool = False) -> E:

@@ -106,12 +106,6 @@ class Ring:
                 slots[idx] -= taken
             self.total -= taken
 
-    def count_at(self, bucket: int) -> int:
-        """The window's count as seen from ``bucket`` (advancing if it is newer)."""
-        if bucket > self.head:
-            self.advance(bucket)
-        return self.total
-
     def clear(self) -> None:
         self.total = 0
         self.slots = None

@@ -65,10 +65,11 @@ from pipeline.contracts.codec import DecodeError, decode_attempt
 from pipeline.contracts.models import Alert, Decision, datetime_to_ms, format_utc_ms, ms_to_datetime
 from pipeline.core.attempt import Attempt, Normaliser
 from pipeline.core.decisions import Active, DecisionIndex, Verdict, keys_for, lock_key
-from pipeline.core.engine import TICK_MS, Engine
+from pipeline.core.engine import Engine
 from pipeline.core.errors import InvalidAttempt
 from pipeline.core.keys import Key, decision_key, parse_key
 from pipeline.core.policy import Policy
+from pipeline.core.rollup import TICK_MS
 from pipeline.errors import AuthpipeError
 from pipeline.logs import get_logger
 from pipeline.settings import Settings

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.contracts.codec import loads
+from pipeline.core.outbox import ACCOUNT_SHARE, SOURCE_SHARE
 from pipeline.core.policy import Policy
 from pipeline.settings import Settings
 from pipeline.stream.app import hash_tenant
@@ -25,6 +26,9 @@ from pipeline.stream.ingest import DeadLetter, Ingest, Record
 from pipeline.stream.marks import InputMarks
 from pipeline.stream.stages import AccountStage, RollupStage, SourceStage, StageOutput
 from pipeline.wiring import build_normaliser
+
+# The stage partitions' queues and changelogs, by stage.
+_ACCOUNTS, _SOURCES, _ROLLUP = "a", "s", "r"
 
 
 @dataclass
@@ -65,7 +69,7 @@ class MemoryPipeline:
         self.rollup = RollupStage(policy, kafka.partitions)
         self.marks = InputMarks()
         self.rng = rng
-        self.changelog: dict[str, dict[bytes, bytes | None]] = {"a": {}, "s": {}, "r": {}}
+        self.changelog: dict[str, dict[bytes, bytes | None]] = {_ACCOUNTS: {}, _SOURCES: {}, _ROLLUP: {}}
         self.offsets: dict[tuple[str, int], int] = {}
         self.queues: dict[tuple[str, int], deque[Any]] = {}
         self.out = MemoryOutputs()
@@ -100,7 +104,7 @@ class MemoryPipeline:
 
     def _envelopes(self, rows: dict[int, list[list[Any]]], marks: list[list[int]]) -> None:
         for partition in range(self.partitions):
-            self._send("a", partition, (rows.get(partition, []), marks))
+            self._send(_ACCOUNTS, partition, (rows.get(partition, []), marks))
 
     def pump(self) -> None:
         """Deliver every queued envelope (in a random partition order when given a rng)."""
@@ -110,32 +114,32 @@ class MemoryPipeline:
                 return
             stage, partition = self.rng.choice(ready) if self.rng is not None else ready[0]
             offset, message = self.queues[(stage, partition)].popleft()
-            if stage == "a":
+            if stage == _ACCOUNTS:
                 self._account(partition, offset, *message)
-            elif stage == "s":
+            elif stage == _SOURCES:
                 self._source(partition, offset, message)
             else:
                 self._rollup(partition, message)
 
     def _account(self, partition: int, offset: int, rows: list[list[Any]], marks: list[list[int]]) -> None:
         if not self.accounts.owns(partition):
-            self._collect(self.accounts.rebuild(partition, self._records("a", partition)), "a")
+            self._collect(self.accounts.rebuild(partition, self._records(_ACCOUNTS, partition)), _ACCOUNTS)
         result = self.accounts.process(partition, offset, rows, marks, self.input_partitions)
-        self._collect(result, "a")
+        self._collect(result, _ACCOUNTS)
         for target in range(self.partitions):
             forwarded = list(result.forwards.get(target, []))
             if result.mark_ms is not None:
                 forwarded.append([partition, -1, result.mark_ms])
             if forwarded:
-                self._send("s", target, forwarded)
-        self._shares(result, "a", partition)
+                self._send(_SOURCES, target, forwarded)
+        self._shares(result, ACCOUNT_SHARE, partition)
 
     def _source(self, partition: int, offset: int, rows: list[list[Any]]) -> None:
         if not self.sources.owns(partition):
-            self._collect(self.sources.rebuild(partition, self._records("s", partition)), "s")
+            self._collect(self.sources.rebuild(partition, self._records(_SOURCES, partition)), _SOURCES)
         result = self.sources.process(partition, offset, rows)
-        self._collect(result, "s")
-        self._shares(result, "s", partition)
+        self._collect(result, _SOURCES)
+        self._shares(result, SOURCE_SHARE, partition)
 
     def _shares(self, result: StageOutput, kind: str, partition: int) -> None:
         by_target: dict[int, list[list[Any]]] = {}
@@ -146,12 +150,12 @@ class MemoryPipeline:
             if result.mark_ms is not None:
                 shares.append([None, result.mark_ms, kind, partition])
             if shares:
-                self._send("r", target, shares)
+                self._send(_ROLLUP, target, shares)
 
     def _rollup(self, partition: int, shares: list[list[Any]]) -> None:
         if not self.rollup.owns(partition):
-            self.rollup.rebuild(partition, self._records("r", partition))
-        self._collect(self.rollup.process(partition, shares), "r")
+            self.rollup.rebuild(partition, self._records(_ROLLUP, partition))
+        self._collect(self.rollup.process(partition, shares), _ROLLUP)
 
     def _records(self, stage: str, partition: int) -> list[tuple[bytes, bytes]]:
         return [

@@ -33,10 +33,14 @@ from typing import Any
 
 from pipeline.contracts.codec import dumps, encode, loads
 from pipeline.contracts.models import AUDIT_COLUMNS
+from pipeline.core.account import AccountShard
 from pipeline.core.attempt import Attempt
-from pipeline.core.engine import TICK_MS, AccountShard, Outbox, SourceShard, TenantRollup
+from pipeline.core.dedupe import DEDUPE_CAPACITY, DEDUPE_HORIZON_MS
+from pipeline.core.outbox import ACCOUNT_SHARE, SOURCE_SHARE, UNKNOWN_SHARE, Outbox
 from pipeline.core.policy import Policy, TenantPolicy
+from pipeline.core.rollup import TICK_MS, TenantRollup
 from pipeline.core.sequence import NO_MARK, Sequencer
+from pipeline.core.source import SourceShard
 from pipeline.stream.partitioning import source_partition
 
 # Rows per message on the internal and audit topics: a few hundred bytes each, so a
@@ -70,14 +74,17 @@ def latest_shares(shares: list[list[Any]]) -> list[list[Any]]:
     return list(latest.values())
 
 
-def _share_rows(out: Outbox, kind: str, partition: int, seq: int, a: Attempt, result: StageOutput) -> None:
+def _share_rows(
+    out: Outbox, kind: str, partition: int, seq: int, attempt: Attempt, result: StageOutput
+) -> None:
     """The shares one released row changed, stamped with its event time and order."""
-    for (tenant, window), share in out.partials.items():
-        result.shares.append([tenant, window, kind, partition, share, a.occurred_ms, a.event_id, seq])
-    out.partials.clear()
-    for (tenant, window), share in out.unknown_partials.items():  # the source stage's
-        result.shares.append([tenant, window, "u", partition, share, a.occurred_ms, a.event_id, seq])
-    out.unknown_partials.clear()
+    # ``kind`` names the stage's tenant shares; unknown-account shares are the source stage's.
+    for shares, share_kind in ((out.tenant_shares, kind), (out.unknown_shares, UNKNOWN_SHARE)):
+        for (tenant, window), share in shares.items():
+            result.shares.append(
+                [tenant, window, share_kind, partition, share, attempt.occurred_ms, attempt.event_id, seq]
+            )
+        shares.clear()
 
 
 @dataclass
@@ -149,8 +156,8 @@ class _Stage:
     shard_type: type[AccountShard] | type[SourceShard]
 
     def __init__(
-        self, policy: Policy, partitions: int, dedupe_horizon_ms: int = 3_600_000,
-        dedupe_capacity: int = 1_000_000,
+        self, policy: Policy, partitions: int, dedupe_horizon_ms: int = DEDUPE_HORIZON_MS,
+        dedupe_capacity: int = DEDUPE_CAPACITY,
     ) -> None:  # fmt: skip
         self.policy = policy
         self.partitions = partitions
@@ -283,7 +290,7 @@ class AccountStage(_Stage):
 
     def __init__(
         self, policy: Policy, partitions: int, *, input_topic: str,
-        dedupe_horizon_ms: int = 3_600_000, dedupe_capacity: int = 1_000_000,
+        dedupe_horizon_ms: int = DEDUPE_HORIZON_MS, dedupe_capacity: int = DEDUPE_CAPACITY,
     ) -> None:  # fmt: skip
         super().__init__(policy, partitions, dedupe_horizon_ms, dedupe_capacity)
         self.input_topic = input_topic
@@ -321,8 +328,8 @@ class AccountStage(_Stage):
             verdict = shard.step(attempt, watermark, out, seq)
             if out.forwards:
                 self._forward(out.forwards, seq, partition, result)
-            if out.partials:
-                _share_rows(out, "a", partition, seq, attempt, result)
+            if out.tenant_shares:
+                _share_rows(out, ACCOUNT_SHARE, partition, seq, attempt, result)
             if verdict is None:
                 continue
             result.counted += 1
@@ -378,8 +385,8 @@ class SourceStage(_Stage):
             if occurred_ms > watermark:
                 watermark = occurred_ms
             shard.step(attempt, watermark, out, seq)
-            if out.partials or out.unknown_partials:
-                _share_rows(out, "s", partition, seq, attempt, result)
+            if out.tenant_shares or out.unknown_shares:
+                _share_rows(out, SOURCE_SHARE, partition, seq, attempt, result)
             result.counted += 1
         self._finish(partition, offset, shard, out, result)
         return result
@@ -414,7 +421,7 @@ class RollupStage:
             if key[1] == "fired":
                 # [partition, "fired", tenant, window, kind]; records before stuffing_tenant
                 # have no kind (rule 8's).
-                if key[4:] == ["u"]:
+                if key[4:] == [UNKNOWN_SHARE]:
                     rollup.stuffing.fired[(key[2], key[3])] = loads(raw_value)
                 else:
                     rollup.fired.add((key[2], key[3]))
@@ -431,8 +438,9 @@ class RollupStage:
         if meta is not None:
             tick_ms, touched, order = meta[:3]
             rollup.tick_ms = tick_ms
-            rollup.touched.update(((t, w), None) for t, w in touched)
-            rollup.touched_unknown.update(((t, w), None) for t, w in (meta[3] if len(meta) > 3 else ()))
+            rollup.touched.update(((tenant, window), None) for tenant, window in touched)
+            touched_unknown = meta[3] if len(meta) > 3 else ()
+            rollup.touched_unknown.update(((tenant, window), None) for tenant, window in touched_unknown)
             sequencer.restore_meta(order)
         sequencer.finish_restore()
         self.rollups[partition] = rollup
@@ -449,14 +457,14 @@ class RollupStage:
         sequencer = self.sequencers[partition]
         result = StageOutput()
         for share in shares:
-            upstream = share[3] if share[2] == "a" else self.partitions + share[3]
+            upstream = share[3] if share[2] == ACCOUNT_SHARE else self.partitions + share[3]
             if share[0] is None:
                 sequencer.mark(upstream, share[1])
             elif share[5] >= sequencer.released_ms or share[4] > rollup.recorded(*share[:4]):
                 # (an older share re-sent after an upstream's restart carries nothing: skipped)
-                # One source row may change its "s" and its "u" share under one upstream
+                # One source row may change its source and its unknown-account share under one upstream
                 # position: the held row's position tells them apart.
-                position = 2 * share[7] + (share[2] == "u")
+                position = 2 * share[7] + (share[2] == UNKNOWN_SHARE)
                 sequencer.push(share[5], share[6], upstream, position, share[:5])
         alerts: list[Any] = []
         for _seq, time_ms, (tenant, window, kind, part, share) in sequencer.release():
@@ -469,7 +477,7 @@ class RollupStage:
             window = _window(alert)
             if alert.type == "stuffing_tenant":  # what TenantStuffing.fired holds (it may fire once more)
                 state = rollup.stuffing.fired[(alert.tenant, window)]
-                result.changelog.append((dumps([partition, "fired", alert.tenant, window, "u"]), dumps(state)))
+                result.changelog.append((dumps([partition, "fired", alert.tenant, window, UNKNOWN_SHARE]), dumps(state)))
             else:
                 result.changelog.append((dumps([partition, "fired", alert.tenant, window]), b"1"))
         added, removed = sequencer.take_changes()  # in the order _Stage._finish explains

@@ -7,10 +7,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.contracts.models import datetime_to_ms
+from pipeline.core.account import AccountShard
 from pipeline.core.attempt import Attempt
 from pipeline.core.decisions import Verdict, keys_for
-from pipeline.core.engine import AccountShard, Engine, Outbox
+from pipeline.core.engine import Engine
 from pipeline.core.lockout import lock_ms, wait_ms
+from pipeline.core.outbox import Outbox
 from pipeline.core.policy import DEFAULT_POLICY
 from tests.unit.test_core_support import ACCOUNT, HOUR, MIN, SEC, T0, alerts, att, decisions, policy
 

@@ -11,8 +11,11 @@ from typing import Any
 
 import orjson
 
+from pipeline.core.account import AccountShard
 from pipeline.core.attempt import Attempt
-from pipeline.core.engine import AccountShard, Outbox, SourceShard, TenantRollup
+from pipeline.core.outbox import ACCOUNT_SHARE, SOURCE_SHARE, Outbox
+from pipeline.core.rollup import TenantRollup
+from pipeline.core.source import SourceShard
 from tests.unit.test_core_support import att, mixed_traffic, run, serialised
 
 REPO = Path(__file__).resolve().parents[2]
@@ -78,16 +81,16 @@ class _Wired:
             self.sources.advance(now, out)
             self.next_advance = now - now % 1000 + 1000
         self.accounts.step(a, now, out)
-        self._shares("a")
+        self._shares(ACCOUNT_SHARE)
         for forwarded in out.forwards:
             self.sources.step(forwarded, now, out)
         out.forwards.clear()
-        self._shares("s")
+        self._shares(SOURCE_SHARE)
 
     def _shares(self, kind: str) -> None:
-        for (tenant, window), share in self.out.partials.items():
+        for (tenant, window), share in self.out.tenant_shares.items():
             self.rollup.update(tenant, window, kind, 0, share)
-        self.out.partials.clear()
+        self.out.tenant_shares.clear()
 
 
 def test_engine_equals_manual_wiring() -> None:
@@ -154,7 +157,7 @@ def _outputs(out: Outbox) -> list[Any]:
     return [
         *serialised(out),
         *(a.to_row() for a in out.forwards),
-        *sorted(out.partials.items()),
+        *sorted(out.tenant_shares.items()),
     ]
 
 
@@ -209,7 +212,7 @@ def test_replaying_applied_events_changes_nothing() -> None:
     assert replay_out.decisions == [] and replay_out.alerts == []
     # Untrusted successes are forwarded again (nothing in the account shard remembers
     # them); the source stage skips a replayed forward by its upstream position.
-    assert all(a.success for a in replay_out.forwards) and replay_out.partials == {}
+    assert all(a.success for a in replay_out.forwards) and replay_out.tenant_shares == {}
     assert _state(restored) == _state(original)
 
 

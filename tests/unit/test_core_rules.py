@@ -7,9 +7,10 @@ from typing import Any
 from pipeline.contracts.models import Decision, datetime_to_ms
 from pipeline.core.attempt import Attempt
 from pipeline.core.decisions import Verdict
-from pipeline.core.engine import Engine, TenantRollup
+from pipeline.core.engine import Engine
 from pipeline.core.keys import format_key
 from pipeline.core.policy import Policy, policy_from_toml
+from pipeline.core.rollup import TenantRollup
 from tests.unit.test_core_support import (
     ACCOUNT,
     MIN,

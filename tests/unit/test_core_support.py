@@ -8,7 +8,8 @@ from typing import Any
 
 from pipeline.contracts.models import Alert, Decision
 from pipeline.core.attempt import Attempt
-from pipeline.core.engine import Engine, Outbox
+from pipeline.core.engine import Engine
+from pipeline.core.outbox import Outbox
 from pipeline.core.policy import Policy, policy_from_mapping
 
 T0 = 1_790_000_000_000  # 2026-09-21, a minute boundary

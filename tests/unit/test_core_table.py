@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import tracemalloc
 
+from pipeline.core.account import AccountShard
 from pipeline.core.dedupe import Deduper
-from pipeline.core.engine import AccountShard, Engine, Outbox
+from pipeline.core.engine import Engine
 from pipeline.core.keys import Key
+from pipeline.core.outbox import Outbox
 from pipeline.core.state import PairState
 from pipeline.core.table import BoundedTable
 from tests.unit.test_core_support import MIN, att, policy

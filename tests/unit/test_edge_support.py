@@ -9,8 +9,8 @@ from collections.abc import Callable
 from pipeline.contracts.codec import encode
 from pipeline.contracts.models import Decision, ms_to_datetime
 from pipeline.core.attempt import Normaliser
-from pipeline.core.engine import APPLIES_TO
 from pipeline.core.keys import Key, format_key
+from pipeline.core.records import APPLIES_TO
 from pipeline.edge.view import DecisionView
 from pipeline.settings import Settings
 from pipeline.wiring import build_normaliser

@@ -1,0 +1,271 @@
+"""The account shard: every attempt of its accounts (the stream partitions by account
+digest). Rules 1-4 and mfa, escalation (6), the lifetime bound (7), the consecutive-failure
+rules (``pipeline.core.streaks``), the ceiling alert and the owner's notices, and its share
+of the tenant-wide count of distinct failing accounts (exact when summed, because accounts
+are disjoint across shards). It forwards untrusted password failures and successes to the
+source shard (a source's real users, and redemptions: typo then success from the same
+source).
+"""
+
+from __future__ import annotations
+
+from pipeline.core.attempt import PASSWORD_FLOWS, Attempt
+from pipeline.core.decisions import (
+    ALLOWED,
+    Verdict,
+    keys_for,
+    lock_key,
+    mfa_key,
+    uia_device_key,
+    uia_key,
+)
+from pipeline.core.keys import Key
+from pipeline.core.outbox import Outbox
+from pipeline.core.records import build_alert
+from pipeline.core.rules import CounterRule, TenantRules
+from pipeline.core.shard import Shard
+from pipeline.core.state import KeyState
+from pipeline.core.streaks import (
+    clear_streak,
+    late_failure,
+    lock_failure,
+    mark_streak,
+    mfa_failure,
+    notify_owner,
+    streak_entry,
+)
+
+
+class AccountShard(Shard):
+    """Rules keyed by account: per (account, source), the ceiling, device, uia, mfa,
+    escalation and the lifetime bound, seed 002's lock and seed 004's mfa curve
+    (``pipeline.core.streaks``).
+
+    The hot path reads the tables' dicts directly and builds only the keys it needs:
+    most attempts are successes of accounts with no state and no decision, which cost a
+    dedupe lookup, two subject lookups in the index and two or three dict misses.
+    """
+
+    def step(self, attempt: Attempt, now_ms: int, out: Outbox, seq: int = -1) -> Verdict | None:
+        """Apply one attempt. Returns the decision that applied to it (for the audit row),
+        or None for a duplicate ``event_id`` (not counted, not audited)."""
+        if now_ms > self.watermark_ms:
+            self.watermark_ms = now_ms
+        dedupe = self.dedupe
+        if dedupe is not None and dedupe.seen(attempt.event_id, self.watermark_ms, attempt.tenant):
+            self.metrics.duplicates += 1
+            return None
+        index = self.index
+        subjects = index.subjects
+        # Only an account or source with an active decision can be refused: two string
+        # lookups spare building the attempt's keys in the common case.
+        if subjects and (attempt.account in subjects or attempt.source in subjects):
+            verdict = index.check(keys_for(attempt), attempt.occurred_ms)
+        else:
+            verdict = ALLOWED
+        rules = self.tenants.get(attempt.tenant) or self.tenant(attempt.tenant)
+        if attempt.occurred_ms <= self.watermark_ms - rules.max_span_ms:
+            self.metrics.late += 1
+            if not attempt.success and attempt.failure_reason != "refused":
+                late_failure(self, attempt, rules, out, seq)
+            return verdict
+        if attempt.success:
+            self._success(attempt, rules, out, seq)
+        elif attempt.failure_reason != "refused":
+            self._failure(attempt, rules, out, seq)
+            self.metrics.counted += 1
+        return verdict
+
+    # -- successes ----------------------------------------------------------------------
+
+    def _success(self, attempt: Attempt, rules: TenantRules, out: Outbox, seq: int) -> None:
+        tenant, account = attempt.tenant, attempt.account
+        wm = self.watermark_ms
+        acct_key: Key = ("account", tenant, account, None, None)
+        acct = rules.acct.entries.get(acct_key)
+        if acct is not None and acct.keep_until_ms > wm and (seq < 0 or acct.seq < seq):
+            # Rule 7's streak ends; the ceiling's count and escalation are never cleared.
+            acct.streak = 0
+            acct.lifetime_alerted = False
+            self._mark(rules.acct, acct_key, acct, seq)
+        # Each success resets its own counter; most find none (a dict miss, no call).
+        flow = attempt.flow
+        if flow in PASSWORD_FLOWS:
+            if not (attempt.trusted and attempt.device):
+                out.forwards.append(attempt)  # the source stage counts the source's real users
+            key: Key = ("lock", tenant, account, None, None)
+            streak = rules.streaks.mapping.get(key)
+            if streak is not None and (
+                not (attempt.trusted and attempt.device) or rules.policy.lockout.trusted_success_clears
+                or (streak.rule == "lifetime_bound" and streak.blocked_until_ms > wm)
+            ):  # fmt: skip
+                clear_streak(self, key, streak, out, seq)
+            key = ("account_source", tenant, account, attempt.source, None)
+            entry = rules.pair_rule.entries.get(key)
+            if entry is not None and entry.keep_until_ms > wm:
+                self._reset(rules.pair_rule, key, entry, out, seq)
+            if attempt.trusted and attempt.device:
+                key = ("device", tenant, account, None, attempt.device)
+                entry = rules.device.entries.get(key)
+                if entry is not None and entry.keep_until_ms > wm:
+                    self._reset(rules.device, key, entry, out, seq)
+            return
+        if flow == "uia":
+            rule = rules.uia
+            key = uia_key(tenant, account, attempt.source, attempt.session, attempt.device)
+            device_key = uia_device_key(tenant, account, attempt.session, attempt.device)
+            if device_key is not None:
+                entry = rule.entries.get(device_key)
+                if entry is not None and entry.keep_until_ms > wm:
+                    self._reset(rule, device_key, entry, out, seq)
+        else:
+            rule = rules.mfa
+            key = mfa_key(tenant, account, attempt.source, attempt.device, attempt.session)
+            streak = rules.streaks.mapping.get(key)
+            if streak is not None:
+                clear_streak(self, key, streak, out, seq)
+        entry = rule.entries.get(key)
+        if entry is not None and entry.keep_until_ms > wm:
+            self._reset(rule, key, entry, out, seq)
+
+    def _reset(self, rule: CounterRule, key: Key, entry: KeyState, out: Outbox, seq: int) -> None:
+        """A success clears its own live counter and escalation, and lifts its decision.
+        (An entry past its time is gone even before ``expire`` pops it: never reset.)"""
+        if seq >= 0 and entry.seq >= seq:
+            return
+        entry.clear()
+        entry.level = 0
+        if entry.blocked_until_ms:
+            entry.blocked_until_ms = 0
+            self.lift(out, key)
+        self._mark(rule, key, entry, seq)
+
+    # -- failures -----------------------------------------------------------------------
+
+    def _failure(self, attempt: Attempt, rules: TenantRules, out: Outbox, seq: int) -> None:
+        tenant, account, flow = attempt.tenant, attempt.account, attempt.flow
+        acct_rule = rules.acct
+        acct_key: Key = ("account", tenant, account, None, None)
+        acct = acct_rule.table.touch(acct_key, acct_rule.factory, self.watermark_ms)
+        fresh = seq < 0 or acct.seq < seq
+        if fresh:
+            # Rule 7's streak (inlined; the alert itself is rare).
+            acct.streak += 1
+            memory = attempt.occurred_ms + rules.lifetime_memory_ms
+            if memory > acct.keep_until_ms:
+                acct.keep_until_ms = memory
+            if acct.streak >= rules.lifetime_threshold and not acct.lifetime_alerted:
+                self._lifetime_bound(attempt, acct, out)
+        if flow in PASSWORD_FLOWS:
+            device = attempt.device
+            if attempt.trusted and device:
+                # Trusted-device failures feed only their device's counter (rule 3).
+                key: Key = ("device", tenant, account, None, device)
+                self._count(attempt, rules.device, key, None, device, out, seq)
+            else:
+                key = ("account_source", tenant, account, attempt.source, None)
+                self._count(attempt, rules.pair_rule, key, attempt.source, None, out, seq)
+                lock_failure(self, attempt, rules, out, seq)
+                if fresh:
+                    if self._count_entry(attempt, acct_rule, acct_key, acct, None, None, out):
+                        self._under_attack(attempt, rules, acct, out)
+                    if acct.spray_window != attempt.occurred_ms // rules.tenant_window_ms:
+                        self._tenant_share(attempt, rules, acct, out)
+                    out.forwards.append(attempt)
+        elif flow == "uia":
+            handle = attempt.session or attempt.device
+            key = uia_key(tenant, account, attempt.source, attempt.session, attempt.device)
+            self._count(attempt, rules.uia, key, None if handle else attempt.source, handle, out, seq)
+            device_key = uia_device_key(tenant, account, attempt.session, attempt.device)
+            if device_key is not None:
+                self._count(attempt, rules.uia, device_key, None, attempt.device, out, seq)
+        else:
+            handle = attempt.device or attempt.session
+            key = mfa_key(tenant, account, attempt.source, attempt.device, attempt.session)
+            if rules.mfa_curve:
+                mfa_failure(self, attempt, rules, key, None if handle else attempt.source, handle, out, seq)
+            else:
+                self._count(attempt, rules.mfa, key, None if handle else attempt.source, handle, out, seq)
+        if fresh:
+            self._mark(acct_rule, acct_key, acct, seq)
+
+    def _lifetime_bound(self, attempt: Attempt, acct: KeyState, out: Outbox) -> None:
+        """Rule 7: the streak of consecutive failures reached the bound: alert once."""
+        acct.lifetime_alerted = True
+        out.alerts.append(build_alert(
+            "lifetime_bound", attempt.tenant, None, attempt.account, acct.streak, 0,
+            attempt.occurred_ms, attempt.occurred_ms, self.version,
+        ))  # fmt: skip
+        self.metrics.alerts += 1
+
+    def _under_attack(self, attempt: Attempt, rules: TenantRules, acct: KeyState, out: Outbox) -> None:
+        """The ceiling tripped: raise ``account_under_attack`` (and the owner's notice
+        when the ceiling enforces)."""
+        if rules.acct.cfg.mode == "enforce":
+            key = lock_key(attempt.tenant, attempt.account)
+            streak = streak_entry(rules, key)
+            notify_owner(self, attempt, rules, streak, "account_ceiling", acct.blocked_until_ms, out)
+            mark_streak(self, key, streak, -1)
+        out.alerts.append(build_alert(
+            "account_under_attack", attempt.tenant, None, attempt.account, acct.total,
+            0, attempt.occurred_ms - rules.acct.cfg.window_ms, attempt.occurred_ms, self.version,
+        ))  # fmt: skip
+        self.metrics.alerts += 1
+
+    def _tenant_share(self, attempt: Attempt, rules: TenantRules, acct: KeyState, out: Outbox) -> None:
+        """Count the account once per tumbling window in this shard's share of rule 8
+        (the caller checked it is not counted in this window yet)."""
+        window = self.add_tenant_share(attempt, rules, out)
+        acct.spray_window = window
+        # Keep the entry to the window's end, or a re-created entry would count twice.
+        acct.keep_until_ms = max(acct.keep_until_ms, (window + 1) * rules.tenant_window_ms)
+
+    def _count(
+        self, attempt: Attempt, rule: CounterRule, key: Key, source: str | None,
+        device: str | None, out: Outbox, seq: int,
+    ) -> None:  # fmt: skip
+        """Touch, count and mark one failure of ``rule`` (once per ``seq``)."""
+        entry = rule.table.touch(key, rule.factory, self.watermark_ms)
+        if seq >= 0 and entry.seq >= seq:
+            return
+        self._count_entry(attempt, rule, key, entry, source, device, out)
+        self._mark(rule, key, entry, seq)
+
+    def _count_entry(
+        self, attempt: Attempt, rule: CounterRule, key: Key, entry: KeyState,
+        source: str | None, device: str | None, out: Outbox,
+    ) -> bool:  # fmt: skip
+        """Count one failure; trip (issue a decision) when the threshold is reached with
+        no decision active. Returns True on a trip."""
+        now = attempt.occurred_ms
+        if not entry.add(now // rule.sub_ms):
+            return False
+        keep = (entry.head + rule.ring_size) * rule.sub_ms
+        if keep > entry.keep_until_ms:
+            entry.keep_until_ms = keep
+        if entry.total < rule.threshold or now < entry.blocked_until_ms:
+            return False
+        self._trip(attempt, rule, key, entry, source, device, out)
+        return True
+
+    def _trip(
+        self, attempt: Attempt, rule: CounterRule, key: Key, entry: KeyState,
+        source: str | None, device: str | None, out: Outbox,
+    ) -> None:  # fmt: skip
+        """Escalate (rule 6) and issue the decision."""
+        rules = self.tenants[attempt.tenant]
+        now = attempt.occurred_ms
+        entry.level += 1
+        expires = now + rules.policy.backoff.block_ms(entry.level)
+        entry.blocked_until_ms = expires
+        entry.decision_id = self.issue(
+            out, rule.name, rule.name, key, attempt.tenant, attempt.account, source, device, rule.cfg,
+            entry.total, now, expires,
+        )  # fmt: skip
+        entry.keep_until_ms = max(entry.keep_until_ms, expires, now + rules.streak_memory_ms)
+
+    def _mark(self, rule: CounterRule, key: Key, entry: KeyState, seq: int) -> None:
+        if seq > entry.seq:
+            entry.seq = seq
+        if self.track_changes:
+            self.dirty[(rule.name, key)] = None

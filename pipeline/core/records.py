@@ -1,0 +1,82 @@
+"""The wire records the rules emit, each built in one place: decisions, alerts and the
+owner's notices. Ids are ``stable_id``s of what the record is about and the policy
+version, so replaying the same events gives byte-identical records."""
+
+from __future__ import annotations
+
+from pipeline.contracts.models import AccountNotice, Alert, Decision, ms_to_datetime
+from pipeline.core.keys import stable_id
+
+APPLIES_TO = {
+    "account_source": "untrusted",
+    "account": "untrusted",
+    "device": "device",
+    "uia": "uia",
+    "mfa": "mfa",
+    "source": "all",
+    "lock": "untrusted",
+}
+"""Which attempts a decision of each scope refuses (``pipeline.core.decisions``)."""
+
+
+def build_decision(
+    decision_id: str, wire_key: str, scope: str, action: str, rule: str, tenant: str,
+    account: str | None, source: str | None, device: str | None, count: int, threshold: int,
+    window_ms: int, issued_ms: int, expires_ms: int, version: str,
+) -> Decision:  # fmt: skip
+    """The decision a rule issues on ``wire_key`` (its id is the caller's: it is also
+    kept in the decision index)."""
+    return Decision(
+        decision_id=decision_id,
+        key=wire_key,
+        tenant=tenant,
+        scope=scope,  # type: ignore[arg-type]
+        account_digest=account,
+        source=source,
+        device_id=device,
+        applies_to=APPLIES_TO[scope],  # type: ignore[arg-type]
+        action=action,  # type: ignore[arg-type]
+        rule=rule,
+        count=count,
+        threshold=threshold,
+        window_ms=window_ms,
+        issued_at=ms_to_datetime(issued_ms),
+        expires_at=ms_to_datetime(expires_ms),
+        policy_version=version,
+    )
+
+
+def build_alert(
+    kind: str, tenant: str, source: str | None, account: str | None,
+    count: int, distinct: int, start_ms: int, end_ms: int, version: str,
+) -> Alert:  # fmt: skip
+    """An alert of ``kind`` over ``[start_ms, end_ms]``; one id per (subject, start)."""
+    return Alert(
+        alert_id=stable_id(kind, tenant, source or "-", account or "-", start_ms, version),
+        type=kind,
+        tenant=tenant,
+        source=source,
+        account_digest=account,
+        count=count,
+        distinct_accounts=distinct,
+        window_start=ms_to_datetime(start_ms),
+        window_end=ms_to_datetime(end_ms),
+        policy_version=version,
+    )
+
+
+def build_notice(
+    tenant: str, account: str, reason: str, now_ms: int, expires_ms: int, window_ms: int,
+    version: str,
+) -> AccountNotice:  # fmt: skip
+    """The owner's notice (seed 001's unlock mail) for one notice window from ``now_ms``."""
+    return AccountNotice(
+        notice_id=stable_id("notice", tenant, account, now_ms, version),
+        tenant=tenant,
+        account_digest=account,
+        reason=reason,  # type: ignore[arg-type]
+        expires_at=ms_to_datetime(expires_ms),
+        window_start=ms_to_datetime(now_ms),
+        window_end=ms_to_datetime(now_ms + window_ms),
+        policy_version=version,
+    )

@@ -1,0 +1,147 @@
+"""The tenant rollup: rule 8 (``spray_tenant``) and ``stuffing_tenant`` from the shards'
+tenant shares (``pipeline.core.outbox``), evaluated at second boundaries of event time so
+the alerts are a function of the events alone, not of the order the shares arrived in.
+"""
+
+from __future__ import annotations
+
+from pipeline.contracts.models import Alert
+from pipeline.core.keys import stable_id
+from pipeline.core.outbox import ACCOUNT_SHARE, UNKNOWN_SHARE
+from pipeline.core.policy import DEFAULT_POLICY, Policy, TenantSprayConfig
+from pipeline.core.records import build_alert
+from pipeline.core.stuffing import TenantStuffing
+
+TICK_MS = 1000
+"""Rule 8 is evaluated at each second boundary of event time (see ``TenantRollup``)."""
+FINAL_MS = 1 << 62
+"""A time past every event: ``advance(FINAL_MS)`` evaluates everything recorded."""
+
+
+class TenantRollup:
+    """Rule 8: sums the shards' shares of distinct failing accounts and sources per tenant
+    and tumbling window, and raises ``spray_tenant`` once per (tenant, window) when the
+    accounts are far above the trailing baseline and enough sources took part.
+
+    Shares are recorded by ``update``; the condition is evaluated by ``advance(time_ms)``
+    at each second boundary of event time, before the first share of a later second is
+    recorded (and at the end of a replay, ``advance`` past everything). The totals seen
+    by an evaluation are therefore exactly those of the events before that boundary,
+    whatever order the shares of one second arrived in and however the shards were cut:
+    the alert and its ``count`` are a function of the events alone. The baseline (mean of
+    the previous windows' account totals) is taken at a window's first evaluation, when
+    those windows are complete; an update is O(1).
+    """
+
+    def __init__(self, policy: Policy = DEFAULT_POLICY) -> None:
+        self.policy = policy
+        self.shares: dict[tuple[str, str, int, int], int] = {}
+        self.accounts: dict[tuple[str, int], int] = {}
+        self.sources: dict[tuple[str, int], int] = {}
+        self.baselines: dict[tuple[str, int], float] = {}
+        self.fired: set[tuple[str, int]] = set()
+        self.first_window: dict[str, int] = {}
+        self.touched: dict[tuple[str, int], None] = {}
+        self.touched_unknown: dict[tuple[str, int], None] = {}
+        self.tick_ms = -1
+        self._configs: dict[str, TenantSprayConfig] = {}
+        self.stuffing = TenantStuffing()
+
+    def recorded(self, tenant: str, window: int, kind: str, part: int) -> int:
+        """The share last recorded for a shard (0 if none): a share at or below it is old."""
+        if kind == UNKNOWN_SHARE:
+            return self.stuffing.shares.get((tenant, window, part), 0)
+        return self.shares.get((kind, tenant, window, part), 0)
+
+    def update(self, tenant: str, window: int, kind: str, part: int, share: int) -> None:
+        """Record a shard's latest share (``kind`` ``ACCOUNT_SHARE`` or ``SOURCE_SHARE`` of
+        rule 8, ``UNKNOWN_SHARE`` of ``stuffing_tenant``); ``advance`` evaluates both."""
+        if kind == UNKNOWN_SHARE:
+            if self.stuffing.record(tenant, window, part, share):
+                self.touched_unknown[(tenant, window)] = None
+            return
+        if window < self.first_window.get(tenant, window + 1):
+            self.first_window[tenant] = window
+        share_key = (kind, tenant, window, part)
+        old = self.shares.get(share_key, 0)
+        if share <= old:
+            return
+        self.shares[share_key] = share
+        slot = (tenant, window)
+        totals = self.accounts if kind == ACCOUNT_SHARE else self.sources
+        totals[slot] = totals.get(slot, 0) + share - old
+        self.touched[slot] = None
+
+    def advance(self, time_ms: int) -> list[Alert]:
+        """Everything before ``time_ms`` is recorded: evaluate the windows touched since
+        the last evaluation if ``time_ms`` reached a new second boundary."""
+        boundary = time_ms - time_ms % TICK_MS
+        if boundary <= self.tick_ms:
+            return []
+        self.tick_ms = boundary
+        if not self.touched and not self.touched_unknown:
+            return []
+        alerts = []
+        for slot in sorted(self.touched):
+            alert = self._evaluate(*slot)
+            if alert is not None:
+                alerts.append(alert)
+        self.touched.clear()
+        for slot in sorted(self.touched_unknown):
+            alert = self._stuffing(*slot)
+            if alert is not None:
+                alerts.append(alert)
+        self.touched_unknown.clear()
+        return alerts
+
+    def _evaluate(self, tenant: str, window: int) -> Alert | None:
+        slot = (tenant, window)
+        if slot in self.fired:
+            return None
+        cfg = self._configs.get(tenant)
+        if cfg is None:
+            cfg = self._configs[tenant] = self.policy.for_tenant(tenant).tenant_spray
+        baseline = self.baselines.get(slot)
+        if baseline is None:
+            baseline = self._new_window(tenant, window, cfg.baseline_windows)
+        accounts, sources = self.accounts.get(slot, 0), self.sources.get(slot, 0)
+        if accounts < max(cfg.min_accounts, cfg.factor * baseline) or sources < cfg.min_sources:
+            return None
+        if window - self.first_window[tenant] < cfg.min_history_windows:
+            return None
+        self.fired.add(slot)
+        start = window * cfg.window_ms
+        return build_alert(
+            "spray_tenant", tenant, None, None, accounts, accounts, start,
+            start + cfg.window_ms, self.policy.policy_version,
+        )  # fmt: skip
+
+    def _stuffing(self, tenant: str, window: int) -> Alert | None:
+        cfg = self.policy.for_tenant(tenant).stuffing
+        total = self.stuffing.evaluate(
+            tenant, window, cfg.tenant_min_unknown, cfg.tenant_factor, cfg.tenant_baseline_windows
+        )
+        if not total:
+            return None
+        start = window * cfg.tenant_window_ms
+        alert = build_alert(
+            "stuffing_tenant", tenant, None, None, total, total, start,
+            start + cfg.tenant_window_ms, self.policy.policy_version,
+        )  # fmt: skip
+        # A window fires again when its total doubles: each firing has its own id.
+        alert_id = stable_id(alert.alert_id, total)
+        return alert.model_copy(update={"alert_id": alert_id})
+
+    def _new_window(self, tenant: str, window: int, baseline_windows: int) -> float:
+        previous = [self.accounts.get((tenant, w), 0) for w in range(window - baseline_windows, window)]
+        baseline = sum(previous) / baseline_windows
+        self.baselines[(tenant, window)] = baseline
+        # Forget windows older than the baseline needs (bounded memory).
+        horizon = window - baseline_windows - 2
+        for table in (self.accounts, self.sources, self.baselines):
+            for slot in [s for s in table if s[0] == tenant and s[1] < horizon]:
+                del table[slot]
+        for share_key in [k for k in self.shares if k[1] == tenant and k[2] < horizon]:
+            del self.shares[share_key]
+        self.fired = {s for s in self.fired if s[0] != tenant or s[1] >= horizon}
+        return baseline

@@ -1,0 +1,186 @@
+"""What both shards share (``Shard``): the policy compiled per tenant, the decision
+index, dedupe, the watermark, issuing and lifting decisions, and the durable state the
+stream writes to a changelog and restores from it (``take_dirty`` / ``restore``).
+
+Windows use event time; the watermark (the newest event time seen) decides expiry and
+lateness. An entry past its ``keep_until_ms`` is dead whether or not ``expire`` has
+popped it yet, so what the tables hold never changes a decision, only memory.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pipeline.core.attempt import Attempt
+from pipeline.core.decisions import Active, DecisionIndex
+from pipeline.core.dedupe import DEDUPE_CAPACITY, DEDUPE_HORIZON_MS, Deduper
+from pipeline.core.keys import Key, format_key, stable_id
+from pipeline.core.lockout import StreakState
+from pipeline.core.outbox import Metrics, Outbox, Shares, add_share
+from pipeline.core.policy import DEFAULT_POLICY, Policy, RuleConfig
+from pipeline.core.records import build_decision
+from pipeline.core.rules import Dirty, TenantRules
+from pipeline.core.state import KeyState, PairState, SourceState
+from pipeline.core.table import BoundedTable
+
+
+class Shard:
+    """Policy, tables per tenant, the decision index, dedupe and the change record."""
+
+    def __init__(
+        self, policy: Policy = DEFAULT_POLICY, *, part: int = 0,
+        dedupe_horizon_ms: int = DEDUPE_HORIZON_MS, dedupe_capacity: int = DEDUPE_CAPACITY,
+    ) -> None:  # fmt: skip
+        self.policy = policy
+        self.part = part
+        self.version = policy.policy_version
+        self.tenants: dict[str, TenantRules] = {}
+        self.index = DecisionIndex()
+        # A zero horizon turns dedupe off (the source stage of a single-process Engine is
+        # fed only by the already-deduplicated account stage).
+        self.dedupe = Deduper(dedupe_horizon_ms, dedupe_capacity) if dedupe_horizon_ms else None
+        self.watermark_ms = 0
+        self.metrics = Metrics()
+        # This shard's share of distinct failing subjects per (tenant, window) (rule 8).
+        self.tenant_shares: Shares = {}
+        # Keys whose state changed since the last ``take_dirty``: the stream flushes them.
+        # A shard that is never flushed (inside Engine) turns ``track_changes`` off before
+        # its first step, or the record would grow with every key ever seen.
+        self.dirty: Dirty = {}
+        self.track_changes = True
+
+    def tenant(self, tenant: str) -> TenantRules:
+        tables = self.tenants.get(tenant)
+        if tables is None:
+            dirty = self.dirty if self.track_changes else None
+            tables = TenantRules(self.policy.for_tenant(tenant), dirty)
+            self.tenants[tenant] = tables
+        return tables
+
+    def issue(
+        self, out: Outbox, rule: str, scope: str, key: Key, tenant: str, account: str | None,
+        source: str | None, device: str | None, cfg: RuleConfig, count: int,
+        issued_ms: int, expires_ms: int,
+    ) -> str:  # fmt: skip
+        """Publish a decision of ``rule`` on ``key`` and index it; returns its id."""
+        action = _action(cfg.mode)
+        wire_key = format_key(key)
+        decision_id = stable_id(wire_key, issued_ms, expires_ms, self.version)
+        decision = build_decision(
+            decision_id, wire_key, scope, action, rule, tenant, account, source, device,
+            count, cfg.threshold, cfg.window_ms, issued_ms, expires_ms, self.version,
+        )  # fmt: skip
+        self.index.put(key, Active(decision_id, action, expires_ms, rule))
+        out.decisions.append((wire_key, decision))
+        self.metrics.decisions += 1
+        return decision_id
+
+    def lift(self, out: Outbox, key: Key) -> None:
+        if self.index.lift(key) is not None:
+            out.decisions.append((format_key(key), None))
+            self.metrics.lifts += 1
+
+    def add_tenant_share(self, attempt: Attempt, rules: TenantRules, out: Outbox) -> int:
+        """Count the attempt's subject once more in this shard's share of its tenant's
+        rule-8 window (the caller checked it is new there); returns the window."""
+        window = attempt.occurred_ms // rules.tenant_window_ms
+        add_share(self.tenant_shares, attempt.tenant, window, rules.shares_bound, out.tenant_shares)
+        return window
+
+    def advance(self, now_ms: int, out: Outbox) -> None:
+        """Move the watermark: expire table entries and tombstone expired decisions."""
+        if now_ms > self.watermark_ms:
+            self.watermark_ms = now_ms
+        for key in self.index.prune(self.watermark_ms):
+            out.decisions.append((format_key(key), None))
+            self.metrics.lifts += 1
+        for tables in self.tenants.values():
+            for table in tables.tables():
+                table.expire(self.watermark_ms)  # the tables mark what they drop as dirty
+
+    # -- durable state: the stream writes changed entries to a changelog and restores them
+
+    def _table(self, name: str, tenant: str) -> BoundedTable[Any]:
+        tables = self.tenant(tenant)
+        if name == "sources":
+            return tables.sources
+        if name == "pairs":
+            return tables.pairs
+        if name == "streaks":
+            return tables.streaks
+        return tables.counters[name]
+
+    def take_dirty(self) -> list[tuple[list[Any], list[Any] | None]]:
+        """Changed entries since the last call as ``([table, *key], dump or None)``, plus
+        the shard's meta record (watermark, tenant shares). None means deleted."""
+        changes: list[tuple[list[Any], list[Any] | None]] = []
+        for name, key in self.dirty:
+            entry = self._table(name, key[1]).get(key)
+            changes.append(([name, *key], entry.dump() if entry is not None else None))
+        self.dirty.clear()
+        changes.append((["meta"], self.meta()))
+        return changes
+
+    def meta(self) -> list[Any]:
+        shares = [[tenant, window, share] for (tenant, window), share in self.tenant_shares.items()]
+        return [self.watermark_ms, shares]
+
+    def restore(self, key: list[Any], value: list[Any] | None) -> None:
+        """Load one changelog record (the inverse of ``take_dirty``); None deletes."""
+        if key == ["meta"]:
+            if value is None:
+                return
+            self.watermark_ms = max(self.watermark_ms, value[0])
+            restore_shares(self.tenant_shares, value[1])
+            return
+        name, *parts = key
+        entry_key: Key = tuple(parts)
+        if value is None:
+            self._table(name, entry_key[1]).pop(entry_key)
+            return
+        loader: Any = {"sources": SourceState, "pairs": PairState, "streaks": StreakState}.get(name, KeyState)
+        self._table(name, entry_key[1]).put(entry_key, loader.load(value))
+
+    def finish_restore(self, out: Outbox) -> None:
+        """After loading: re-index active decisions and expire what the changelog kept
+        past its time (restored windows are not expired by the framework). Tables are put
+        in deadline order first, so expiry from the front reaches every dead entry."""
+        for tables in self.tenants.values():
+            for any_table in tables.tables():
+                any_table.sort_by_deadline()
+            self._reindex_counters(tables)
+            for key, streak in tables.streaks.items():
+                if streak.blocked_until_ms > self.watermark_ms and streak.decision_id:
+                    action = _action(tables.streak_cfg[streak.rule].mode)
+                    self.index.put(key, Active(streak.decision_id, action, streak.blocked_until_ms, streak.rule))
+        self.advance(self.watermark_ms, out)
+
+    def _reindex_counters(self, tables: TenantRules) -> None:
+        """Index the active decisions of the counter and source tables."""
+        named: list[tuple[str, BoundedTable[Any]]] = [*tables.counters.items(), ("source", tables.sources)]
+        for rule, table in named:
+            mode = tables.cfg[rule].mode
+            for key, entry in table.items():
+                if entry.blocked_until_ms > self.watermark_ms and entry.decision_id:
+                    name, rule_mode = rule, mode
+                    if rule == "source" and entry.block_rule == "stuffing":
+                        name, rule_mode = "stuffing", tables.policy.stuffing.mode
+                    active = Active(entry.decision_id, _action(rule_mode), entry.blocked_until_ms, name)
+                    self.index.put(key, active)
+
+    def evictions(self) -> int:
+        return sum(table.evictions for rules in self.tenants.values() for table in rules.tables())
+
+    def entries(self) -> int:
+        return sum(len(table) for rules in self.tenants.values() for table in rules.tables())
+
+
+def _action(mode: str) -> str:
+    return "block" if mode == "enforce" else "observe"
+
+
+def restore_shares(shares: Shares, records: list[Any]) -> None:
+    """Merge ``[tenant, window, share]`` records into ``shares`` (the larger wins)."""
+    for tenant, window, share in records:
+        slot = (tenant, window)
+        shares[slot] = max(shares.get(slot, 0), share)

@@ -1,0 +1,234 @@
+"""The source shard: the attempts the account shard forwards (untrusted password failures
+and successes), partitioned by source. Spray (rule 5), the credential-stuffing block and
+alert (``pipeline.core.stuffing``), and its shares of distinct failing sources and of
+distinct unknown accounts per tenant.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pipeline.core.attempt import Attempt
+from pipeline.core.dedupe import DEDUPE_CAPACITY, DEDUPE_HORIZON_MS
+from pipeline.core.keys import Key
+from pipeline.core.outbox import Outbox, Shares, add_share
+from pipeline.core.policy import DEFAULT_POLICY, Policy
+from pipeline.core.records import build_alert
+from pipeline.core.rules import TenantRules
+from pipeline.core.shard import Shard, restore_shares
+from pipeline.core.state import PairState, SourceState
+from pipeline.core.stuffing import is_stuffing, stuffing_alert_due
+
+
+class SourceShard(Shard):
+    """Signals keyed by source: spray (rule 5) and credential stuffing.
+
+    Fed untrusted password failures and successes, forwarded by the account shard; a
+    success of an account that failed from the source within the window is a redemption. Allowlisted
+    ranges are exempt. In ``observe`` mode (the default) spray raises ``spray_source``
+    once per window and publishes an ``observe`` decision that never refuses: a NAT full
+    of colleagues is never collateral. In ``enforce`` mode that decision is a block. A
+    redeemed pair stops counting towards spray: a user who succeeds right after a typo
+    is not being sprayed.
+
+    Credential stuffing (``pipeline.core.stuffing``) publishes a ``stuffing`` decision on
+    the source key (a block by default): it replaces a spray ``observe`` decision on the
+    same key, and spray never replaces it while it is active.
+    """
+
+    def __init__(
+        self, policy: Policy = DEFAULT_POLICY, *, part: int = 0,
+        dedupe_horizon_ms: int = DEDUPE_HORIZON_MS, dedupe_capacity: int = DEDUPE_CAPACITY,
+    ) -> None:  # fmt: skip
+        super().__init__(
+            policy, part=part, dedupe_horizon_ms=dedupe_horizon_ms, dedupe_capacity=dedupe_capacity
+        )
+        # This shard's share of distinct unknown accounts per (tenant, window).
+        self.unknown_shares: Shares = {}
+
+    def meta(self) -> list[Any]:
+        unknown = [[tenant, window, share] for (tenant, window), share in self.unknown_shares.items()]
+        return [*super().meta(), unknown]
+
+    def restore(self, key: list[Any], value: list[Any] | None) -> None:
+        if key == ["meta"] and value is not None and len(value) > 2:
+            restore_shares(self.unknown_shares, value[2])
+        super().restore(key, value)
+
+    def step(self, attempt: Attempt, now_ms: int, out: Outbox, seq: int = -1) -> None:
+        if now_ms > self.watermark_ms:
+            self.watermark_ms = now_ms
+        if self.dedupe is not None and self.dedupe.seen(attempt.event_id, self.watermark_ms, attempt.tenant):
+            self.metrics.duplicates += 1
+            return
+        rules = self.tenants.get(attempt.tenant) or self.tenant(attempt.tenant)
+        if attempt.occurred_ms <= self.watermark_ms - rules.max_span_ms:
+            self.metrics.late += 1
+            return
+        if rules.allowlist is not None and rules.allowlisted(attempt.source):
+            return
+        skey: Key = ("source", attempt.tenant, None, attempt.source, None)
+        entries = rules.sources.mapping
+        src = entries.get(skey)
+        if src is None:
+            src = rules.sources.create(skey, rules.source_factory)
+        else:
+            entries.move_to_end(skey)
+        if seq >= 0 and src.seq >= seq:
+            return
+        if attempt.success:
+            self._success(attempt, rules, src)
+        else:
+            self.metrics.counted += 1
+            self._failure(attempt, rules, src, skey, out)
+        if seq > src.seq:
+            src.seq = seq
+        if self.track_changes:
+            self.dirty[("sources", skey)] = None
+
+    def _failure(self, attempt: Attempt, rules: TenantRules, src: SourceState, skey: Key, out: Outbox) -> None:
+        new_pair = self._distinct(attempt, rules, src)
+        now = attempt.occurred_ms
+        if src.distinct.total >= rules.spray_threshold and now >= src.spray_alerted_until_ms:
+            self._spray(attempt, rules, src, skey, out)
+        self._stuffing_signals(attempt, rules, src, skey, new_pair, out)
+        if src.tenant_window != now // rules.tenant_window_ms:
+            window = self.add_tenant_share(attempt, rules, out)
+            src.tenant_window = window
+            src.keep_until_ms = max(src.keep_until_ms, (window + 1) * rules.tenant_window_ms)
+
+    def _stuffing_signals(
+        self, attempt: Attempt, rules: TenantRules, src: SourceState, skey: Key, new_pair: bool,
+        out: Outbox,
+    ) -> None:  # fmt: skip
+        """Credential stuffing: all failures, and unknown_account failures of accounts new
+        from this source in the window (distinct unknown accounts), on aligned rings."""
+        now = attempt.occurred_ms
+        bucket = now // rules.stuffing_sub_ms
+        failures, unknown = src.failures, src.unknown
+        failures.add(bucket)
+        if new_pair and attempt.failure_reason == "unknown_account":
+            unknown.add(bucket)
+            add_share(
+                self.unknown_shares, attempt.tenant, now // rules.stuffing_tenant_window_ms,
+                rules.unknown_shares_bound, out.unknown_shares,
+            )  # fmt: skip
+        if unknown.head < failures.head:
+            unknown.advance(failures.head)
+        successes = src.successes
+        if successes.head < failures.head:
+            successes.advance(failures.head)
+        if (src.block_rule != "stuffing" or now >= src.blocked_until_ms) and is_stuffing(
+            failures.total, unknown.total, successes.total, now < src.redeemed_until_ms,
+            rules.stuffing_block_min, rules.stuffing_ratio, rules.stuffing_block_more,
+            rules.stuffing_lower_ratio, rules.stuffing_success_factor,
+        ):  # fmt: skip
+            self._stuffing_block(attempt, rules, src, skey, out)
+        if now >= src.stuffing_alerted_until_ms and stuffing_alert_due(
+            failures.total, unknown.total, rules.stuffing_min, rules.stuffing_ratio
+        ):
+            self._stuffing(attempt, rules, src, out)
+
+    def _success(self, attempt: Attempt, rules: TenantRules, src: SourceState) -> None:
+        """An untrusted success: one more real user of the source in the stuffing window.
+        After a failure of the same account from here (a redemption) the source has real
+        users for a whole window, and the pair stops counting as sprayed."""
+        now = attempt.occurred_ms
+        successes = src.successes
+        successes.add(now // rules.stuffing_sub_ms)
+        keep = (successes.head + rules.stuffing_ring_size) * rules.stuffing_sub_ms
+        if keep > src.keep_until_ms:
+            src.keep_until_ms = keep
+        pkey: Key = ("pair", attempt.tenant, attempt.account, attempt.source, None)
+        pair = rules.pairs.mapping.get(pkey)
+        if pair is not None and pair.bucket >= 0:
+            until = now + rules.stuffing_window_ms
+            if until > src.redeemed_until_ms:
+                src.redeemed_until_ms = until
+            if until > src.keep_until_ms:
+                src.keep_until_ms = until
+            src.distinct.remove(pair.bucket)
+            pair.bucket = -1
+            if self.track_changes:
+                self.dirty[("pairs", pkey)] = None
+
+    def _distinct(self, attempt: Attempt, rules: TenantRules, src: SourceState) -> bool:
+        """Move the pair's one count to the bucket of its latest failure. True when the
+        pair is new in the spray window (no failure of it counted there)."""
+        sub_ms = rules.spray_sub_ms
+        bucket = attempt.occurred_ms // sub_ms
+        pkey: Key = ("pair", attempt.tenant, attempt.account, attempt.source, None)
+        entries = rules.pairs.mapping
+        pair = entries.get(pkey)
+        if pair is None:
+            pair = rules.pairs.create(pkey, PairState)
+        else:
+            entries.move_to_end(pkey)
+        distinct = src.distinct
+        new_pair = pair.bucket < 0 or pair.bucket <= bucket - rules.spray_ring_size
+        if pair.bucket < bucket:
+            if pair.bucket >= 0:
+                distinct.remove(pair.bucket)
+            if distinct.add(bucket):
+                pair.bucket = bucket
+        keep = (max(pair.bucket, distinct.head) + rules.spray_ring_size) * sub_ms
+        pair.keep_until_ms = keep
+        if keep > src.keep_until_ms:
+            src.keep_until_ms = keep
+        if self.track_changes:
+            self.dirty[("pairs", pkey)] = None
+        return new_pair
+
+    def _spray(self, attempt: Attempt, rules: TenantRules, src: SourceState, skey: Key, out: Outbox) -> None:
+        distinct = src.distinct.total
+        cfg = rules.policy.source
+        now = attempt.occurred_ms
+        if distinct < cfg.threshold or now < src.spray_alerted_until_ms:
+            return
+        src.spray_alerted_until_ms = now + cfg.window_ms
+        out.alerts.append(build_alert(
+            "spray_source", attempt.tenant, attempt.source, None, distinct, distinct,
+            now - cfg.window_ms, now, self.version,
+        ))  # fmt: skip
+        self.metrics.alerts += 1
+        # Like every rule, observe mode publishes its decision with action "observe" (the
+        # refusal check never applies it); enforce mode publishes a block.
+        if now >= src.blocked_until_ms:
+            expires = now + cfg.window_ms
+            src.blocked_until_ms = expires
+            src.block_rule = "source"
+            src.decision_id = self.issue(
+                out, "source", "source", skey, attempt.tenant, None, attempt.source, None, cfg,
+                distinct, now, expires,
+            )  # fmt: skip
+        src.keep_until_ms = max(src.keep_until_ms, src.spray_alerted_until_ms, src.blocked_until_ms)
+
+    def _stuffing_block(
+        self, attempt: Attempt, rules: TenantRules, src: SourceState, skey: Key, out: Outbox
+    ) -> None:
+        """Publish the ``stuffing`` decision on the source key (replacing a spray
+        ``observe`` decision there); it ends after ``block_ms`` or at a later trip."""
+        cfg = rules.policy.stuffing
+        now = attempt.occurred_ms
+        expires = now + cfg.block_ms
+        src.blocked_until_ms = expires
+        src.block_rule = "stuffing"
+        src.decision_id = self.issue(
+            out, "stuffing", "source", skey, attempt.tenant, None, attempt.source, None,
+            rules.stuffing_rule, src.unknown.total, now, expires,
+        )  # fmt: skip
+        if expires > src.keep_until_ms:
+            src.keep_until_ms = expires
+
+    def _stuffing(self, attempt: Attempt, rules: TenantRules, src: SourceState, out: Outbox) -> None:
+        """Enough failures, mostly unknown accounts, no alert this window: alert."""
+        failures = src.failures.total
+        cfg = rules.policy.stuffing
+        now = attempt.occurred_ms
+        src.stuffing_alerted_until_ms = now + cfg.window_ms
+        src.keep_until_ms = max(src.keep_until_ms, src.stuffing_alerted_until_ms)
+        out.alerts.append(build_alert(
+            "credential_stuffing", attempt.tenant, attempt.source, None, failures,
+            src.distinct.total, now - cfg.window_ms, now, self.version,
+        ))  # fmt: skip
+        self.metrics.alerts += 1

@@ -1,0 +1,131 @@
+"""The account shard's consecutive-failure rules: seed 002's lock (and the lifetime bound
+it becomes), seed 004's mfa curve, and the owner's notices (seed 001).
+
+A streak has no window: only the order of an account's attempts matters (which the stream
+keeps), so a failure too late for the windows still counts here. A streak entry is bounded
+by the table's cap, never by time. Every change is recorded in the shard's ``dirty``
+record (when it tracks changes) so the changelog carries it.
+"""
+
+from __future__ import annotations
+
+from pipeline.core.attempt import PASSWORD_FLOWS, Attempt
+from pipeline.core.decisions import lock_key, mfa_key
+from pipeline.core.keys import Key
+from pipeline.core.lockout import StreakState, lock_ms, wait_ms
+from pipeline.core.outbox import Outbox
+from pipeline.core.records import build_notice
+from pipeline.core.rules import TenantRules
+from pipeline.core.shard import Shard
+
+
+def late_failure(shard: Shard, attempt: Attempt, rules: TenantRules, out: Outbox, seq: int) -> None:
+    """A failure too late for the windows still counts in its consecutive run."""
+    flow = attempt.flow
+    if flow in PASSWORD_FLOWS:
+        if not (attempt.trusted and attempt.device):
+            lock_failure(shard, attempt, rules, out, seq)
+    elif flow == "mfa" and rules.mfa_curve:
+        handle = attempt.device or attempt.session
+        key = mfa_key(attempt.tenant, attempt.account, attempt.source, attempt.device, attempt.session)
+        mfa_failure(shard, attempt, rules, key, None if handle else attempt.source, handle, out, seq)
+
+
+def streak_entry(rules: TenantRules, key: Key) -> StreakState:
+    """The streak of ``key``, created if missing, moved to the newest end."""
+    entry = rules.streaks.mapping.get(key)
+    if entry is None:
+        return rules.streaks.create(key, StreakState)
+    rules.streaks.mapping.move_to_end(key)
+    return entry
+
+
+def lock_failure(shard: Shard, attempt: Attempt, rules: TenantRules, out: Outbox, seq: int) -> None:
+    """One more consecutive untrusted password failure of the account: lock it on seed
+    002's curve, or until a success once the lifetime bound is reached. A lock already
+    in force is not shortened or re-issued, except to become the lifetime bound."""
+    key = lock_key(attempt.tenant, attempt.account)
+    streak = streak_entry(rules, key)
+    if seq >= 0 and streak.seq >= seq:
+        return
+    now = attempt.occurred_ms
+    if now < streak.blocked_until_ms and rules.streak_cfg[streak.rule].mode == "enforce":
+        return  # the lock refused it (seed 002 refuses before counting): not counted
+    streak.count += 1
+    n = streak.count
+    if n >= rules.lifetime_threshold:
+        rule, expires = "lifetime_bound", now + rules.lifetime_block_ms
+    else:
+        lock = rules.policy.lockout
+        length = lock_ms(n, lock.threshold, lock.base_ms, lock.step, lock.cap_ms)
+        rule, expires = "lockout", now + length if length else 0
+    if expires and (now >= streak.blocked_until_ms or rule != streak.rule):
+        _hold(shard, attempt, rules, key, streak, rule, expires, None, None, out)
+        if rules.streak_cfg[rule].mode == "enforce":
+            reason = "consecutive_lock" if rule == "lockout" else rule
+            notify_owner(shard, attempt, rules, streak, reason, expires, out)
+    mark_streak(shard, key, streak, seq)
+
+
+def mfa_failure(
+    shard: Shard, attempt: Attempt, rules: TenantRules, key: Key, source: str | None,
+    device: str | None, out: Outbox, seq: int,
+) -> None:  # fmt: skip
+    """Seed 004: the n-th consecutive second-factor failure makes the next attempt
+    wait ``factor * 2**(n-1)`` (capped)."""
+    streak = streak_entry(rules, key)
+    if seq >= 0 and streak.seq >= seq:
+        return
+    if attempt.occurred_ms < streak.blocked_until_ms and rules.streak_cfg["mfa_curve"].mode == "enforce":
+        return  # refused by the wait, not a failure of the factor (seed 004)
+    streak.count += 1
+    curve = rules.policy.mfa_curve
+    expires = attempt.occurred_ms + wait_ms(streak.count, curve.factor_ms, curve.cap_ms)
+    if expires > streak.blocked_until_ms:
+        _hold(shard, attempt, rules, key, streak, "mfa_curve", expires, source, device, out)
+    mark_streak(shard, key, streak, seq)
+
+
+def _hold(
+    shard: Shard, attempt: Attempt, rules: TenantRules, key: Key, streak: StreakState,
+    rule: str, expires: int, source: str | None, device: str | None, out: Outbox,
+) -> None:  # fmt: skip
+    streak.rule = rule
+    streak.blocked_until_ms = expires
+    streak.decision_id = shard.issue(
+        out, rule, key[0], key, attempt.tenant, attempt.account, source, device,
+        rules.streak_cfg[rule], streak.count, attempt.occurred_ms, expires,
+    )  # fmt: skip
+
+
+def clear_streak(shard: Shard, key: Key, streak: StreakState, out: Outbox, seq: int) -> None:
+    """A success ends the run and lifts the lock it holds (seed 002: same step)."""
+    if seq >= 0 and streak.seq >= seq:
+        return
+    streak.count = 0
+    if streak.blocked_until_ms:
+        streak.blocked_until_ms = 0
+        shard.lift(out, key)
+    mark_streak(shard, key, streak, seq)
+
+
+def mark_streak(shard: Shard, key: Key, streak: StreakState, seq: int) -> None:
+    if seq > streak.seq:
+        streak.seq = seq
+    if shard.track_changes:
+        shard.dirty[("streaks", key)] = None
+
+
+def notify_owner(
+    shard: Shard, attempt: Attempt, rules: TenantRules, streak: StreakState, reason: str,
+    expires: int, out: Outbox,
+) -> None:  # fmt: skip
+    """Seed 001's unlock mail: at most one notice per account per notice window."""
+    now = attempt.occurred_ms
+    window_ms = rules.notice_window_ms
+    if not window_ms or now < streak.notice_until_ms:
+        return
+    streak.notice_until_ms = now + window_ms
+    out.notices.append(
+        build_notice(attempt.tenant, attempt.account, reason, now, expires, window_ms, shard.version)
+    )
