@@ -31,6 +31,7 @@ from pydantic_settings import (
 )
 
 from pipeline.contracts.models import TENANT_RULE, valid_tenant
+from pipeline.core.dedupe import DEDUPE_CAPACITY, DEDUPE_HORIZON_MS
 from pipeline.errors import ConfigError
 
 MIN_DIGEST_KEY_BYTES = 32
@@ -112,8 +113,12 @@ class IngestSettings(_Section):
     max_past_skew_ms: int = Field(
         604_800_000, ge=0, description="events older (or before 1970): dead-lettered"
     )
-    dedupe_horizon_ms: int = Field(3_600_000, ge=0, description="event_id duplicates within: once")
-    dedupe_capacity: int = Field(1_000_000, ge=1, description="event ids a worker remembers, at most")
+    dedupe_horizon_ms: int = Field(
+        DEDUPE_HORIZON_MS, ge=0, description="event_id duplicates within: once"
+    )
+    dedupe_capacity: int = Field(
+        DEDUPE_CAPACITY, ge=1, description="event ids a worker remembers, at most"
+    )
     tenants: tuple[str, ...] = Field(
         (), description="allow-list of tenants; others are dead-lettered unknown_tenant (empty: any)"
     )

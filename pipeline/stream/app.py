@@ -36,6 +36,7 @@ from aiokafka.structs import TopicPartition
 
 from pipeline.clock import wall_ms
 from pipeline.contracts.codec import dumps, loads
+from pipeline.core.outbox import ACCOUNT_SHARE, SOURCE_SHARE
 from pipeline.core.policy import Policy
 from pipeline.kafka_client import client_kwargs, security_kwargs
 from pipeline.logs import get_logger
@@ -388,7 +389,7 @@ class Worker:
             return
         stage = self.accounts if changelog.topic == self.changelogs[self.topics.by_account] else self.sources
         rebuilt = stage.rebuild(partition, live.items())
-        await self._emit(rebuilt, changelog.topic, partition, "a" if stage is self.accounts else "s")
+        await self._emit(rebuilt, changelog.topic, partition, ACCOUNT_SHARE if stage is self.accounts else SOURCE_SHARE)
 
     async def _restored(self, topic: str, partition: int) -> None:
         """Until the stage of ``topic`` holds ``partition``'s state, or the partition is
@@ -477,7 +478,7 @@ class Worker:
 
     async def _emit(self, result: StageOutput, changelog: str, partition: int, kind: str = "r") -> None:
         """Send a stage's outputs; once they are acknowledged, its changelog. A new mark of
-        the account (``kind`` "a") or source ("s") stage goes to every downstream
+        the account (``kind`` ACCOUNT_SHARE) or source (SOURCE_SHARE) stage goes to every downstream
         partition, with rows or alone."""
         pending: list[Awaitable[Any]] = []
         for key, value in result.decisions:
@@ -496,7 +497,7 @@ class Worker:
             # linger would hold every envelope's changelog); a mark lost in a crash is sent
             # again by the first envelope after the restore (``_Stage.rebuild``).
             for target in range(self.partitions):
-                if kind == "a":
+                if kind == ACCOUNT_SHARE:
                     self.forwarder.add(target, [[partition, -1, result.mark_ms]])
                 self.sharer.add(target, [[None, result.mark_ms, kind, partition]])
         pending.extend(gathering)
