@@ -102,4 +102,3 @@ def _foreign(metadata: str) -> SinkError:
         f"commit metadata {metadata[:80]!r} is not a sink plan; "
         "another program committed for this group: give the sink its own group"
     )
-
