@@ -18,6 +18,7 @@ from pipeline.logs import get_logger
 from pipeline.runtime import tune_gc
 from pipeline.settings import Settings
 from pipeline.sinks.loop import AfterInsert, ClickHouseSink
+from pipeline.sinks.plan import SinkError
 
 log = get_logger("sink")
 
@@ -36,7 +37,13 @@ def kill_after_inserts(count: int) -> AfterInsert:
 
 
 def _test_hook() -> AfterInsert | None:
-    count = int(os.environ.get(TEST_KILL_AFTER_INSERTS_ENV, "0") or "0")
+    text = os.environ.get(TEST_KILL_AFTER_INSERTS_ENV, "") or "0"
+    if not (text.isascii() and text.isdigit()):
+        raise SinkError(
+            f"{TEST_KILL_AFTER_INSERTS_ENV}={text[:20]!r} is not a whole number; it is a test "
+            "hook (SIGKILL after N inserts): unset it"
+        )
+    count = int(text)
     return kill_after_inserts(count) if count > 0 else None
 
 

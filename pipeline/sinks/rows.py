@@ -14,18 +14,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from pipeline.contracts.codec import DecisionValue, DecodeError, decode_decision, loads
+from pipeline.contracts.codec import (
+    UINT32_MAX,
+    UINT64_MAX,
+    DecisionValue,
+    DecodeError,
+    decode_decision,
+    loads,
+)
 from pipeline.contracts.models import AUDIT_COLUMNS, parse_utc_ms
 from pipeline.core.grouping import within_grouping
 from pipeline.core.keys import parse_key
 from pipeline.sinks.ratecap import MINUTE_MS, TS_MS
-from pipeline.sinks.tables import (
-    UINT16_MAX,
-    UINT32_MAX,
-    UINT64_MAX,
-    LaneKind,
-    decision_row,
-)
+from pipeline.sinks.tables import UINT16_MAX, LaneKind, decision_row
 
 
 @dataclass(slots=True)

@@ -19,8 +19,6 @@ from pipeline.sinks.quarantine import DEAD_LETTERS_COLUMNS
 LaneKind = Literal["audit", "decisions", "alerts", "dead_letters"]
 
 UINT16_MAX: Final = 65_535
-UINT32_MAX: Final = 4_294_967_295
-UINT64_MAX: Final = 18_446_744_073_709_551_615
 
 KAFKA_COLUMNS: Final = ("kafka_topic", "kafka_partition", "kafka_offset")
 ATTEMPTS_COLUMNS: Final = ("ts", *AUDIT_COLUMNS[1:])

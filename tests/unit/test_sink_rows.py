@@ -12,6 +12,7 @@ import pytest
 
 from pipeline.contracts.codec import DecodeError
 from pipeline.sinks.command import TEST_KILL_AFTER_INSERTS_ENV, _test_hook, kill_after_inserts
+from pipeline.sinks.plan import SinkError
 from pipeline.sinks.rows import decision_message
 from pipeline.sinks.tables import DECISIONS_COLUMNS
 from tests.unit.test_contracts import EXAMPLES
@@ -60,11 +61,15 @@ def test_a_tombstone_row_comes_from_the_parsed_key() -> None:
 def test_the_crash_hook_is_off_unless_the_command_is_asked(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Without the test-only variable the command passes no hook; with it, a hook."""
+    """Without the test-only variable the command passes no hook; with it, a hook; with a
+    value that is not a number, a SinkError saying so."""
     monkeypatch.delenv(TEST_KILL_AFTER_INSERTS_ENV, raising=False)
     assert _test_hook() is None
     monkeypatch.setenv(TEST_KILL_AFTER_INSERTS_ENV, "3")
     assert _test_hook() is not None
+    monkeypatch.setenv(TEST_KILL_AFTER_INSERTS_ENV, "three")
+    with pytest.raises(SinkError, match="not a whole number"):
+        _test_hook()
     kill_after_inserts(3)(2, "attempts:t:0:0-9")  # below the count: nothing happens
 
 
