@@ -6,7 +6,7 @@ What is timed, per backend, on a fresh migrated database:
 
 * ``insert`` (the B5 figure): rows/s into ``attempts`` (and its three materialized views)
   through ``ClickHouse.insert`` from ``open_clickhouse``, the call ``authpipe sink`` makes
-  (``ClickHouseSink._insert``), in batches of ``--batch-rows`` with dedup tokens as the sink
+  (``TableWriter.insert``), in batches of ``--batch-rows`` with dedup tokens as the sink
   plans them; the rows are read back (count and sum of weight) before the figure counts;
 * ``process``: decoding audit batch messages (JSON, as the worker writes them) and the
   lane's rate cap, no I/O (the same for both backends, measured once; reported apart);
@@ -111,7 +111,7 @@ def process(messages: list[bytes], batch_rows: int) -> list[tuple[str, list[list
 def insert_all(
     ch: ClickHouse, batches: list[tuple[str, list[list[Any]]]], encoding: str = "rows"
 ) -> None:
-    """As ``ClickHouseSink._insert``: rows, pivoted by the client (``rows``), or transposed here
+    """As ``TableWriter.insert``: rows, pivoted by the client (``rows``), or transposed here
     with ``zip`` and handed over column-oriented (``columns``; tried for B5, not kept)."""
     for token, rows in batches:
         if encoding == "rows":

@@ -17,8 +17,9 @@ from typing import Final
 from pipeline.logs import get_logger
 from pipeline.runtime import tune_gc
 from pipeline.settings import Settings
-from pipeline.sinks.loop import AfterInsert, ClickHouseSink
+from pipeline.sinks.loop import ClickHouseSink
 from pipeline.sinks.plan import SinkError
+from pipeline.sinks.writer import AfterInsert
 
 log = get_logger("sink")
 

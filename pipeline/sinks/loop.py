@@ -6,12 +6,13 @@ the ``attempts``, ``decisions``, ``alerts`` and ``dead_letters`` tables
 (``pipeline.sinks.tables``) through the one ClickHouse interface. Messages become rows in
 ``pipeline.sinks.rows``; each partition is a lane (``pipeline.sinks.lanes``) whose plan
 rides in its commit metadata (``pipeline.sinks.plan``). This module is the I/O shell: the
-consumer, rebalances, flush timing, commits, inserts and backoff.
+consumer, rebalances, flush timing, commits, and pausing while ClickHouse is away; the
+inserts and their backoff are the writer's (``pipeline.sinks.writer``).
 
 Failures
 --------
 * ClickHouse unavailable (or refusing): the planned items stay queued and are retried
-  with capped exponential backoff (``BACKOFF_START_S`` doubling to ``BACKOFF_CAP_S``);
+  with capped exponential backoff (``writer.BACKOFF_START_S`` doubling to ``BACKOFF_CAP_S``);
   fetching is paused so the backlog waits in Kafka; it resumes once they are in.
   Nothing is dropped and the process does not exit.
 * A message that is not valid (not JSON, wrong shape) is logged, counted and skipped,
@@ -42,36 +43,29 @@ from pipeline.kafka_client import client_kwargs
 from pipeline.logs import get_logger
 from pipeline.settings import Settings
 from pipeline.sinks.clickhouse import (
-    BatchRefused,
     ClickHouse,
     ClickHouseError,
-    ClickHouseUnavailable,
 )
 from pipeline.sinks.cluster import CLUSTER_INSERT_SETTINGS
 from pipeline.sinks.connect import open_clickhouse
 from pipeline.sinks.consumer import Events, committed_lanes, open_kafka
-from pipeline.sinks.lanes import Lane, WorkItem
-from pipeline.sinks.partitions import split_by_day
+from pipeline.sinks.lanes import Lane
 from pipeline.sinks.plan import MAX_MARKS_CHARS, SinkError
-from pipeline.sinks.quarantine import Quarantine, Quarantined
+from pipeline.sinks.quarantine import Quarantine
 from pipeline.sinks.ratecap import RateCapConfig
 from pipeline.sinks.rows import Message, decode_record
 from pipeline.sinks.stats import SinkStats, monotonic_ms
-from pipeline.sinks.tables import DAY_INDEX, INSERT_SETTINGS, LaneKind
+from pipeline.sinks.tables import INSERT_SETTINGS, LaneKind
+from pipeline.sinks.writer import AfterInsert, TableWriter
 
 log = get_logger("sink")
 
 POLL_TIMEOUT_MS: Final = 100
 POLL_MAX_RECORDS: Final = 500
-BACKOFF_START_S: Final = 0.2
-BACKOFF_CAP_S: Final = 30.0
 BUFFER_FACTOR: Final = 4
 PROGRESS_LOG_INTERVAL_S: Final = 10.0
 SHUTDOWN_TIMEOUT_S: Final = 30.0
 MAX_TRACKED_KEYS: Final = 100_000
-
-AfterInsert = Callable[[int, str], None]
-"""Called with (successful inserts so far, the insert's token) after each insert."""
 
 
 def _warn(record: Any, event: str, **fields: Any) -> None:
@@ -112,19 +106,14 @@ class ClickHouseSink:
         self.cap_config = RateCapConfig(
             rows_per_minute=audit.rows_per_minute, max_keys=MAX_TRACKED_KEYS
         )
-        self._open_ch = open_ch or (lambda: open_clickhouse(settings.clickhouse))
-        self._ch: ClickHouse | None = None
         self.lanes: dict[Any, Lane] = {}
         self.stats = SinkStats()
         self._consumer: Any = None
         self._admin: Any = None
         self._events: Events = deque()
         self._last_flush_ms = 0
-        self._retry_at_ms = 0
-        self._backoff_s = BACKOFF_START_S
         self._paused_outage = False
         self._paused_full: set[Any] = set()
-        self._after_insert = after_insert
         # A cluster's Distributed tables store an insert before it returns only when asked.
         self.insert_settings: Mapping[str, Any] = (
             {**INSERT_SETTINGS, **CLUSTER_INSERT_SETTINGS}
@@ -133,6 +122,13 @@ class ClickHouseSink:
         )
         self.quarantine = Quarantine(
             client_kwargs(kafka), kafka.dlq_topic, insert_settings=self.insert_settings
+        )
+        self.writer = TableWriter(
+            open_ch or (lambda: open_clickhouse(settings.clickhouse)),
+            insert_settings=self.insert_settings,
+            quarantine=self.quarantine,
+            stats=self.stats,
+            after_insert=after_insert,
         )
         self._last_progress_s = time.monotonic()
 
@@ -176,10 +172,7 @@ class ClickHouseSink:
         with contextlib.suppress(Exception):
             if self._admin is not None:
                 await self._admin.close()
-        if self._ch is not None:
-            ch, self._ch = self._ch, None
-            with contextlib.suppress(Exception):
-                await asyncio.to_thread(ch.close)
+        await self.writer.close()
         self.stats.quarantined_rows = self.quarantine.rows
         log.info("sink.stopped", **self.stats.as_dict())
 
@@ -192,7 +185,7 @@ class ClickHouseSink:
         while self._has_pending() and time.monotonic() < deadline:
             if await self._insert_pending():
                 break
-            await asyncio.sleep(min(self._backoff_s, max(0.0, deadline - time.monotonic())))
+            await asyncio.sleep(min(self.writer.backoff_s, max(0.0, deadline - time.monotonic())))
         if self._has_pending():
             log.warning("sink.shutdown_with_pending", reason="clickhouse unavailable")
         await self._commit()
@@ -290,17 +283,12 @@ class ClickHouseSink:
         from aiokafka.errors import KafkaError
 
         try:
-            await self.quarantine.put_pending(self._handle)
+            await self.quarantine.put_pending(self.writer.handle)
         except (ClickHouseError, KafkaError) as exc:
             self._failed(exc)
             return False
         self._recovered()
         return True
-
-    async def _handle(self) -> ClickHouse:
-        if self._ch is None:
-            self._ch = await asyncio.to_thread(self._open_ch)
-        return self._ch
 
     # -- flush, commit, insert -----------------------------------------------------------
 
@@ -308,10 +296,10 @@ class ClickHouseSink:
         return any(lane.pending for lane in self.lanes.values())
 
     async def _tick(self, now_ms: int) -> None:
-        if self.quarantine.pending and now_ms < self._retry_at_ms:
+        if self.quarantine.pending and now_ms < self.writer.retry_at_ms:
             return
         if self._has_pending():
-            if now_ms < self._retry_at_ms:
+            if now_ms < self.writer.retry_at_ms:
                 return
             if not await self._insert_pending():
                 return
@@ -405,7 +393,7 @@ class ClickHouseSink:
             while lane.pending and self.lanes.get(tp) is lane:
                 item = lane.pending[0]
                 try:
-                    await self._insert(item, lane)
+                    await self.writer.insert(item, lane.topic, lane.partition)
                 except (ClickHouseError, KafkaError) as exc:
                     self._failed(exc)
                     return False
@@ -419,59 +407,12 @@ class ClickHouseSink:
             self._paused_outage = False
             resumable = [tp for tp in self._consumer.assignment() if tp not in self._paused_full]
             self._consumer.resume(*resumable)
-            log.info("sink.clickhouse_back", retry_after_s=self._backoff_s)
-        self._backoff_s = BACKOFF_START_S
-
-    async def _insert(self, item: WorkItem, lane: Lane) -> None:
-        """Insert an item in parts of at most MAX_DAYS_PER_INSERT days; quarantine the
-        parts ClickHouse refuses for good."""
-        if not item.rows:
-            return
-        for token, rows in split_by_day(item.rows, item.token, DAY_INDEX[item.table]):
-            ch = await self._handle()
-            try:
-                await asyncio.to_thread(
-                    ch.insert,
-                    item.table,
-                    item.columns,
-                    rows,
-                    dedup_token=token,
-                    settings=self.insert_settings,
-                )
-            except BatchRefused as exc:
-                refused = Quarantined(
-                    reason=exc.reason,
-                    detail=str(exc),
-                    table=item.table,
-                    columns=item.columns,
-                    rows=rows,
-                    topic=lane.topic,
-                    partition=lane.partition,
-                    offset=item.first,
-                    token=token,
-                )
-                await self.quarantine.put(refused, ch)
-                continue
-            self.stats.inserts += 1
-            self.stats.rows_written += len(rows)
-            if self._after_insert is not None:
-                self._after_insert(self.stats.inserts, token)
+            log.info("sink.clickhouse_back", retry_after_s=self.writer.backoff_s)
+        self.writer.recovered()
 
     def _failed(self, exc: Exception) -> None:
-        self.stats.insert_failures += 1
-        transient = not isinstance(exc, ClickHouseError) or isinstance(exc, ClickHouseUnavailable)
-        (log.warning if transient else log.error)(
-            "sink.insert_failed",
-            error=str(exc)[:500],
-            transient=transient,
-            retry_in_s=round(self._backoff_s, 3),
-        )
-        if not transient and self._ch is not None:
-            ch, self._ch = self._ch, None  # a fresh handle next time (e.g. after migrate)
-            with contextlib.suppress(Exception):
-                ch.close()
-        self._retry_at_ms = monotonic_ms() + int(self._backoff_s * 1000)
-        self._backoff_s = min(BACKOFF_CAP_S, self._backoff_s * 2)
+        """An insert failed: the writer backs off, fetching pauses until it recovers."""
+        self.writer.failed(exc)
         if not self._paused_outage:
             self._paused_outage = True
             self._consumer.pause(*self._consumer.assignment())
