@@ -6,7 +6,7 @@ What is timed, per backend, on a fresh migrated database:
 
 * ``insert`` (the B5 figure): rows/s into ``attempts`` (and its three materialized views)
   through ``ClickHouse.insert`` from ``open_clickhouse``, the call ``authpipe sink`` makes
-  (``AuditSink._insert``), in batches of ``--batch-rows`` with dedup tokens as the sink
+  (``TableWriter.insert``), in batches of ``--batch-rows`` with dedup tokens as the sink
   plans them; the rows are read back (count and sum of weight) before the figure counts;
 * ``process``: decoding audit batch messages (JSON, as the worker writes them) and the
   lane's rate cap, no I/O (the same for both backends, measured once; reported apart);
@@ -40,11 +40,13 @@ import orjson
 from pipeline.contracts.models import AUDIT_COLUMNS
 from pipeline.runtime import tune_gc
 from pipeline.settings import ClickHouseSettings
-from pipeline.sinks.audit import ATTEMPTS_COLUMNS, INSERT_SETTINGS, Lane, decode_audit
 from pipeline.sinks.clickhouse import ClickHouse
 from pipeline.sinks.connect import open_clickhouse
+from pipeline.sinks.lanes import Lane
 from pipeline.sinks.migrate import apply_migrations
 from pipeline.sinks.ratecap import RateCapConfig
+from pipeline.sinks.rows import decode_audit
+from pipeline.sinks.tables import ATTEMPTS_COLUMNS, INSERT_SETTINGS
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 T0_MS = (int(time.time()) - 3600) * 1000 // 60_000 * 60_000  # an hour ago: inside the TTL
@@ -109,7 +111,7 @@ def process(messages: list[bytes], batch_rows: int) -> list[tuple[str, list[list
 def insert_all(
     ch: ClickHouse, batches: list[tuple[str, list[list[Any]]]], encoding: str = "rows"
 ) -> None:
-    """As ``AuditSink._insert``: rows, pivoted by the client (``rows``), or transposed here
+    """As ``TableWriter.insert``: rows, pivoted by the client (``rows``), or transposed here
     with ``zip`` and handed over column-oriented (``columns``; tried for B5, not kept)."""
     for token, rows in batches:
         if encoding == "rows":

@@ -59,7 +59,7 @@ def _port(text: str) -> int:
 
 
 def _sink(args: argparse.Namespace, settings: Settings) -> int:
-    from pipeline.sinks.audit import run_sink
+    from pipeline.sinks.command import run_sink
 
     return run_sink(settings)
 

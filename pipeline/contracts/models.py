@@ -57,6 +57,18 @@ def datetime_to_ms(value: datetime) -> int:
     return (delta.days * 86_400 + delta.seconds) * 1000 + delta.microseconds // 1000
 
 
+def parse_utc_ms(text: str) -> int:
+    """An RFC 3339 time with a UTC offset as epoch milliseconds (floor); raises ValueError
+    (saying what is wrong) for other text or a time without an offset."""
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"{text[:40]!r} is not an RFC 3339 time") from None
+    if moment.tzinfo is None:
+        raise ValueError(f"{text[:40]!r} has no UTC offset")
+    return datetime_to_ms(moment)
+
+
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 UtcMs = Annotated[AwareDatetime, PlainSerializer(format_utc_ms, return_type=str, when_used="json")]

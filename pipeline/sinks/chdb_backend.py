@@ -18,14 +18,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeline.logs import get_logger
 from pipeline.settings import ClickHouseSettings
-from pipeline.sinks.clickhouse import ClickHouseError, ConnectClickHouse, use_database
-
-_log = get_logger("clickhouse.chdb")
+from pipeline.sinks.clickhouse import ClickHouse, ClickHouseError, open_handle
 
 
-def open_chdb(settings: ClickHouseSettings, *, create_database: bool = False) -> ConnectClickHouse:
+def open_chdb(settings: ClickHouseSettings, *, create_database: bool = False) -> ClickHouse:
     """Open the chdb data directory at ``settings.path`` (created if missing)."""
     path = settings.path.resolve()
     where = f"chdb:{path}"
@@ -37,13 +34,9 @@ def open_chdb(settings: ClickHouseSettings, *, create_database: bool = False) ->
             "fix clickhouse.path or its permissions"
         ) from exc
     client = _connect(str(path), where)
-    try:
-        use_database(client, settings.database, where, create=create_database)
-    except BaseException:
-        client.close()
-        raise
-    _log.info("clickhouse.opened", backend="chdb", where=where, database=settings.database)
-    return ConnectClickHouse(client, backend="chdb", where=where, database=settings.database)
+    return open_handle(
+        client, backend="chdb", where=where, database=settings.database, create=create_database
+    )
 
 
 def _connect(path: str, where: str) -> Any:

@@ -1,6 +1,6 @@
-"""The one small interface every ClickHouse user in authpipe goes through.
+"""The one small interface every ClickHouse user in authpipe goes through (``ClickHouse``).
 
-Two backends implement it with the same SQL and the same results:
+Two backends open it with the same SQL and the same results:
 
 * ``http``: a ClickHouse server over HTTP(S), when ``settings.clickhouse.url`` is set
   (``http://user:pass@host:8123``); see :mod:`pipeline.sinks.http_backend`.
@@ -35,7 +35,7 @@ import struct
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from types import TracebackType
-from typing import Any, Final, Protocol, Self
+from typing import Any, Final, Self
 
 from pipeline.errors import AuthpipeError
 from pipeline.logs import get_logger
@@ -87,76 +87,6 @@ class BatchRefused(ClickHouseError):
         self.reason = reason
 
 
-class ClickHouse(Protocol):
-    """What authpipe needs from ClickHouse; both backends implement it."""
-
-    @property
-    def backend(self) -> str:
-        """``http`` or ``chdb``."""
-        ...
-
-    @property
-    def database(self) -> str:
-        """The database unqualified table names resolve in."""
-        ...
-
-    @property
-    def where(self) -> str:
-        """Where the data lives, for messages: a URL without password, or chdb:<directory>."""
-        ...
-
-    def command(
-        self,
-        sql: str,
-        settings: Mapping[str, Any] | None = None,
-        *,
-        parameters: Mapping[str, Any] | None = None,
-    ) -> None:
-        """Run one statement that returns nothing we read (DDL, INSERT … SELECT)."""
-        ...
-
-    def query(self, sql: str, parameters: Mapping[str, Any] | None = None) -> list[tuple[Any, ...]]:
-        """Run one SELECT and return its rows as tuples."""
-        ...
-
-    def query_dicts(
-        self, sql: str, parameters: Mapping[str, Any] | None = None
-    ) -> list[dict[str, Any]]:
-        """Run one SELECT and return its rows as column-name dicts."""
-        ...
-
-    def insert(
-        self,
-        table: str,
-        columns: Sequence[str],
-        rows: Sequence[Sequence[Any]],
-        *,
-        dedup_token: str | None = None,
-        settings: Mapping[str, Any] | None = None,
-        column_oriented: bool = False,
-    ) -> None:
-        """Insert rows (one value per column each); the same dedup_token twice inserts once.
-
-        ``settings`` are query settings for this insert (and the views it feeds). With
-        ``column_oriented``, ``rows`` is one sequence of values per column instead (the
-        client then skips its row-to-column pivot; bench/README.md, B5).
-        """
-        ...
-
-    def close(self) -> None:
-        """Release the connection (for chdb: the engine handle). Idempotent."""
-        ...
-
-    def __enter__(self) -> Self: ...
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None: ...
-
-
 def check_identifier(name: str, what: str) -> str:
     """Return name if it is a plain ClickHouse identifier, else raise ClickHouseError."""
     if not _IDENTIFIER.match(name):
@@ -192,8 +122,9 @@ def translate_error(exc: Exception, where: str) -> ClickHouseError:
     return ClickHouseError(f"ClickHouse at {where} refused the statement: {text}", code)
 
 
-class ConnectClickHouse:
-    """The ClickHouse interface over a clickhouse-connect client (HTTP or chdb)."""
+class ClickHouse:
+    """What authpipe needs from ClickHouse, over a clickhouse-connect client: both
+    backends (HTTP and chdb) are this class around their own client."""
 
     def __init__(self, client: Any, *, backend: str, where: str, database: str) -> None:
         self._client = client
@@ -204,14 +135,17 @@ class ConnectClickHouse:
 
     @property
     def backend(self) -> str:
+        """``http`` or ``chdb``."""
         return self._backend
 
     @property
     def database(self) -> str:
+        """The database unqualified table names resolve in."""
         return self._database
 
     @property
     def where(self) -> str:
+        """Where the data lives, for messages: a URL without password, or chdb:<directory>."""
         return self._where
 
     def command(
@@ -221,6 +155,7 @@ class ConnectClickHouse:
         *,
         parameters: Mapping[str, Any] | None = None,
     ) -> None:
+        """Run one statement that returns nothing we read (DDL, INSERT … SELECT)."""
         _check_parameters(sql, parameters)
         self._call(
             self._client.command,
@@ -230,12 +165,14 @@ class ConnectClickHouse:
         )
 
     def query(self, sql: str, parameters: Mapping[str, Any] | None = None) -> list[tuple[Any, ...]]:
+        """Run one SELECT and return its rows as tuples."""
         result = self._select(sql, parameters)
         return [row if isinstance(row, tuple) else tuple(row) for row in result.result_rows]
 
     def query_dicts(
         self, sql: str, parameters: Mapping[str, Any] | None = None
     ) -> list[dict[str, Any]]:
+        """Run one SELECT and return its rows as column-name dicts."""
         result = self._select(sql, parameters)
         return [dict(row) for row in result.named_results()]
 
@@ -249,6 +186,12 @@ class ConnectClickHouse:
         settings: Mapping[str, Any] | None = None,
         column_oriented: bool = False,
     ) -> None:
+        """Insert rows (one value per column each); the same dedup_token twice inserts once.
+
+        ``settings`` are query settings for this insert (and the views it feeds). With
+        ``column_oriented``, ``rows`` is one sequence of values per column instead (the
+        client then skips its row-to-column pivot; bench/README.md, B5).
+        """
         if not rows or (column_oriented and not rows[0]):
             return
         if column_oriented:
@@ -274,6 +217,7 @@ class ConnectClickHouse:
             ) from exc
 
     def close(self) -> None:
+        """Release the connection (for chdb: the engine handle). Idempotent."""
         if self._closed:
             return
         self._closed = True
@@ -356,6 +300,20 @@ def _refuse_naive_datetime_columns(
                 f"insert into {table}: column {name} has a naive datetime; "
                 "pass timezone-aware UTC datetimes or epoch-millisecond ints"
             )
+
+
+def open_handle(
+    client: Any, *, backend: str, where: str, database: str, create: bool
+) -> ClickHouse:
+    """A handle on a fresh clickhouse-connect client, its default database ``database``
+    (created first when ``create``); the client is closed when that fails."""
+    try:
+        use_database(client, database, where, create=create)
+    except BaseException:
+        client.close()
+        raise
+    _log.info("clickhouse.opened", backend=backend, where=where, database=database)
+    return ClickHouse(client, backend=backend, where=where, database=database)
 
 
 def use_database(client: Any, database: str, where: str, *, create: bool) -> None:

@@ -10,34 +10,27 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from pipeline.logs import get_logger
 from pipeline.settings import ClickHouseSettings
 from pipeline.sinks.clickhouse import (
+    ClickHouse,
     ClickHouseError,
-    ConnectClickHouse,
+    open_handle,
     translate_error,
-    use_database,
 )
-
-_log = get_logger("clickhouse.http")
 
 CONNECT_TIMEOUT_S = 5
 SEND_RECEIVE_TIMEOUT_S = 120
 
 
-def open_http(settings: ClickHouseSettings, *, create_database: bool = False) -> ConnectClickHouse:
+def open_http(settings: ClickHouseSettings, *, create_database: bool = False) -> ClickHouse:
     """Connect to the server at ``settings.url``; ClickHouseUnavailable if it is down."""
     if not settings.url:
         raise ClickHouseError("clickhouse.url is not set; set it to http://user:pass@host:8123")
     where = redact_url(settings.url)
     client = _connect(settings.url, where)
-    try:
-        use_database(client, settings.database, where, create=create_database)
-    except BaseException:
-        client.close()
-        raise
-    _log.info("clickhouse.opened", backend="http", where=where, database=settings.database)
-    return ConnectClickHouse(client, backend="http", where=where, database=settings.database)
+    return open_handle(
+        client, backend="http", where=where, database=settings.database, create=create_database
+    )
 
 
 def redact_url(url: str) -> str:

@@ -113,7 +113,7 @@ class RateCap:
 
     def offer(self, row: list[Any], out: list[list[Any]]) -> None:
         """Process one row: append it to ``out`` if written, plus any evicted summaries."""
-        if not (row[OUTCOME] == "failure" or row[DECISION] == "block"):
+        if not is_capped(row):
             out.append(row)
             return
         minute = row[TS_MS] // MINUTE_MS

@@ -30,10 +30,10 @@ from pipeline.sinks.alerts import (
     evaluate,
     load_rules,
 )
-from pipeline.sinks.audit import DECISIONS_COLUMNS
 from pipeline.sinks.clickhouse import ClickHouse
 from pipeline.sinks.connect import open_clickhouse
 from pipeline.sinks.migrate import apply_migrations
+from pipeline.sinks.tables import DECISIONS_COLUMNS
 from tests.plugins.clickhouse import ATTEMPT_COLUMNS, ChHttpEndpoint, attempt_row, free_port
 from tests.plugins.waiting import wait_until_async
 

@@ -21,29 +21,26 @@ from typing import Any
 import pytest
 from aiokafka import AIOKafkaProducer
 
+from pipeline.contracts.codec import DecodeError as BadMessage
 from pipeline.contracts.codec import dumps, encode
 from pipeline.contracts.models import AUDIT_COLUMNS, Alert, Decision, datetime_to_ms
 from pipeline.kafka_admin import TopicSpec, ensure_topics
 from pipeline.settings import ClickHouseSettings
-from pipeline.sinks.audit import (
+from pipeline.sinks.clickhouse import ClickHouse
+from pipeline.sinks.connect import open_clickhouse
+from pipeline.sinks.lanes import Lane, WorkItem
+from pipeline.sinks.migrate import SCHEMA_DIR, apply_migrations, render, split_statements
+from pipeline.sinks.plan import (
     CLOSE,
     MAX_MARKS_CHARS,
-    BadMessage,
-    Lane,
-    Message,
-    WorkItem,
-    decode_audit,
-    decode_dead_letter,
-    decode_decision,
     decode_marks,
     decode_plan,
     encode_marks,
     encode_plan,
 )
-from pipeline.sinks.clickhouse import ClickHouse
-from pipeline.sinks.connect import open_clickhouse
-from pipeline.sinks.migrate import SCHEMA_DIR, apply_migrations, render, split_statements
 from pipeline.sinks.ratecap import RateCapConfig
+from pipeline.sinks.rows import Message, decode_audit, decode_dead_letter
+from pipeline.sinks.rows import decision_message as decode_decision
 from tests.plugins.clickhouse import ChHttpEndpoint, recent_minute
 from tests.plugins.waiting import wait_until
 

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from pipeline.settings import ClickHouseSettings
-from pipeline.sinks.audit import ATTEMPTS_COLUMNS
 from pipeline.sinks.clickhouse import ClickHouseError
 from pipeline.sinks.cluster import for_cluster
 from pipeline.sinks.connect import open_clickhouse
 from pipeline.sinks.migrate import plan_sql
+from pipeline.sinks.tables import ATTEMPTS_COLUMNS
 from tests.plugins.clickhouse import attempt_row, recent_minute
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -21,10 +21,11 @@ import pytest
 
 from pipeline.contracts.models import AUDIT_COLUMNS, datetime_to_ms
 from pipeline.settings import ClickHouseSettings
-from pipeline.sinks.audit import ALERTS_COLUMNS, DEAD_LETTERS_COLUMNS, DECISIONS_COLUMNS
 from pipeline.sinks.clickhouse import ClickHouse, ClickHouseError
 from pipeline.sinks.connect import open_clickhouse
 from pipeline.sinks.migrate import apply_migrations
+from pipeline.sinks.quarantine import DEAD_LETTERS_COLUMNS
+from pipeline.sinks.tables import ALERTS_COLUMNS, DECISIONS_COLUMNS
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DASHBOARDS = REPO_ROOT / "dashboards" / "grafana"

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import pytest
 
+from pipeline.contracts.codec import DecodeError as BadMessage
 from pipeline.contracts.codec import encode
 from pipeline.core.attempt import Normaliser
 from pipeline.core.keys import Digester
 from pipeline.core.normalise import NetworkSet, SourceRules
 from pipeline.manual import Target, manual_decision
-from pipeline.sinks.audit import BadMessage, decode_decision
 from pipeline.sinks.clickhouse import ClickHouse
+from pipeline.sinks.rows import decision_message as decode_decision
 from tests.integration.test_audit_sink import (
     SINK_TIMEOUT_S,
     SinkProcess,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import orjson
 
 from pipeline.contracts.models import AUDIT_COLUMNS
-from pipeline.sinks.audit import decode_audit, decode_dead_letter
 from pipeline.sinks.quarantine import Quarantine, Quarantined
+from pipeline.sinks.rows import decode_audit, decode_dead_letter
 
 
 def test_rows_become_dead_letter_messages_and_rows_located_by_their_input() -> None:
