@@ -35,7 +35,7 @@ from pipeline.contracts.codec import DecodeError
 from pipeline.core.decisions import ALLOWED, Active, DecisionIndex, Verdict, applicable_keys
 from pipeline.core.errors import InvalidAttempt
 from pipeline.core.keys import Key, format_key
-from pipeline.edge.blocklist import BlockEntry
+from pipeline.edge.blocklist import BlockEntry, valid_source
 from pipeline.edge.changes import ChangeSignal
 from pipeline.edge.decode import decode_decision, decode_key
 from pipeline.edge.errors import CheckInputError
@@ -148,7 +148,7 @@ class DecisionView:
             self._lift(decision_key)
             return self._count("lift")
         try:
-            active = decode_decision(wire_key, value)
+            active = decode_decision(wire_key, value, self._source_ok(decision_key))
         except DecodeError as exc:
             return self._bad(exc, decision_key)
         if active.expires_ms <= now_ms:
@@ -161,6 +161,14 @@ class DecisionView:
             self.blocklist_changes.bump()
         self.changes.bump()
         return self._count("put")
+
+    def _source_ok(self, decision_key: Key) -> Callable[[str], bool]:
+        """The grouping check of a value's source: the key's own source passed it already
+        (``decode_key``), so only a value naming another source is checked again."""
+        rules = self.normaliser.sources
+        return lambda source: source == decision_key[3] or valid_source(
+            source, rules.ipv4_prefix, rules.ipv6_prefix
+        )
 
     def _count(self, outcome: str) -> str:
         self.stats.outcomes[outcome] += 1
