@@ -46,8 +46,15 @@ from pipeline.core.policy import Policy
 from pipeline.errors import AuthpipeError
 from pipeline.logs import get_logger
 from pipeline.settings import Settings
-from pipeline.sim import scorecard as sc
+from pipeline.sim.card import Scorecard, ts
+from pipeline.sim.card_text import render as render_card
+from pipeline.sim.output_files import load_outputs
+from pipeline.sim.outputs import Outputs, run_engine
 from pipeline.sim.parity import Parity, compare
+from pipeline.sim.replay import replay
+from pipeline.sim.scoring import score
+from pipeline.sim.topics import assign_whole_topic
+from pipeline.sim.truth import UNKNOWN, TruthEvent, load_truth, reindex
 from pipeline.wiring import build_normaliser, load_policy
 
 log = get_logger("backtest")
@@ -73,9 +80,13 @@ class TopicRange:
 # -- loading ------------------------------------------------------------------------------
 
 
-async def read_input_range(bootstrap: str, topic: str, rng: TopicRange, timeout_s: float = 120.0,
-                           security: dict[str, Any] | None = None,
-                           ) -> list[tuple[int, int, bytes | None]]:  # fmt: skip
+async def read_input_range(
+    bootstrap: str,
+    topic: str,
+    rng: TopicRange,
+    timeout_s: float = 120.0,
+    security: dict[str, Any] | None = None,
+) -> list[tuple[int, int, bytes | None]]:
     """(partition, offset, value) of the records in range, read without a consumer group.
     ``security``: ``pipeline.kafka_client.security_kwargs``."""
     from aiokafka import AIOKafkaConsumer
@@ -85,7 +96,7 @@ async def read_input_range(bootstrap: str, topic: str, rng: TopicRange, timeout_
     )
     await consumer.start()
     try:
-        tps = await sc.assign_whole_topic(consumer, topic, bootstrap, BacktestError)
+        tps = await assign_whole_topic(consumer, topic, bootstrap, BacktestError)
         starts, stops = await _bounds(consumer, tps, rng)
         out: list[tuple[int, int, bytes | None]] = []
         async with asyncio.timeout(timeout_s):
@@ -95,8 +106,11 @@ async def read_input_range(bootstrap: str, topic: str, rng: TopicRange, timeout_
                 consumer.seek(tp, starts[tp])
                 while await consumer.position(tp) < stops[tp]:
                     batch = await consumer.getmany(tp, timeout_ms=500)
-                    out.extend((tp.partition, m.offset, m.value)
-                               for m in batch.get(tp, []) if m.offset < stops[tp])  # fmt: skip
+                    out.extend(
+                        (tp.partition, m.offset, m.value)
+                        for m in batch.get(tp, [])
+                        if m.offset < stops[tp]
+                    )
         return out
     except TimeoutError:
         raise BacktestError(f"could not read {topic} within {timeout_s:.0f} s") from None
@@ -124,10 +138,12 @@ async def _bounds(
 
 
 def events_from_records(
-    records: Sequence[tuple[int, int, bytes | None]], normaliser: Normaliser, rng: TopicRange,
-) -> tuple[list[sc.TruthEvent], int]:  # fmt: skip
+    records: Sequence[tuple[int, int, bytes | None]],
+    normaliser: Normaliser,
+    rng: TopicRange,
+) -> tuple[list[TruthEvent], int]:
     """Decoded, normalised, unlabelled events in event-time order; and the invalid count."""
-    rows: list[tuple[int, int, int, sc.TruthEvent]] = []
+    rows: list[tuple[int, int, int, TruthEvent]] = []
     invalid = 0
     for partition, offset, value in records:
         try:
@@ -141,15 +157,16 @@ def events_from_records(
             rng.to_ms is not None and t >= rng.to_ms
         ):
             continue
-        event = sc.TruthEvent(0, wire.event_id, sc.UNKNOWN, sc.UNKNOWN, sc.UNKNOWN, sc.UNKNOWN,
-                              wire.account, attempt)  # fmt: skip
+        event = TruthEvent(
+            0, wire.event_id, UNKNOWN, UNKNOWN, UNKNOWN, UNKNOWN, wire.account, attempt
+        )
         rows.append((t, partition, offset, event))
     # Event time, then event id: the stream's order (pipeline.core.engine.replay_order).
     rows.sort(key=lambda r: (r[0], r[3].event_id, r[1], r[2]))
-    return [sc.reindex(e, i) for i, (*_, e) in enumerate(rows)], invalid
+    return [reindex(e, i) for i, (*_, e) in enumerate(rows)], invalid
 
 
-def label(events: Sequence[sc.TruthEvent], truth: Sequence[sc.TruthEvent]) -> list[sc.TruthEvent]:
+def label(events: Sequence[TruthEvent], truth: Sequence[TruthEvent]) -> list[TruthEvent]:
     """The events with their ground-truth labels (joined by event id) where known."""
     by_id = {t.event_id: t for t in truth}
     out = []
@@ -158,8 +175,18 @@ def label(events: Sequence[sc.TruthEvent], truth: Sequence[sc.TruthEvent]) -> li
         if t is None:
             out.append(e)
         else:
-            out.append(sc.TruthEvent(e.index, e.event_id, t.scenario, t.role, t.actor, t.cohort,
-                                     e.account_plain, e.attempt))  # fmt: skip
+            out.append(
+                TruthEvent(
+                    e.index,
+                    e.event_id,
+                    t.scenario,
+                    t.role,
+                    t.actor,
+                    t.cohort,
+                    e.account_plain,
+                    e.attempt,
+                )
+            )
     return out
 
 
@@ -169,13 +196,13 @@ def label(events: Sequence[sc.TruthEvent], truth: Sequence[sc.TruthEvent]) -> li
 @dataclass
 class PolicyRun:
     policy: Policy
-    outputs: sc.Outputs
+    outputs: Outputs
     verdicts: list[Verdict]
 
     @classmethod
-    def run(cls, events: Sequence[sc.TruthEvent], policy: Policy) -> PolicyRun:
-        outputs = sc.run_engine(events, policy)
-        return cls(policy, outputs, sc.replay(events, outputs.decisions))
+    def run(cls, events: Sequence[TruthEvent], policy: Policy) -> PolicyRun:
+        outputs = run_engine(events, policy)
+        return cls(policy, outputs, replay(events, outputs.decisions))
 
     def decision_ids(self) -> dict[tuple[str, int, str], str]:
         """(key, issued_ms, action) -> rule of every decision (not tombstones)."""
@@ -207,7 +234,7 @@ class Diff:
     newly_allowed: int = 0
     by_role: Counter[str] = field(default_factory=Counter)
     examples: list[dict[str, Any]] = field(default_factory=list)
-    scorecards: dict[str, sc.Scorecard] = field(default_factory=dict)
+    scorecards: dict[str, Scorecard] = field(default_factory=dict)
     live: Parity | None = None  # the baseline replay against the live outputs, if given
 
     def as_json(self) -> dict[str, Any]:
@@ -242,7 +269,7 @@ class Diff:
 
 
 def _later_success_index(
-    events: Sequence[sc.TruthEvent],
+    events: Sequence[TruthEvent],
 ) -> tuple[dict[Key, int], dict[Key, int], dict[Key, int]]:
     """Index of the LAST success per (account, source), (account, device) and account."""
     by_source: dict[Key, int] = {}
@@ -259,7 +286,7 @@ def _later_success_index(
     return by_source, by_device, by_account
 
 
-def is_collateral(e: sc.TruthEvent, by_source: dict[Key, int], by_device: dict[Key, int]) -> bool:
+def is_collateral(e: TruthEvent, by_source: dict[Key, int], by_device: dict[Key, int]) -> bool:
     """The refused party knew the password: it succeeded, or succeeds later as the same client."""
     a = e.attempt
     if a.success:
@@ -273,17 +300,19 @@ def is_collateral(e: sc.TruthEvent, by_source: dict[Key, int], by_device: dict[K
 
 
 def diff(
-    events: Sequence[sc.TruthEvent], baseline: PolicyRun, candidate: PolicyRun, invalid: int = 0
+    events: Sequence[TruthEvent], baseline: PolicyRun, candidate: PolicyRun, invalid: int = 0
 ) -> Diff:
     base_ids, cand_ids = baseline.decision_ids(), candidate.decision_ids()
     result = Diff(
-        events=len(events), invalid=invalid,
+        events=len(events),
+        invalid=invalid,
         baseline_version=baseline.policy.policy_version,
         candidate_version=candidate.policy.policy_version,
-        baseline_decisions=len(base_ids), candidate_decisions=len(cand_ids),
+        baseline_decisions=len(base_ids),
+        candidate_decisions=len(cand_ids),
         added=Counter(rule for ident, rule in cand_ids.items() if ident not in base_ids),
         removed=Counter(rule for ident, rule in base_ids.items() if ident not in cand_ids),
-    )  # fmt: skip
+    )
     by_source, by_device, by_account = _later_success_index(events)
     collateral_keys: set[Key] = set()
     collateral_accounts: set[tuple[str, str]] = set()
@@ -314,16 +343,29 @@ def diff(
     return result
 
 
-def _example(e: sc.TruthEvent, verdict: Verdict) -> dict[str, Any]:
+def _example(e: TruthEvent, verdict: Verdict) -> dict[str, Any]:
     return {
-        "event_id": e.event_id, "at": sc.ts(e.occurred_ms), "account": e.account_plain,
-        "role": e.role, "flow": e.attempt.flow, "success": e.attempt.success,
-        "refused_by": "|".join(p or "-" for p in verdict.matched_key) if verdict.matched_key else None,
-    }  # fmt: skip
+        "event_id": e.event_id,
+        "at": ts(e.occurred_ms),
+        "account": e.account_plain,
+        "role": e.role,
+        "flow": e.attempt.flow,
+        "success": e.attempt.success,
+        "refused_by": "|".join(p or "-" for p in verdict.matched_key)
+        if verdict.matched_key
+        else None,
+    }
 
 
-def backtest(events: Sequence[sc.TruthEvent], baseline: Policy, candidate: Policy, *,
-             invalid: int = 0, labelled: bool = False, live: sc.Outputs | None = None) -> Diff:  # fmt: skip
+def backtest(
+    events: Sequence[TruthEvent],
+    baseline: Policy,
+    candidate: Policy,
+    *,
+    invalid: int = 0,
+    labelled: bool = False,
+    live: Outputs | None = None,
+) -> Diff:
     """Run both policies and diff them; scorecards too when the events are labelled; the
     baseline replay against the live outputs when given (``pipeline.sim.parity``)."""
     if baseline.policy_version == candidate.policy_version:
@@ -333,8 +375,8 @@ def backtest(events: Sequence[sc.TruthEvent], baseline: Policy, candidate: Polic
     if live is not None:
         result.live = compare(base_run.outputs, live)
     if labelled:
-        result.scorecards["baseline"] = sc.score(events, base_run.outputs)
-        result.scorecards["candidate"] = sc.score(events, cand_run.outputs)
+        result.scorecards["baseline"] = score(events, base_run.outputs)
+        result.scorecards["candidate"] = score(events, cand_run.outputs)
     return result
 
 
@@ -357,16 +399,20 @@ def render(d: Diff) -> str:
         f"from any client (an upper bound)",
     ]
     if d.by_role:
-        lines.append("  newly refused by true role: "
-                     + ", ".join(f"{r} {n}" for r, n in sorted(d.by_role.items())))  # fmt: skip
+        lines.append(
+            "  newly refused by true role: "
+            + ", ".join(f"{r} {n}" for r, n in sorted(d.by_role.items()))
+        )
     for ex in d.examples[:5]:
-        lines.append(f"  collateral: {ex['at']} {ex['account']} {ex['flow']} "
-                     f"{'success' if ex['success'] else 'failure'} refused by {ex['refused_by']}")  # fmt: skip
+        lines.append(
+            f"  collateral: {ex['at']} {ex['account']} {ex['flow']} "
+            f"{'success' if ex['success'] else 'failure'} refused by {ex['refused_by']}"
+        )
     if d.live is not None:
         lines.append(d.live.render())
     for name, card in d.scorecards.items():
         lines.append("")
-        lines.append(f"[{name}] " + sc.render(card))
+        lines.append(f"[{name}] " + render_card(card))
     return "\n".join(lines)
 
 
@@ -376,29 +422,40 @@ def write_json(d: Diff, path: Path) -> None:
 
 
 def run_backtest_command(
-    settings: Settings, *, candidate: Path | None, baseline: Path | None, events: Path | None,
-    topic_range: TopicRange | None, truth: Path | None, out: Path | None,
+    settings: Settings,
+    *,
+    candidate: Path | None,
+    baseline: Path | None,
+    events: Path | None,
+    topic_range: TopicRange | None,
+    truth: Path | None,
+    out: Path | None,
     verdicts: Path | None = None,
     live: Path | None = None,
-) -> int:  # fmt: skip
+) -> int:
     """``authpipe backtest``: load the input, run both policies, print and write the diff;
     with ``verdicts``, write one verdict line per event under one policy instead."""
     normaliser = build_normaliser(settings)
     invalid = 0
     if events is not None:
-        loaded = sc.load_truth(events, normaliser)
+        loaded = load_truth(events, normaliser)
     else:
         assert topic_range is not None
         from pipeline.kafka_client import security_kwargs
 
         kafka = settings.kafka
-        records = asyncio.run(read_input_range(
-            kafka.bootstrap_servers, kafka.input_topic, topic_range, security=security_kwargs(kafka)
-        ))  # fmt: skip
+        records = asyncio.run(
+            read_input_range(
+                kafka.bootstrap_servers,
+                kafka.input_topic,
+                topic_range,
+                security=security_kwargs(kafka),
+            )
+        )
         loaded, invalid = events_from_records(records, normaliser, topic_range)
-    labelled = any(e.role != sc.UNKNOWN for e in loaded)
+    labelled = any(e.role != UNKNOWN for e in loaded)
     if truth is not None:
-        loaded = label(loaded, sc.load_truth(truth, normaliser))
+        loaded = label(loaded, load_truth(truth, normaliser))
         labelled = True
     if not loaded:
         raise BacktestError("no valid events in the chosen range; check the range or the topic")
@@ -414,15 +471,24 @@ def run_backtest_command(
         raise BacktestError("a diff needs the candidate policy: pass --policy (or --verdicts)")
     live_outputs = None
     if live is not None:
-        live_outputs = sc.load_outputs(live / "decisions.jsonl", live / "alerts.jsonl")
+        live_outputs = load_outputs(live / "decisions.jsonl", live / "alerts.jsonl")
     result = backtest(
-        loaded, load_policy(baseline or settings.policy_path), load_policy(candidate),
-        invalid=invalid, labelled=labelled, live=live_outputs,
-    )  # fmt: skip
+        loaded,
+        load_policy(baseline or settings.policy_path),
+        load_policy(candidate),
+        invalid=invalid,
+        labelled=labelled,
+        live=live_outputs,
+    )
     print(render(result))
     if out is not None:
         write_json(result, out)
         print(f"backtest JSON: {out}")
-    log.info("backtest_finished", events=result.events, added=sum(result.added.values()),
-             removed=sum(result.removed.values()), owner_collateral=result.owner_collateral)  # fmt: skip
+    log.info(
+        "backtest_finished",
+        events=result.events,
+        added=sum(result.added.values()),
+        removed=sum(result.removed.values()),
+        owner_collateral=result.owner_collateral,
+    )
     return 0
