@@ -46,20 +46,22 @@ from pipeline.core.policy import Policy
 from pipeline.errors import AuthpipeError
 from pipeline.logs import get_logger
 from pipeline.settings import Settings
-from pipeline.sim.card import Scorecard, ts
+from pipeline.sim.card import Scorecard
 from pipeline.sim.card_text import render as render_card
+from pipeline.sim.examples import example
 from pipeline.sim.output_files import load_outputs
 from pipeline.sim.outputs import Outputs, run_engine
 from pipeline.sim.parity import Parity, compare
 from pipeline.sim.replay import replay
 from pipeline.sim.scoring import score
-from pipeline.sim.topics import assign_whole_topic
+from pipeline.sim.topics import read_range
 from pipeline.sim.truth import UNKNOWN, TruthEvent, load_truth, reindex
 from pipeline.wiring import build_normaliser, load_policy
 
 log = get_logger("backtest")
 
 EXAMPLES = 20
+EXAMPLE_FIELDS = ("event_id", "at", "account", "role", "flow", "success", "refused_by")
 
 
 class BacktestError(AuthpipeError):
@@ -89,33 +91,14 @@ async def read_input_range(
 ) -> list[tuple[int, int, bytes | None]]:
     """(partition, offset, value) of the records in range, read without a consumer group.
     ``security``: ``pipeline.kafka_client.security_kwargs``."""
-    from aiokafka import AIOKafkaConsumer
 
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None, **(security or {})
+    async def bounds(consumer: Any, tps: list[Any]) -> tuple[dict[Any, int], dict[Any, int]]:
+        return await _bounds(consumer, tps, rng)
+
+    records, _ = await read_range(
+        bootstrap, topic, bounds, timeout_s=timeout_s, security=security, error=BacktestError
     )
-    await consumer.start()
-    try:
-        tps = await assign_whole_topic(consumer, topic, bootstrap, BacktestError)
-        starts, stops = await _bounds(consumer, tps, rng)
-        out: list[tuple[int, int, bytes | None]] = []
-        async with asyncio.timeout(timeout_s):
-            for tp in tps:
-                if starts[tp] >= stops[tp]:
-                    continue
-                consumer.seek(tp, starts[tp])
-                while await consumer.position(tp) < stops[tp]:
-                    batch = await consumer.getmany(tp, timeout_ms=500)
-                    out.extend(
-                        (tp.partition, m.offset, m.value)
-                        for m in batch.get(tp, [])
-                        if m.offset < stops[tp]
-                    )
-        return out
-    except TimeoutError:
-        raise BacktestError(f"could not read {topic} within {timeout_s:.0f} s") from None
-    finally:
-        await consumer.stop()
+    return [(m.partition, m.offset, m.value) for m in records]
 
 
 async def _bounds(
@@ -329,7 +312,7 @@ def diff(
                 if new.matched_key is not None:
                     collateral_keys.add(new.matched_key)
                 if len(result.examples) < EXAMPLES:
-                    result.examples.append(_example(e, new))
+                    result.examples.append(example(e, new, EXAMPLE_FIELDS))
             else:
                 result.attacker_traffic += 1
         elif new.allowed and not old.allowed:
@@ -341,20 +324,6 @@ def diff(
         else:
             result.added_attacker += 1
     return result
-
-
-def _example(e: TruthEvent, verdict: Verdict) -> dict[str, Any]:
-    return {
-        "event_id": e.event_id,
-        "at": ts(e.occurred_ms),
-        "account": e.account_plain,
-        "role": e.role,
-        "flow": e.attempt.flow,
-        "success": e.attempt.success,
-        "refused_by": "|".join(p or "-" for p in verdict.matched_key)
-        if verdict.matched_key
-        else None,
-    }
 
 
 def backtest(

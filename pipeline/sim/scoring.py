@@ -22,13 +22,15 @@ from typing import Any
 
 from pipeline.core.decisions import Verdict
 from pipeline.sim.by_design import design_reasons
-from pipeline.sim.card import AttackScore, Scorecard, ts
+from pipeline.sim.card import AttackScore, Scorecard
+from pipeline.sim.examples import example
 from pipeline.sim.matching import AttackIndex, new_score, score_alerts, score_decisions
 from pipeline.sim.outputs import Outputs
 from pipeline.sim.replay import replay
 from pipeline.sim.truth import ATTACKER, LEGIT_ROLES, TruthEvent
 
 EXAMPLES = 10
+EXAMPLE_FIELDS = ("event_id", "at", "cohort", "actor", "flow", "refused_by", "retry_after_ms")
 DAY_MS = 86_400_000
 
 
@@ -65,7 +67,7 @@ def score(events: Sequence[TruthEvent], outputs: Outputs) -> Scorecard:
                     continue
                 legit_refused[event.cohort] += 1
                 if len(examples) < EXAMPLES:
-                    examples.append(_example(event, verdict))
+                    examples.append(example(event, verdict, EXAMPLE_FIELDS))
     for (name, _, _), times in let_through.items():
         s = scores[name]
         s.guesses_per_account_24h = max(s.guesses_per_account_24h, most_in_a_day(times))
@@ -110,17 +112,3 @@ def _count_attacker(s: AttackScore, event: TruthEvent, verdict: Verdict) -> None
     response = s.response_ms
     if response is None or event.occurred_ms <= response:
         s.allowed_before_response += 1
-
-
-def _example(event: TruthEvent, verdict: Verdict) -> dict[str, Any]:
-    return {
-        "event_id": event.event_id,
-        "at": ts(event.occurred_ms),
-        "cohort": event.cohort,
-        "actor": event.actor,
-        "flow": event.attempt.flow,
-        "refused_by": "|".join(p or "-" for p in verdict.matched_key)
-        if verdict.matched_key
-        else None,
-        "retry_after_ms": verdict.retry_after_ms,
-    }

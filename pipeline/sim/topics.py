@@ -9,6 +9,7 @@ gone: the offsets with no record are counted (``Outputs.missing_decision_records
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,11 +59,28 @@ async def assign_whole_topic(
     return tps
 
 
-async def read_topic(
-    bootstrap: str, topic: str, timeout_s: float, security: dict[str, Any] | None = None
-) -> TopicRead:
-    """Every record of ``topic`` up to its end offsets at the call; no consumer group, no
-    commits. ``security``: ``pipeline.kafka_client.security_kwargs``."""
+Offsets = dict[Any, int]
+"""Per ``TopicPartition``: an offset."""
+Bounds = Callable[[Any, list[Any]], Awaitable[tuple[Offsets, Offsets]]]
+"""Given the started consumer and the topic's partitions: where to start and where to stop
+(exclusive) reading each partition."""
+
+
+async def read_range(
+    bootstrap: str,
+    topic: str,
+    bounds: Bounds,
+    *,
+    timeout_s: float,
+    security: dict[str, Any] | None,
+    error: type[AuthpipeError],
+    what: str = "",
+) -> tuple[list[Any], int]:
+    """The records of every partition of ``topic`` between its ``bounds``, in partition
+    order, offset order within a partition, read without a consumer group or commits; and
+    how many offsets in the bounds had no record (removed by compaction). Raises ``error``
+    if the topic does not exist or the read takes longer than ``timeout_s`` (``what`` says
+    how far it was to read). ``security``: ``pipeline.kafka_client.security_kwargs``."""
     from aiokafka import AIOKafkaConsumer
 
     consumer = AIOKafkaConsumer(
@@ -70,30 +88,47 @@ async def read_topic(
     )
     await consumer.start()
     try:
-        tps = await assign_whole_topic(consumer, topic, bootstrap, ScorecardError)
-        partitions = [tp.partition for tp in tps]
-        await consumer.seek_to_beginning(*tps)
-        firsts = await consumer.beginning_offsets(tps)
-        ends = await consumer.end_offsets(tps)
-        records: dict[int, list[tuple[bytes | None, bytes | None]]] = {p: [] for p in partitions}
+        tps = await assign_whole_topic(consumer, topic, bootstrap, error)
+        starts, stops = await bounds(consumer, tps)
+        wanted = [tp for tp in tps if starts[tp] < stops[tp]]
+        for tp in wanted:
+            consumer.seek(tp, starts[tp])
+        records: dict[Any, list[Any]] = {tp: [] for tp in tps}
         async with asyncio.timeout(timeout_s):
             while True:
-                behind = [tp for tp in tps if await consumer.position(tp) < ends[tp]]
+                behind = [tp for tp in wanted if await consumer.position(tp) < stops[tp]]
                 if not behind:
                     break
                 batch = await consumer.getmany(*behind, timeout_ms=500)
                 for tp, messages in batch.items():
-                    records[tp.partition].extend(
-                        (m.key, m.value) for m in messages if m.offset < ends[tp]
-                    )
-        gaps = sum(ends[tp] - firsts[tp] - len(records[tp.partition]) for tp in tps)
-        return TopicRead([record for p in partitions for record in records[p]], gaps)
+                    records[tp].extend(m for m in messages if m.offset < stops[tp])
+        gaps = sum(stops[tp] - starts[tp] - len(records[tp]) for tp in wanted)
+        return [record for tp in tps for record in records[tp]], gaps
     except TimeoutError:
-        raise ScorecardError(
-            f"could not read {topic} to its end within {timeout_s:.0f} s"
-        ) from None
+        raise error(f"could not read {topic}{what} within {timeout_s:.0f} s") from None
     finally:
         await consumer.stop()
+
+
+async def _whole(consumer: Any, tps: list[Any]) -> tuple[Offsets, Offsets]:
+    return await consumer.beginning_offsets(tps), await consumer.end_offsets(tps)
+
+
+async def read_topic(
+    bootstrap: str, topic: str, timeout_s: float, security: dict[str, Any] | None = None
+) -> TopicRead:
+    """Every record of ``topic`` up to its end offsets at the call; no consumer group, no
+    commits. ``security``: ``pipeline.kafka_client.security_kwargs``."""
+    records, gaps = await read_range(
+        bootstrap,
+        topic,
+        _whole,
+        timeout_s=timeout_s,
+        security=security,
+        error=ScorecardError,
+        what=" to its end",
+    )
+    return TopicRead([(m.key, m.value) for m in records], gaps)
 
 
 async def read_outputs_from_topics(
