@@ -24,8 +24,28 @@ STATUSES = (STOPPED, SLOWED, DETECTED_ONLY, MISSED)
 STOPPED_LEAK_PERCENT = 10
 
 
+@dataclass(kw_only=True)
+class Tally:
+    """Attempts a gateway let through and refused, and the successes it let through."""
+
+    allowed: int = 0
+    refused: int = 0
+    successes_allowed: int = 0
+
+    def add(self, allowed: bool, success: bool) -> None:
+        """Count one attempt: refused, or let through (and a success let through)."""
+        if not allowed:
+            self.refused += 1
+            return
+        self.allowed += 1
+        if success:
+            self.successes_allowed += 1
+
+
 @dataclass
-class AttackScore:
+class AttackScore(Tally):
+    """One attack's figures (``Tally``: its attempts let through and refused)."""
+
     attack: str
     tenant: str
     attempts: int
@@ -36,9 +56,6 @@ class AttackScore:
     first_alert_ms: int | None = None
     first_alert_type: str | None = None
     allowed_before_response: int = 0
-    refused: int = 0
-    allowed: int = 0
-    successes_allowed: int = 0
     alerts: Counter[str] = field(default_factory=Counter)
     blocks: Counter[str] = field(default_factory=Counter)
     observes: Counter[str] = field(default_factory=Counter)

@@ -103,12 +103,9 @@ def most_in_a_day(times: Sequence[int]) -> int:
 
 
 def _count_attacker(s: AttackScore, event: TruthEvent, verdict: Verdict) -> None:
+    s.add(verdict.allowed, event.attempt.success)
     if not verdict.allowed:
-        s.refused += 1
         return
-    s.allowed += 1
-    if event.attempt.success:
-        s.successes_allowed += 1
     response = s.response_ms
     if response is None or event.occurred_ms <= response:
         s.allowed_before_response += 1

@@ -29,23 +29,21 @@ from pipeline.contracts.models import format_utc_ms, ms_to_datetime
 from pipeline.core.decisions import keys_for
 from pipeline.core.engine import Engine
 from pipeline.core.policy import Policy
+from pipeline.sim.card import Tally
 from pipeline.sim.scoring import most_in_a_day
 from pipeline.sim.truth import TruthEvent
 
 
 @dataclass
-class VerdictSummary:
-    """Totals of a verdicts run."""
+class VerdictSummary(Tally):
+    """Totals of a verdicts run (``Tally``: the attempts let through and refused)."""
 
     events: int = 0
-    allowed: int = 0
-    refused: int = 0
     refused_by_rule: Counter[str] = field(default_factory=Counter)
     decisions_by_rule: Counter[str] = field(default_factory=Counter)
     alerts_by_type: Counter[str] = field(default_factory=Counter)
     notices: int = 0
     failures_let_through: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
-    successes_allowed: int = 0
 
     def per_account_24h(self) -> list[tuple[str, int]]:
         """(account as typed, most failures let through in any 24 h), most first."""
@@ -130,15 +128,11 @@ def verdicts(
 def _add(summary: VerdictSummary, event: TruthEvent, line: dict[str, Any]) -> None:
     summary.events += 1
     a = event.attempt
-    if line["allowed"]:
-        summary.allowed += 1
-        if a.success:
-            summary.successes_allowed += 1
-        else:
-            summary.failures_let_through[event.account_plain].append(a.occurred_ms)
-    else:
-        summary.refused += 1
+    summary.add(line["allowed"], a.success)
+    if not line["allowed"]:
         summary.refused_by_rule.update(line["refused_by"][:1])
+    elif not a.success:
+        summary.failures_let_through[event.account_plain].append(a.occurred_ms)
     summary.decisions_by_rule.update(d["rule"] for d in line["decisions"])
     summary.alerts_by_type.update(x["type"] for x in line["alerts"])
     summary.notices += len(line["notices"])
