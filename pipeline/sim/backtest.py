@@ -34,8 +34,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from pipeline.contracts.codec import DecodeError, decode_attempt
 from pipeline.contracts.models import datetime_to_ms
 from pipeline.core.attempt import Normaliser
@@ -49,7 +47,7 @@ from pipeline.settings import Settings
 from pipeline.sim.card import Scorecard
 from pipeline.sim.card_text import render as render_card
 from pipeline.sim.examples import example
-from pipeline.sim.output_files import load_outputs
+from pipeline.sim.output_files import load_outputs, write_json
 from pipeline.sim.outputs import Outputs, run_engine
 from pipeline.sim.parity import Parity, compare
 from pipeline.sim.replay import replay
@@ -385,11 +383,6 @@ def render(d: Diff) -> str:
     return "\n".join(lines)
 
 
-def write_json(d: Diff, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(orjson.dumps(d.as_json(), option=orjson.OPT_INDENT_2))
-
-
 def run_backtest_command(
     settings: Settings,
     *,
@@ -451,7 +444,7 @@ def run_backtest_command(
     )
     print(render(result))
     if out is not None:
-        write_json(result, out)
+        write_json(result.as_json(), out)
         print(f"backtest JSON: {out}")
     log.info(
         "backtest_finished",

@@ -11,10 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
-
-import orjson
 
 from pipeline.contracts.models import format_utc_ms, ms_to_datetime
 
@@ -212,8 +209,3 @@ class Scorecard:
             },
             "alerts_matching_no_attack": self.unmatched_alerts,
         }
-
-
-def write_json(card: Scorecard, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(orjson.dumps(card.as_json(), option=orjson.OPT_INDENT_2))

@@ -1,5 +1,6 @@
 """Decision records and alerts as JSONL files (``scorecard --save-outputs`` writes them;
-``scorecard --decisions``, ``backtest --live`` and ``report --decisions`` read them)."""
+``scorecard --decisions``, ``backtest --live`` and ``report --decisions`` read them), and the
+JSON file ``scorecard --out`` and ``backtest --out`` write."""
 
 from __future__ import annotations
 
@@ -52,3 +53,10 @@ def write_outputs(outputs: Outputs, decisions_path: Path, alerts_path: Path) -> 
         for alert_rec in outputs.alerts:
             row = {"value": alert_rec.alert.model_dump(mode="json"), "after": alert_rec.after}
             handle.write(orjson.dumps(row) + b"\n")
+
+
+def write_json(data: dict[str, Any], path: Path) -> None:
+    """``data`` as indented JSON at ``path`` (its folder made if missing): the scorecard's and
+    the backtest's ``--out``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(orjson.dumps(data, option=orjson.OPT_INDENT_2))

@@ -17,9 +17,8 @@ from pathlib import Path
 
 from pipeline.logs import get_logger
 from pipeline.settings import Settings
-from pipeline.sim.card import write_json
 from pipeline.sim.card_text import render
-from pipeline.sim.output_files import load_outputs, write_outputs
+from pipeline.sim.output_files import load_outputs, write_json, write_outputs
 from pipeline.sim.outputs import run_engine
 from pipeline.sim.scoring import score
 from pipeline.sim.topics import read_outputs_from_topics
@@ -65,7 +64,7 @@ def run_scorecard_command(
     card = score(events, outputs)
     print(render(card))
     if out is not None:
-        write_json(card, out)
+        write_json(card.as_json(), out)
         print(f"scorecard JSON: {out}")
     if save_outputs is not None:
         save_outputs.mkdir(parents=True, exist_ok=True)
