@@ -23,6 +23,7 @@ Modules (each command on top of the parts it shares with the others):
 * ``scorecard``: ``authpipe scorecard``, per attack time-to-response and misses,
   legitimate attempts refused, alerts matching no attack;
 * ``backtest``: ``authpipe backtest``, current vs candidate policy over recorded input
-  (``verdicts``: one verdict per attempt; ``parity``: live vs replay);
+  (``backtest_input``: its input; ``verdicts``: one verdict per attempt; ``parity``: live
+  vs replay);
 * ``report``: ``authpipe report``, one self-contained HTML file with inline charts.
 """
