@@ -197,7 +197,8 @@ def _scorecard(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _backtest(args: argparse.Namespace, settings: Settings) -> int:
-    from pipeline.sim.backtest import TopicRange, run_backtest_command
+    from pipeline.sim.backtest import run_backtest_command
+    from pipeline.sim.backtest_input import TopicRange
 
     if args.to_ts is not None and args.from_ts is None:
         args.parser.error("--to-ts goes with --from-ts")

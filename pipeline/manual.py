@@ -169,7 +169,7 @@ def render(decisions: list[Decision], *, manual_only: bool) -> str:
 async def _read(settings: Settings) -> list[tuple[bytes | None, bytes | None]]:
     from aiokafka.errors import KafkaError
 
-    from pipeline.sim.scorecard import read_topic
+    from pipeline.sim.topics import read_topic
 
     kafka = settings.kafka
     try:

@@ -1,12 +1,8 @@
 """``authpipe backtest``: replay recorded input through the current and a candidate policy.
 
-The input is a time range of the input topic (by record timestamps, which are event
-times for simulated runs and for producers that set them, then filtered by
-``occurred_at``), an offset range (the same bounds for every partition), or a JSONL
-file of events or truth rows. The topic is read with a throwaway consumer (no group, no
-commits); nothing is written anywhere but the report: the live decision topic is never
-touched and no worker is needed. Invalid events are skipped and counted, as the worker
-would dead-letter them.
+The input (``pipeline.sim.backtest_input``) is a range of the input topic or a JSONL file of
+events or truth rows; nothing is written anywhere but the report: the live decision topic is
+never touched and no worker is needed.
 
 Both policies run in the core ``Engine`` over the same normalised events. The diff:
 
@@ -34,148 +30,46 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import orjson
-
-from pipeline.contracts.codec import DecodeError, decode_attempt
 from pipeline.contracts.models import datetime_to_ms
-from pipeline.core.attempt import Normaliser
 from pipeline.core.decisions import Verdict
-from pipeline.core.errors import InvalidAttempt
 from pipeline.core.keys import Key, decision_key, parse_key
 from pipeline.core.policy import Policy
-from pipeline.errors import AuthpipeError
 from pipeline.logs import get_logger
 from pipeline.settings import Settings
-from pipeline.sim import scorecard as sc
+from pipeline.sim.backtest_input import (
+    BacktestError,
+    TopicRange,
+    events_from_records,
+    label,
+    read_input_range,
+)
+from pipeline.sim.card import Scorecard
+from pipeline.sim.card_text import render as render_card
+from pipeline.sim.examples import example
+from pipeline.sim.output_files import load_outputs, write_json
+from pipeline.sim.outputs import Outputs, run_engine
 from pipeline.sim.parity import Parity, compare
+from pipeline.sim.replay import replay
+from pipeline.sim.scoring import score
+from pipeline.sim.truth import UNKNOWN, TruthEvent, load_truth
 from pipeline.wiring import build_normaliser, load_policy
 
 log = get_logger("backtest")
 
 EXAMPLES = 20
-
-
-class BacktestError(AuthpipeError):
-    """A backtest input (range, file, topic) is missing or inconsistent."""
-
-
-@dataclass(frozen=True, slots=True)
-class TopicRange:
-    """Which records of the input topic to replay. Times are epoch ms, ``to`` exclusive;
-    offsets apply to every partition, ``to_offset`` exclusive."""
-
-    from_ms: int | None = None
-    to_ms: int | None = None
-    from_offset: int | None = None
-    to_offset: int | None = None
-
-
-# -- loading ------------------------------------------------------------------------------
-
-
-async def read_input_range(bootstrap: str, topic: str, rng: TopicRange, timeout_s: float = 120.0,
-                           security: dict[str, Any] | None = None,
-                           ) -> list[tuple[int, int, bytes | None]]:  # fmt: skip
-    """(partition, offset, value) of the records in range, read without a consumer group.
-    ``security``: ``pipeline.kafka_client.security_kwargs``."""
-    from aiokafka import AIOKafkaConsumer
-
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None, **(security or {})
-    )
-    await consumer.start()
-    try:
-        tps = await sc.assign_whole_topic(consumer, topic, bootstrap, BacktestError)
-        starts, stops = await _bounds(consumer, tps, rng)
-        out: list[tuple[int, int, bytes | None]] = []
-        async with asyncio.timeout(timeout_s):
-            for tp in tps:
-                if starts[tp] >= stops[tp]:
-                    continue
-                consumer.seek(tp, starts[tp])
-                while await consumer.position(tp) < stops[tp]:
-                    batch = await consumer.getmany(tp, timeout_ms=500)
-                    out.extend((tp.partition, m.offset, m.value)
-                               for m in batch.get(tp, []) if m.offset < stops[tp])  # fmt: skip
-        return out
-    except TimeoutError:
-        raise BacktestError(f"could not read {topic} within {timeout_s:.0f} s") from None
-    finally:
-        await consumer.stop()
-
-
-async def _bounds(
-    consumer: Any, tps: list[Any], rng: TopicRange
-) -> tuple[dict[Any, int], dict[Any, int]]:
-    firsts = await consumer.beginning_offsets(tps)
-    ends = await consumer.end_offsets(tps)
-    starts, stops = dict(firsts), dict(ends)
-    if rng.from_ms is not None:
-        found = await consumer.offsets_for_times({tp: rng.from_ms for tp in tps})
-        starts = {tp: ends[tp] if found[tp] is None else found[tp].offset for tp in tps}
-    if rng.to_ms is not None:
-        found = await consumer.offsets_for_times({tp: rng.to_ms for tp in tps})
-        stops = {tp: ends[tp] if found[tp] is None else found[tp].offset for tp in tps}
-    if rng.from_offset is not None:
-        starts = {tp: max(firsts[tp], rng.from_offset) for tp in tps}
-    if rng.to_offset is not None:
-        stops = {tp: min(ends[tp], rng.to_offset) for tp in tps}
-    return starts, stops
-
-
-def events_from_records(
-    records: Sequence[tuple[int, int, bytes | None]], normaliser: Normaliser, rng: TopicRange,
-) -> tuple[list[sc.TruthEvent], int]:  # fmt: skip
-    """Decoded, normalised, unlabelled events in event-time order; and the invalid count."""
-    rows: list[tuple[int, int, int, sc.TruthEvent]] = []
-    invalid = 0
-    for partition, offset, value in records:
-        try:
-            wire = decode_attempt(value, max_bytes=1 << 20)
-            attempt = normaliser.normalise(wire)
-        except (DecodeError, InvalidAttempt):
-            invalid += 1
-            continue
-        t = attempt.occurred_ms
-        if (rng.from_ms is not None and t < rng.from_ms) or (
-            rng.to_ms is not None and t >= rng.to_ms
-        ):
-            continue
-        event = sc.TruthEvent(0, wire.event_id, sc.UNKNOWN, sc.UNKNOWN, sc.UNKNOWN, sc.UNKNOWN,
-                              wire.account, attempt)  # fmt: skip
-        rows.append((t, partition, offset, event))
-    # Event time, then event id: the stream's order (pipeline.core.engine.replay_order).
-    rows.sort(key=lambda r: (r[0], r[3].event_id, r[1], r[2]))
-    return [sc.reindex(e, i) for i, (*_, e) in enumerate(rows)], invalid
-
-
-def label(events: Sequence[sc.TruthEvent], truth: Sequence[sc.TruthEvent]) -> list[sc.TruthEvent]:
-    """The events with their ground-truth labels (joined by event id) where known."""
-    by_id = {t.event_id: t for t in truth}
-    out = []
-    for e in events:
-        t = by_id.get(e.event_id)
-        if t is None:
-            out.append(e)
-        else:
-            out.append(sc.TruthEvent(e.index, e.event_id, t.scenario, t.role, t.actor, t.cohort,
-                                     e.account_plain, e.attempt))  # fmt: skip
-    return out
-
-
-# -- the diff -----------------------------------------------------------------------------
+EXAMPLE_FIELDS = ("event_id", "at", "account", "role", "flow", "success", "refused_by")
 
 
 @dataclass
 class PolicyRun:
     policy: Policy
-    outputs: sc.Outputs
+    outputs: Outputs
     verdicts: list[Verdict]
 
     @classmethod
-    def run(cls, events: Sequence[sc.TruthEvent], policy: Policy) -> PolicyRun:
-        outputs = sc.run_engine(events, policy)
-        return cls(policy, outputs, sc.replay(events, outputs.decisions))
+    def run(cls, events: Sequence[TruthEvent], policy: Policy) -> PolicyRun:
+        outputs = run_engine(events, policy)
+        return cls(policy, outputs, replay(events, outputs.decisions))
 
     def decision_ids(self) -> dict[tuple[str, int, str], str]:
         """(key, issued_ms, action) -> rule of every decision (not tombstones)."""
@@ -207,7 +101,7 @@ class Diff:
     newly_allowed: int = 0
     by_role: Counter[str] = field(default_factory=Counter)
     examples: list[dict[str, Any]] = field(default_factory=list)
-    scorecards: dict[str, sc.Scorecard] = field(default_factory=dict)
+    scorecards: dict[str, Scorecard] = field(default_factory=dict)
     live: Parity | None = None  # the baseline replay against the live outputs, if given
 
     def as_json(self) -> dict[str, Any]:
@@ -242,7 +136,7 @@ class Diff:
 
 
 def _later_success_index(
-    events: Sequence[sc.TruthEvent],
+    events: Sequence[TruthEvent],
 ) -> tuple[dict[Key, int], dict[Key, int], dict[Key, int]]:
     """Index of the LAST success per (account, source), (account, device) and account."""
     by_source: dict[Key, int] = {}
@@ -259,7 +153,7 @@ def _later_success_index(
     return by_source, by_device, by_account
 
 
-def is_collateral(e: sc.TruthEvent, by_source: dict[Key, int], by_device: dict[Key, int]) -> bool:
+def is_collateral(e: TruthEvent, by_source: dict[Key, int], by_device: dict[Key, int]) -> bool:
     """The refused party knew the password: it succeeded, or succeeds later as the same client."""
     a = e.attempt
     if a.success:
@@ -273,17 +167,19 @@ def is_collateral(e: sc.TruthEvent, by_source: dict[Key, int], by_device: dict[K
 
 
 def diff(
-    events: Sequence[sc.TruthEvent], baseline: PolicyRun, candidate: PolicyRun, invalid: int = 0
+    events: Sequence[TruthEvent], baseline: PolicyRun, candidate: PolicyRun, invalid: int = 0
 ) -> Diff:
     base_ids, cand_ids = baseline.decision_ids(), candidate.decision_ids()
     result = Diff(
-        events=len(events), invalid=invalid,
+        events=len(events),
+        invalid=invalid,
         baseline_version=baseline.policy.policy_version,
         candidate_version=candidate.policy.policy_version,
-        baseline_decisions=len(base_ids), candidate_decisions=len(cand_ids),
+        baseline_decisions=len(base_ids),
+        candidate_decisions=len(cand_ids),
         added=Counter(rule for ident, rule in cand_ids.items() if ident not in base_ids),
         removed=Counter(rule for ident, rule in base_ids.items() if ident not in cand_ids),
-    )  # fmt: skip
+    )
     by_source, by_device, by_account = _later_success_index(events)
     collateral_keys: set[Key] = set()
     collateral_accounts: set[tuple[str, str]] = set()
@@ -300,7 +196,7 @@ def diff(
                 if new.matched_key is not None:
                     collateral_keys.add(new.matched_key)
                 if len(result.examples) < EXAMPLES:
-                    result.examples.append(_example(e, new))
+                    result.examples.append(example(e, new, EXAMPLE_FIELDS))
             else:
                 result.attacker_traffic += 1
         elif new.allowed and not old.allowed:
@@ -314,16 +210,15 @@ def diff(
     return result
 
 
-def _example(e: sc.TruthEvent, verdict: Verdict) -> dict[str, Any]:
-    return {
-        "event_id": e.event_id, "at": sc.ts(e.occurred_ms), "account": e.account_plain,
-        "role": e.role, "flow": e.attempt.flow, "success": e.attempt.success,
-        "refused_by": "|".join(p or "-" for p in verdict.matched_key) if verdict.matched_key else None,
-    }  # fmt: skip
-
-
-def backtest(events: Sequence[sc.TruthEvent], baseline: Policy, candidate: Policy, *,
-             invalid: int = 0, labelled: bool = False, live: sc.Outputs | None = None) -> Diff:  # fmt: skip
+def backtest(
+    events: Sequence[TruthEvent],
+    baseline: Policy,
+    candidate: Policy,
+    *,
+    invalid: int = 0,
+    labelled: bool = False,
+    live: Outputs | None = None,
+) -> Diff:
     """Run both policies and diff them; scorecards too when the events are labelled; the
     baseline replay against the live outputs when given (``pipeline.sim.parity``)."""
     if baseline.policy_version == candidate.policy_version:
@@ -333,8 +228,8 @@ def backtest(events: Sequence[sc.TruthEvent], baseline: Policy, candidate: Polic
     if live is not None:
         result.live = compare(base_run.outputs, live)
     if labelled:
-        result.scorecards["baseline"] = sc.score(events, base_run.outputs)
-        result.scorecards["candidate"] = sc.score(events, cand_run.outputs)
+        result.scorecards["baseline"] = score(events, base_run.outputs)
+        result.scorecards["candidate"] = score(events, cand_run.outputs)
     return result
 
 
@@ -357,48 +252,58 @@ def render(d: Diff) -> str:
         f"from any client (an upper bound)",
     ]
     if d.by_role:
-        lines.append("  newly refused by true role: "
-                     + ", ".join(f"{r} {n}" for r, n in sorted(d.by_role.items())))  # fmt: skip
+        lines.append(
+            "  newly refused by true role: "
+            + ", ".join(f"{r} {n}" for r, n in sorted(d.by_role.items()))
+        )
     for ex in d.examples[:5]:
-        lines.append(f"  collateral: {ex['at']} {ex['account']} {ex['flow']} "
-                     f"{'success' if ex['success'] else 'failure'} refused by {ex['refused_by']}")  # fmt: skip
+        lines.append(
+            f"  collateral: {ex['at']} {ex['account']} {ex['flow']} "
+            f"{'success' if ex['success'] else 'failure'} refused by {ex['refused_by']}"
+        )
     if d.live is not None:
         lines.append(d.live.render())
     for name, card in d.scorecards.items():
         lines.append("")
-        lines.append(f"[{name}] " + sc.render(card))
+        lines.append(f"[{name}] " + render_card(card))
     return "\n".join(lines)
 
 
-def write_json(d: Diff, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(orjson.dumps(d.as_json(), option=orjson.OPT_INDENT_2))
-
-
 def run_backtest_command(
-    settings: Settings, *, candidate: Path | None, baseline: Path | None, events: Path | None,
-    topic_range: TopicRange | None, truth: Path | None, out: Path | None,
+    settings: Settings,
+    *,
+    candidate: Path | None,
+    baseline: Path | None,
+    events: Path | None,
+    topic_range: TopicRange | None,
+    truth: Path | None,
+    out: Path | None,
     verdicts: Path | None = None,
     live: Path | None = None,
-) -> int:  # fmt: skip
+) -> int:
     """``authpipe backtest``: load the input, run both policies, print and write the diff;
     with ``verdicts``, write one verdict line per event under one policy instead."""
     normaliser = build_normaliser(settings)
     invalid = 0
     if events is not None:
-        loaded = sc.load_truth(events, normaliser)
+        loaded = load_truth(events, normaliser)
     else:
         assert topic_range is not None
         from pipeline.kafka_client import security_kwargs
 
         kafka = settings.kafka
-        records = asyncio.run(read_input_range(
-            kafka.bootstrap_servers, kafka.input_topic, topic_range, security=security_kwargs(kafka)
-        ))  # fmt: skip
+        records = asyncio.run(
+            read_input_range(
+                kafka.bootstrap_servers,
+                kafka.input_topic,
+                topic_range,
+                security=security_kwargs(kafka),
+            )
+        )
         loaded, invalid = events_from_records(records, normaliser, topic_range)
-    labelled = any(e.role != sc.UNKNOWN for e in loaded)
+    labelled = any(e.role != UNKNOWN for e in loaded)
     if truth is not None:
-        loaded = label(loaded, sc.load_truth(truth, normaliser))
+        loaded = label(loaded, load_truth(truth, normaliser))
         labelled = True
     if not loaded:
         raise BacktestError("no valid events in the chosen range; check the range or the topic")
@@ -414,15 +319,24 @@ def run_backtest_command(
         raise BacktestError("a diff needs the candidate policy: pass --policy (or --verdicts)")
     live_outputs = None
     if live is not None:
-        live_outputs = sc.load_outputs(live / "decisions.jsonl", live / "alerts.jsonl")
+        live_outputs = load_outputs(live / "decisions.jsonl", live / "alerts.jsonl")
     result = backtest(
-        loaded, load_policy(baseline or settings.policy_path), load_policy(candidate),
-        invalid=invalid, labelled=labelled, live=live_outputs,
-    )  # fmt: skip
+        loaded,
+        load_policy(baseline or settings.policy_path),
+        load_policy(candidate),
+        invalid=invalid,
+        labelled=labelled,
+        live=live_outputs,
+    )
     print(render(result))
     if out is not None:
-        write_json(result, out)
+        write_json(result.as_json(), out)
         print(f"backtest JSON: {out}")
-    log.info("backtest_finished", events=result.events, added=sum(result.added.values()),
-             removed=sum(result.removed.values()), owner_collateral=result.owner_collateral)  # fmt: skip
+    log.info(
+        "backtest_finished",
+        events=result.events,
+        added=sum(result.added.values()),
+        removed=sum(result.removed.values()),
+        owner_collateral=result.owner_collateral,
+    )
     return 0

@@ -24,7 +24,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.sim.scorecard import Outputs
+from pipeline.sim.outputs import Outputs
 
 
 def _decisions(outputs: Outputs) -> Counter[str]:
@@ -84,13 +84,21 @@ class Parity:
         return {
             "equal": self.equal,
             "resent": self.resent,
-            "decisions": {"live": self.live_decisions, "replay": self.replay_decisions,
-                          "differ": self.decisions_differ, "only_live": self.decisions_only_live,
-                          "only_replay": self.decisions_only_replay},
-            "alerts": {"live": self.live_alerts, "replay": self.replay_alerts,
-                       "differ": self.alerts_differ, "only_live": self.alerts_only_live,
-                       "only_replay": self.alerts_only_replay},
-        }  # fmt: skip
+            "decisions": {
+                "live": self.live_decisions,
+                "replay": self.replay_decisions,
+                "differ": self.decisions_differ,
+                "only_live": self.decisions_only_live,
+                "only_replay": self.decisions_only_replay,
+            },
+            "alerts": {
+                "live": self.live_alerts,
+                "replay": self.replay_alerts,
+                "differ": self.alerts_differ,
+                "only_live": self.alerts_only_live,
+                "only_replay": self.alerts_only_replay,
+            },
+        }
 
 
 def compare(replay: Outputs, live: Outputs) -> Parity:
@@ -99,11 +107,13 @@ def compare(replay: Outputs, live: Outputs) -> Parity:
     live_d, replay_d = _decisions(live), _decisions(replay)
     live_a, replay_a = _alerts(live), _alerts(replay)
     return Parity(
-        live_decisions=len(live_d), replay_decisions=len(replay_d),
-        live_alerts=len(live_a), replay_alerts=len(replay_a),
+        live_decisions=len(live_d),
+        replay_decisions=len(replay_d),
+        live_alerts=len(live_a),
+        replay_alerts=len(replay_a),
         decisions_only_live=sorted(set(live_d) - set(replay_d)),
         decisions_only_replay=sorted(set(replay_d) - set(live_d)),
         alerts_only_live=sorted(set(live_a) - set(replay_a)),
         alerts_only_replay=sorted(set(replay_a) - set(live_a)),
         resent=_resent(live_d) + _resent(live_a),
-    )  # fmt: skip
+    )

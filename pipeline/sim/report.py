@@ -30,7 +30,12 @@ import orjson
 from pipeline.contracts.models import datetime_to_ms, format_utc_ms, ms_to_datetime
 from pipeline.errors import AuthpipeError
 from pipeline.settings import Settings
-from pipeline.sim import scorecard as sc
+from pipeline.sim.matching import match_alerts
+from pipeline.sim.output_files import load_outputs
+from pipeline.sim.outputs import Outputs, run_engine
+from pipeline.sim.replay import replay
+from pipeline.sim.scoring import score
+from pipeline.sim.truth import ATTACKER, UNKNOWN, TruthEvent, load_truth
 from pipeline.wiring import build_normaliser, load_policy
 
 BUCKETS_MS = (1_000, 5_000, 10_000, 30_000, 60_000, 300_000, 900_000, 3_600_000, 86_400_000)
@@ -47,8 +52,8 @@ class ReportError(AuthpipeError):
 
 @dataclass(frozen=True, slots=True)
 class ReportInputs:
-    events: Sequence[sc.TruthEvent]
-    outputs: sc.Outputs | None
+    events: Sequence[TruthEvent]
+    outputs: Outputs | None
     scorecard: dict[str, Any] | None
     title: str = "authpipe report"
     plain_accounts: bool = False
@@ -70,7 +75,7 @@ def _bucket_label(size_ms: int) -> str:
     return f"{size_ms // 3_600_000} h"
 
 
-def _series(events: Sequence[sc.TruthEvent], refused: Sequence[bool] | None) -> dict[str, Any]:
+def _series(events: Sequence[TruthEvent], refused: Sequence[bool] | None) -> dict[str, Any]:
     """Counts per whole bucket (aligned to multiples of the bucket size). A first or last
     bucket the run covers only in part would draw a cliff (a 30 s bucket holding 4 s of
     traffic), so it is left out of the line and reported in ``trimmed``, unless nothing
@@ -86,9 +91,9 @@ def _series(events: Sequence[sc.TruthEvent], refused: Sequence[bool] | None) -> 
         attempts[b] += 1
         if not e.attempt.success:
             failures[b] += 1
-        if e.role == sc.ATTACKER:
+        if e.role == ATTACKER:
             attacker[b] += 1
-        labelled = labelled or e.role != sc.UNKNOWN
+        labelled = labelled or e.role != UNKNOWN
         if refused is not None and refused[i]:
             refusals[b] += 1
     # A bucket is partial when the run starts after its start or ends before its end (the
@@ -97,29 +102,34 @@ def _series(events: Sequence[sc.TruthEvent], refused: Sequence[bool] | None) -> 
     hi = n - 1 if last + 1 < start + n * size and n - lo > 2 else n
     trimmed = sum(attempts[:lo]) + sum(attempts[hi:])
     return {
-        "start_ms": start + lo * size, "bucket_ms": size, "bucket_label": _bucket_label(size),
-        "attempts": attempts[lo:hi], "failures": failures[lo:hi],
+        "start_ms": start + lo * size,
+        "bucket_ms": size,
+        "bucket_label": _bucket_label(size),
+        "attempts": attempts[lo:hi],
+        "failures": failures[lo:hi],
         "attacker": attacker[lo:hi] if labelled else None,
         "refused": refusals[lo:hi] if refused is not None else None,
         "trimmed": {"first": bool(lo), "last": hi < n, "events": trimmed},
-    }  # fmt: skip
+    }
 
 
-def takeovers(events: Sequence[sc.TruthEvent], refused: Sequence[bool] | None) -> Counter[tuple[str, str]]:
+def takeovers(
+    events: Sequence[TruthEvent], refused: Sequence[bool] | None
+) -> Counter[tuple[str, str]]:
     """Attacker successes that were not refused, per (tenant, account digest)."""
     out: Counter[tuple[str, str]] = Counter()
     for i, e in enumerate(events):
-        if e.role == sc.ATTACKER and e.attempt.success and not (refused and refused[i]):
+        if e.role == ATTACKER and e.attempt.success and not (refused and refused[i]):
             out[(e.attempt.tenant, e.attempt.account)] += 1
     return out
 
 
 def _majority_role(roles: Counter[str]) -> str:
-    return roles.most_common(1)[0][0] if roles else sc.UNKNOWN
+    return roles.most_common(1)[0][0] if roles else UNKNOWN
 
 
 def _top(
-    events: Sequence[sc.TruthEvent], plain: bool, taken: Counter[tuple[str, str]]
+    events: Sequence[TruthEvent], plain: bool, taken: Counter[tuple[str, str]]
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Top sources and accounts by failures. Accounts are named by their typed identifier
     when asked (``plain``) or when the events are the simulator's labelled ground truth
@@ -129,7 +139,7 @@ def _top(
     roles: dict[tuple[str, str, str], Counter[str]] = defaultdict(Counter)
     scenarios: dict[tuple[str, str, str], Counter[str]] = defaultdict(Counter)
     names = account_names(events)
-    named = plain or any(e.role != sc.UNKNOWN for e in events)
+    named = plain or any(e.role != UNKNOWN for e in events)
     for e in events:
         a = e.attempt
         if a.success:
@@ -138,7 +148,7 @@ def _top(
             slot = (a.tenant, subject)
             failures[kind][slot] += 1
             roles[(kind, *slot)][e.role] += 1
-            if e.role == sc.ATTACKER:
+            if e.role == ATTACKER:
                 scenarios[(kind, *slot)][e.scenario] += 1
 
     def rows(kind: str) -> list[dict[str, Any]]:
@@ -148,24 +158,27 @@ def _top(
             if kind == "account":
                 shown = names[(tenant, subject)] if named else subject[:12] + "\u2026"
             attack = scenarios[(kind, tenant, subject)].most_common(1)
-            out.append({
-                "label": f"{shown} ({tenant})" if tenant != "default" else shown, "value": count,
-                "role": _majority_role(roles[(kind, tenant, subject)]),
-                "note": attack[0][0] if attack else None,
-                "takeover": kind == "account" and taken[(tenant, subject)] > 0,
-            })  # fmt: skip
+            out.append(
+                {
+                    "label": f"{shown} ({tenant})" if tenant != "default" else shown,
+                    "value": count,
+                    "role": _majority_role(roles[(kind, tenant, subject)]),
+                    "note": attack[0][0] if attack else None,
+                    "takeover": kind == "account" and taken[(tenant, subject)] > 0,
+                }
+            )
         return out
 
     return rows("source"), rows("account")
 
 
-def account_names(events: Sequence[sc.TruthEvent]) -> dict[tuple[str, str], str]:
+def account_names(events: Sequence[TruthEvent]) -> dict[tuple[str, str], str]:
     """(tenant, account digest) -> the typed identifier, from the events."""
     return {(e.attempt.tenant, e.attempt.account): e.account_plain for e in events}
 
 
 def _decisions(
-    outputs: sc.Outputs | None, end_ms: int, attacks: dict[str, str]
+    outputs: Outputs | None, end_ms: int, attacks: dict[str, str]
 ) -> tuple[list[dict[str, Any]], int]:
     if outputs is None:
         return [], 0
@@ -176,22 +189,29 @@ def _decisions(
             continue
         issued = datetime_to_ms(d.issued_at)
         until = min(datetime_to_ms(d.expires_at), end_ms)
-        out.append({"t": issued, "until": until, "rule": d.rule, "action": d.action,
-                    "attack": attacks.get(rec.key)})  # fmt: skip
+        out.append(
+            {
+                "t": issued,
+                "until": until,
+                "rule": d.rule,
+                "action": d.action,
+                "attack": attacks.get(rec.key),
+            }
+        )
     out.sort(key=lambda d: d["t"])
     return out[:MAX_DECISIONS], max(0, len(out) - MAX_DECISIONS)
 
 
 def _alerts(
-    outputs: sc.Outputs | None, events: Sequence[sc.TruthEvent], named: bool
+    outputs: Outputs | None, events: Sequence[TruthEvent], named: bool
 ) -> list[dict[str, Any]]:
     if outputs is None:
         return []
-    labelled = any(e.role != sc.UNKNOWN for e in events)
+    labelled = any(e.role != UNKNOWN for e in events)
     plain = account_names(events) if named or labelled else {}
     out: list[dict[str, Any]] = []
     for rec, (t, names, _) in zip(
-        outputs.alerts, sc.match_alerts(outputs.alerts, events), strict=True
+        outputs.alerts, match_alerts(outputs.alerts, events), strict=True
     ):
         a = rec.alert
         account = None
@@ -206,13 +226,13 @@ def _alerts(
     return out[:MAX_ALERTS]
 
 
-def _attack_keys(events: Sequence[sc.TruthEvent]) -> dict[str, str]:
+def _attack_keys(events: Sequence[TruthEvent]) -> dict[str, str]:
     from pipeline.core.decisions import keys_for
     from pipeline.core.keys import format_key
 
     out: dict[str, str] = {}
     for e in events:
-        if e.role == sc.ATTACKER:
+        if e.role == ATTACKER:
             for key in keys_for(e.attempt):
                 out.setdefault(format_key(key), e.scenario)
     return out
@@ -227,11 +247,11 @@ def build_data(inputs: ReportInputs) -> dict[str, Any]:
         )
     refused = None
     if inputs.outputs is not None:
-        refused = [not v.allowed for v in sc.replay(events, inputs.outputs.decisions)]
+        refused = [not v.allowed for v in replay(events, inputs.outputs.decisions)]
     start_ms, end_ms = events[0].occurred_ms, events[-1].occurred_ms + 1
     decisions, truncated = _decisions(inputs.outputs, end_ms, _attack_keys(events))
     alerts = _alerts(inputs.outputs, events, inputs.plain_accounts)
-    taken = takeovers(events, refused) if any(e.role != sc.UNKNOWN for e in events) else Counter()
+    taken = takeovers(events, refused) if any(e.role != UNKNOWN for e in events) else Counter()
     sources, accounts = _top(events, inputs.plain_accounts, taken)
     names = account_names(events)
     rules = sorted({d["rule"] for d in decisions})
@@ -239,20 +259,28 @@ def build_data(inputs: ReportInputs) -> dict[str, Any]:
     return {
         "title": inputs.title,
         "subtitle": f"{len(events):,} events, {format_utc_ms(ms_to_datetime(start_ms))} to "
-                    f"{format_utc_ms(ms_to_datetime(end_ms))}",
+        f"{format_utc_ms(ms_to_datetime(end_ms))}",
         "range": {"start_ms": start_ms, "end_ms": end_ms},
         "series": _series(events, refused),
         "lanes": rules + [f"alert: {t}" for t in alert_types],
         "decisions": decisions,
         "decisions_truncated": truncated,
         "alerts": alerts,
-        "alerts_by_type": dict(Counter(r.alert.type for r in inputs.outputs.alerts)) if inputs.outputs else {},
+        "alerts_by_type": dict(Counter(r.alert.type for r in inputs.outputs.alerts))
+        if inputs.outputs
+        else {},
         "top_sources": sources,
         "top_accounts": accounts,
-        "takeovers": [{"account": names[slot] if slot in names else slot[1], "tenant": slot[0],
-                       "successes": n} for slot, n in sorted(taken.items())],
+        "takeovers": [
+            {
+                "account": names[slot] if slot in names else slot[1],
+                "tenant": slot[0],
+                "successes": n,
+            }
+            for slot, n in sorted(taken.items())
+        ],
         "scorecard": inputs.scorecard,
-    }  # fmt: skip
+    }
 
 
 def _asset(name: str) -> str:
@@ -317,19 +345,28 @@ def load_scorecard_json(path: Path) -> dict[str, Any]:
 
 
 def run_report_command(
-    settings: Settings, *, out: Path, events: Path, decisions: Path | None, alerts: Path | None,
-    engine: bool, policy: Path | None, scorecard: Path | None, title: str, plain_accounts: bool,
-) -> int:  # fmt: skip
+    settings: Settings,
+    *,
+    out: Path,
+    events: Path,
+    decisions: Path | None,
+    alerts: Path | None,
+    engine: bool,
+    policy: Path | None,
+    scorecard: Path | None,
+    title: str,
+    plain_accounts: bool,
+) -> int:
     """``authpipe report``: gather the inputs (computing what is missing) and write the page."""
-    loaded = sc.load_truth(events, build_normaliser(settings))
+    loaded = load_truth(events, build_normaliser(settings))
     outputs = None
     if engine:
-        outputs = sc.run_engine(loaded, load_policy(policy or settings.policy_path))
+        outputs = run_engine(loaded, load_policy(policy or settings.policy_path))
     elif decisions is not None:
-        outputs = sc.load_outputs(decisions, alerts)
+        outputs = load_outputs(decisions, alerts)
     card = load_scorecard_json(scorecard) if scorecard is not None else None
-    if card is None and outputs is not None and any(e.role != sc.UNKNOWN for e in loaded):
-        card = sc.score(loaded, outputs).as_json()
+    if card is None and outputs is not None and any(e.role != UNKNOWN for e in loaded):
+        card = score(loaded, outputs).as_json()
     path = write_report(ReportInputs(loaded, outputs, card, title, plain_accounts), out)
     print(f"report: {path} ({path.stat().st_size:,} bytes)")
     return 0

@@ -29,26 +29,27 @@ from pipeline.contracts.models import format_utc_ms, ms_to_datetime
 from pipeline.core.decisions import keys_for
 from pipeline.core.engine import Engine
 from pipeline.core.policy import Policy
-from pipeline.sim import scorecard as sc
+from pipeline.sim.card import Tally
+from pipeline.sim.scoring import most_in_a_day
+from pipeline.sim.truth import TruthEvent
 
 
 @dataclass
-class VerdictSummary:
-    """Totals of a verdicts run."""
+class VerdictSummary(Tally):
+    """Totals of a verdicts run (``Tally``: the attempts let through and refused)."""
 
     events: int = 0
-    allowed: int = 0
-    refused: int = 0
     refused_by_rule: Counter[str] = field(default_factory=Counter)
     decisions_by_rule: Counter[str] = field(default_factory=Counter)
     alerts_by_type: Counter[str] = field(default_factory=Counter)
     notices: int = 0
     failures_let_through: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
-    successes_allowed: int = 0
 
     def per_account_24h(self) -> list[tuple[str, int]]:
         """(account as typed, most failures let through in any 24 h), most first."""
-        ranked = [(account, sc.most_in_a_day(times)) for account, times in self.failures_let_through.items()]
+        ranked = [
+            (account, most_in_a_day(times)) for account, times in self.failures_let_through.items()
+        ]
         return sorted(ranked, key=lambda item: (-item[1], item[0]))
 
     def render(self, top: int = 10) -> str:
@@ -57,7 +58,9 @@ class VerdictSummary:
             f"(refused attempts are reported as refused and counted by no rule)",
             "refused by: " + (_counts(self.refused_by_rule) or "nothing"),
             "decisions: " + (_counts(self.decisions_by_rule) or "none"),
-            "alerts: " + (_counts(self.alerts_by_type) or "none") + f"; owner notices: {self.notices}",
+            "alerts: "
+            + (_counts(self.alerts_by_type) or "none")
+            + f"; owner notices: {self.notices}",
             f"successes allowed: {self.successes_allowed:,}",
             "most failures let through per account in any 24 h:",
         ]
@@ -69,7 +72,9 @@ def _counts(counter: Counter[str]) -> str:
     return ", ".join(f"{k} {n}" for k, n in sorted(counter.items()))
 
 
-def verdicts(events: Sequence[sc.TruthEvent], policy: Policy, summary: VerdictSummary) -> Iterator[dict[str, Any]]:
+def verdicts(
+    events: Sequence[TruthEvent], policy: Policy, summary: VerdictSummary
+) -> Iterator[dict[str, Any]]:
     """One verdict line per event, in order, emulating the gateway (see the module doc)."""
     engine = Engine(policy)
     out = engine.out
@@ -83,7 +88,11 @@ def verdicts(events: Sequence[sc.TruthEvent], policy: Policy, summary: VerdictSu
         refused_by: list[str] = []
         if not verdict.allowed:
             in_force = [index.get(key) for key in keys]
-            blocks = [x for x in in_force if x is not None and x.action == "block" and x.expires_ms > a.occurred_ms]
+            blocks = [
+                x
+                for x in in_force
+                if x is not None and x.action == "block" and x.expires_ms > a.occurred_ms
+            ]
             refused_by = [x.rule for x in sorted(blocks, key=lambda x: -x.expires_ms)]
             a = a._replace(success=False, failure_reason="refused")
         engine.step(a, now)
@@ -95,37 +104,41 @@ def verdicts(events: Sequence[sc.TruthEvent], policy: Policy, summary: VerdictSu
             "retry_after_ms": verdict.retry_after_ms,
             "refused_by": refused_by,
             "decisions": [
-                {"key": key, "rule": d.rule, "action": d.action, "count": d.count,
-                 "expires_at": format_utc_ms(d.expires_at)}
-                for key, d in out.decisions if d is not None
+                {
+                    "key": key,
+                    "rule": d.rule,
+                    "action": d.action,
+                    "count": d.count,
+                    "expires_at": format_utc_ms(d.expires_at),
+                }
+                for key, d in out.decisions
+                if d is not None
             ],
             "lifts": [key for key, d in out.decisions if d is None],
             "alerts": [{"type": x.type, "count": x.count} for x in out.alerts],
-            "notices": [{"reason": n.reason, "expires_at": format_utc_ms(n.expires_at)} for n in out.notices],
+            "notices": [
+                {"reason": n.reason, "expires_at": format_utc_ms(n.expires_at)} for n in out.notices
+            ],
         }
         _add(summary, event, line)
         out.clear()
         yield line
 
 
-def _add(summary: VerdictSummary, event: sc.TruthEvent, line: dict[str, Any]) -> None:
+def _add(summary: VerdictSummary, event: TruthEvent, line: dict[str, Any]) -> None:
     summary.events += 1
     a = event.attempt
-    if line["allowed"]:
-        summary.allowed += 1
-        if a.success:
-            summary.successes_allowed += 1
-        else:
-            summary.failures_let_through[event.account_plain].append(a.occurred_ms)
-    else:
-        summary.refused += 1
+    summary.add(line["allowed"], a.success)
+    if not line["allowed"]:
         summary.refused_by_rule.update(line["refused_by"][:1])
+    elif not a.success:
+        summary.failures_let_through[event.account_plain].append(a.occurred_ms)
     summary.decisions_by_rule.update(d["rule"] for d in line["decisions"])
     summary.alerts_by_type.update(x["type"] for x in line["alerts"])
     summary.notices += len(line["notices"])
 
 
-def write_verdicts(events: Sequence[sc.TruthEvent], policy: Policy, path: Path) -> VerdictSummary:
+def write_verdicts(events: Sequence[TruthEvent], policy: Policy, path: Path) -> VerdictSummary:
     """Write the verdict lines to ``path`` (JSONL) and return the summary."""
     summary = VerdictSummary()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -137,4 +150,3 @@ def write_verdicts(events: Sequence[sc.TruthEvent], policy: Policy, path: Path) 
 def _write_all(handle: IO[bytes], lines: Iterator[dict[str, Any]]) -> None:
     for line in lines:
         handle.write(orjson.dumps(line) + b"\n")
-

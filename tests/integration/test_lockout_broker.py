@@ -14,12 +14,7 @@ from pipeline.core.keys import Digester
 from tests.conftest import TEST_DIGEST_KEY
 from tests.integration.test_sim_pipeline import (
     INGEST_TIMEOUT_S,
-    QUIET_S,
-    SETTLE_TIMEOUT_S,
     cli,
-    end_offsets,
-    internal_lag,
-    settled,
 )
 from tests.integration.test_worker import (
     as_messages,
@@ -29,6 +24,7 @@ from tests.integration.test_worker import (
     engine_answer,
     event,
 )
+from tests.plugins.settling import wait_for_outputs
 from tests.plugins.waiting import wait_until
 from tests.plugins.worker import StreamNames, produce, read_topic, start_worker
 
@@ -118,13 +114,7 @@ def test_patient_attackers_through_the_broker_get_what_the_core_gives(
     wait_until(lambda: worker.metric("authpipe_events_total") >= produced, INGEST_TIMEOUT_S,
                interval_s=1.0, description=f"the worker to ingest {produced} events")  # fmt: skip
     outputs = [stream_names.decisions, stream_names.alerts, stream_names.notices]
-
-    def probe() -> tuple[int, int] | None:
-        lag = internal_lag(kafka_bootstrap, stream_names)
-        return None if lag else (lag, end_offsets(kafka_bootstrap, outputs))
-
-    wait_until(settled(probe, QUIET_S), SETTLE_TIMEOUT_S, interval_s=1.0,
-               description="no internal lag and the outputs settled")  # fmt: skip
+    wait_for_outputs(kafka_bootstrap, stream_names, outputs, "no internal lag and the outputs settled")
     card_path = tmp_path / "card.json"
     done = cli(env, "scorecard", "--truth", str(truth), "--decisions-from-topic", "--out", str(card_path))
     assert done.returncode == 0, done.stderr

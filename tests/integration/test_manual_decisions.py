@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 from pipeline.kafka_admin import TopicSpec, ensure_topics
-from pipeline.sim.scorecard import read_topic
+from pipeline.sim.topics import read_topic
 from pipeline.topics import DECISIONS_CONFIG
 from tests.integration.edge_process import authpipe, edge_serving, get, write_config
 from tests.plugins.kafka import free_ports

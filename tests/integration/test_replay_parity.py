@@ -9,13 +9,9 @@ import pytest
 
 from tests.integration.test_sim_pipeline import (
     INGEST_TIMEOUT_S,
-    QUIET_S,
-    SETTLE_TIMEOUT_S,
     cli,
-    end_offsets,
-    internal_lag,
-    settled,
 )  # fmt: skip
+from tests.plugins.settling import wait_for_outputs
 from tests.plugins.waiting import wait_until
 from tests.plugins.worker import StreamNames, WorkerProcess, start_worker
 
@@ -44,13 +40,7 @@ def test_the_demo_scenario_live_equals_its_replay(
     worker.kill()
     worker = start_worker(workers, worker_env, tmp_path).wait_ready()
     outputs = [stream_names.decisions, stream_names.alerts]
-
-    def probe() -> tuple[int, int] | None:
-        lag = internal_lag(kafka_bootstrap, stream_names)
-        return None if lag else (lag, end_offsets(kafka_bootstrap, outputs))
-
-    wait_until(settled(probe, QUIET_S), SETTLE_TIMEOUT_S, interval_s=1.0,
-               description="no internal lag and decisions and alerts settled")  # fmt: skip
+    wait_for_outputs(kafka_bootstrap, stream_names, outputs, "no internal lag and decisions and alerts settled")
     live = tmp_path / "live"
     done = cli(env, "scorecard", "--truth", str(truth), "--decisions-from-topic", "--save-outputs", str(live))
     assert done.returncode == 0, done.stderr

@@ -16,10 +16,12 @@ import pytest
 
 from pipeline.core.policy import DEFAULT_POLICY
 from pipeline.settings import load_settings
+from pipeline.sim.outputs import run_engine
 from pipeline.sim.report import ReportInputs, write_report
 from pipeline.sim.scenarios import MIXED_SCENARIOS, SimConfig
-from pipeline.sim.scorecard import load_truth, run_engine, score
+from pipeline.sim.scoring import score
 from pipeline.sim.simulate import SimulateOptions, dry_run
+from pipeline.sim.truth import load_truth
 from pipeline.wiring import build_normaliser
 
 BROWSER_TIMEOUT_S = 90

@@ -6,16 +6,13 @@ import asyncio
 import os
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import orjson
 import pytest
-from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
+from tests.plugins.settling import end_offsets, wait_for_outputs
 from tests.plugins.waiting import wait_until
 from tests.plugins.worker import StreamNames, WorkerProcess, start_worker
 
@@ -23,8 +20,6 @@ pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 INGEST_TIMEOUT_S = 480.0  # generous: the 2-core CI machine is shared
-SETTLE_TIMEOUT_S = 240.0
-QUIET_S = 6.0
 
 
 def cli(env: dict[str, str], *argv: str) -> subprocess.CompletedProcess[str]:
@@ -32,45 +27,6 @@ def cli(env: dict[str, str], *argv: str) -> subprocess.CompletedProcess[str]:
         [sys.executable, "-m", "pipeline.cli", *argv], cwd=REPO, env={**os.environ, **env},
         capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
-
-
-def end_offsets(bootstrap: str, topics: list[str]) -> int:
-    """The sum of the end offsets of every partition of ``topics``."""
-
-    async def run() -> int:
-        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
-        await consumer.start()
-        try:
-            await consumer._client.force_metadata_update()
-            tps = [TopicPartition(t, p) for t in topics for p in consumer.partitions_for_topic(t) or ()]
-            return sum((await consumer.end_offsets(tps)).values()) if tps else 0
-        finally:
-            await consumer.stop()
-
-    return asyncio.run(run())
-
-
-def internal_lag(bootstrap: str, names: StreamNames) -> int:
-    """Messages of the worker's internal topics its agents have not committed yet."""
-    internal = [f"{names.app_id}.{t}" for t in ("attempts-by-account", "attempts-by-source", "tenant-shares")]
-
-    async def run() -> int:
-        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
-        await admin.start()
-        await consumer.start()
-        try:
-            await consumer._client.force_metadata_update()
-            tps = [TopicPartition(t, p) for t in internal for p in consumer.partitions_for_topic(t) or ()]
-            ends = await consumer.end_offsets(tps)
-            committed = await admin.list_consumer_group_offsets(names.app_id, partitions=tps)
-            return sum(end - (committed[tp].offset if tp in committed and committed[tp].offset >= 0 else 0)
-                       for tp, end in ends.items())  # fmt: skip
-        finally:
-            await consumer.stop()
-            await admin.close()
-
-    return asyncio.run(run())
 
 
 def consumer_groups(bootstrap: str) -> set[str]:
@@ -83,20 +39,6 @@ def consumer_groups(bootstrap: str) -> set[str]:
             await admin.close()
 
     return asyncio.run(run())
-
-
-def settled(probe: Callable[[], Any], quiet_s: float) -> Callable[[], bool]:
-    """True once ``probe()`` has kept one value (other than None) for ``quiet_s`` seconds."""
-    state: dict[str, Any] = {"value": object(), "since": time.monotonic()}
-
-    def check() -> bool:
-        value = probe()
-        if value is None or value != state["value"]:
-            state["value"], state["since"] = value, time.monotonic()
-            return False
-        return time.monotonic() - state["since"] >= quiet_s
-
-    return check
 
 
 @pytest.mark.timeout(1200)
@@ -119,13 +61,8 @@ def test_mixed_run_through_the_worker_catches_every_attack_and_refuses_nobody(
     wait_until(lambda: worker.metric("authpipe_events_total") >= produced, INGEST_TIMEOUT_S,
                interval_s=1.0, description=f"the worker to ingest {produced} events")  # fmt: skip
     outputs = [stream_names.decisions, stream_names.alerts]
-
-    def probe() -> tuple[int, int] | None:
-        lag = internal_lag(kafka_bootstrap, stream_names)
-        return None if lag else (lag, end_offsets(kafka_bootstrap, outputs))
-
-    wait_until(settled(probe, QUIET_S), SETTLE_TIMEOUT_S, interval_s=1.0,
-               description="no internal lag and decisions and alerts settled")  # fmt: skip
+    wait_for_outputs(kafka_bootstrap, stream_names, outputs,
+                     "no internal lag and decisions and alerts settled")
 
     card_path = tmp_path / "card.json"
     done = cli(env, "scorecard", "--truth", str(truth), "--decisions-from-topic", "--out", str(card_path))

@@ -10,8 +10,11 @@ import orjson
 from pipeline.contracts.models import Decision
 from pipeline.core.policy import DEFAULT_POLICY, policy_from_toml
 from pipeline.settings import load_settings
-from pipeline.sim.backtest import TopicRange, backtest, events_from_records, label, render
-from pipeline.sim.scorecard import DecisionRecord, load_truth, run_engine, score
+from pipeline.sim.backtest import backtest, render
+from pipeline.sim.backtest_input import TopicRange, events_from_records, label
+from pipeline.sim.outputs import DecisionRecord, run_engine
+from pipeline.sim.scoring import score
+from pipeline.sim.truth import load_truth
 from pipeline.wiring import build_normaliser, load_policy
 from tests.unit.test_sim_scorecard import SEC, T0, row, write_truth
 

@@ -6,9 +6,12 @@ from pathlib import Path
 
 from pipeline.core.policy import DEFAULT_POLICY
 from pipeline.settings import load_settings
+from pipeline.sim.outputs import run_engine
+from pipeline.sim.replay import replay
 from pipeline.sim.scenarios import MIXED_SCENARIOS, SimConfig
-from pipeline.sim.scorecard import load_truth, replay, run_engine, score
+from pipeline.sim.scoring import score
 from pipeline.sim.simulate import SimulateOptions, dry_run
+from pipeline.sim.truth import load_truth
 from pipeline.wiring import build_normaliser
 
 START_MS = 1_790_000_123_000  # not on a window boundary: the run straddles one

@@ -7,8 +7,9 @@ from pathlib import Path
 
 from pipeline.core.policy import DEFAULT_POLICY
 from pipeline.settings import load_settings
+from pipeline.sim.outputs import run_engine
 from pipeline.sim.report import ReportInputs, build_data
-from pipeline.sim.scorecard import load_truth, run_engine
+from pipeline.sim.truth import load_truth
 from pipeline.wiring import build_normaliser
 from tests.unit.test_sim_scorecard import SEC, T0, row, write_truth
 

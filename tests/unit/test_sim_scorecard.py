@@ -10,20 +10,12 @@ import orjson
 from pipeline.contracts.models import Alert, Decision, ms_to_datetime
 from pipeline.core.policy import policy_from_toml
 from pipeline.settings import load_settings
-from pipeline.sim.scorecard import (
-    ATTACKED_RUN,
-    STALE_APP_RUN,
-    AlertRecord,
-    DecisionRecord,
-    Outputs,
-    TruthEvent,
-    load_outputs,
-    load_truth,
-    replay,
-    run_engine,
-    score,
-    write_outputs,
-)
+from pipeline.sim.by_design import ATTACKED_RUN, STALE_APP_RUN
+from pipeline.sim.output_files import load_outputs, write_outputs
+from pipeline.sim.outputs import AlertRecord, DecisionRecord, Outputs, run_engine
+from pipeline.sim.replay import replay
+from pipeline.sim.scoring import score
+from pipeline.sim.truth import TruthEvent, load_truth
 from pipeline.wiring import build_normaliser
 
 T0 = 1_789_999_200_000  # on a 15-minute boundary

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections import Counter
 
-from pipeline.sim.scorecard import AttackScore, Scorecard, render
+from pipeline.sim.card import AttackScore, Scorecard
+from pipeline.sim.card_text import render
 
 
 def attack(name: str, *, refused: int = 0, allowed: int = 0, before: int = 0, ato: int = 0,

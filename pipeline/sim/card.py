@@ -1,0 +1,211 @@
+"""The scorecard's figures, per attack and overall, and their JSON.
+
+Status of an attack: ``stopped`` = blocks refused its attempts, no account was taken over,
+and at most 10 % of its attempts after the first response got through; ``slowed`` = blocks
+refused some attempts but more got through, or an account was taken over;
+``detected_only`` = an alert or a decision (block or observe) matched it but nothing was
+refused; else ``missed``. The closing line never says more than that.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipeline.contracts.models import format_utc_ms, ms_to_datetime
+
+STOPPED, SLOWED, DETECTED_ONLY, MISSED = "stopped", "slowed", "detected_only", "missed"
+STATUSES = (STOPPED, SLOWED, DETECTED_ONLY, MISSED)
+# "stopped" allows at most this share of the attempts after the first response through.
+STOPPED_LEAK_PERCENT = 10
+
+
+@dataclass(kw_only=True)
+class Tally:
+    """Attempts a gateway let through and refused, and the successes it let through."""
+
+    allowed: int = 0
+    refused: int = 0
+    successes_allowed: int = 0
+
+    def add(self, allowed: bool, success: bool) -> None:
+        """Count one attempt: refused, or let through (and a success let through)."""
+        if not allowed:
+            self.refused += 1
+            return
+        self.allowed += 1
+        if success:
+            self.successes_allowed += 1
+
+
+@dataclass
+class AttackScore(Tally):
+    """One attack's figures (``Tally``: its attempts let through and refused)."""
+
+    attack: str
+    tenant: str
+    attempts: int
+    start_ms: int
+    end_ms: int
+    first_block_ms: int | None = None
+    first_block_rule: str | None = None
+    first_alert_ms: int | None = None
+    first_alert_type: str | None = None
+    allowed_before_response: int = 0
+    alerts: Counter[str] = field(default_factory=Counter)
+    blocks: Counter[str] = field(default_factory=Counter)
+    observes: Counter[str] = field(default_factory=Counter)
+    guesses_per_account_24h: int = 0
+    account_takeovers: int = 0
+
+    @property
+    def response_ms(self) -> int | None:
+        times = [t for t in (self.first_block_ms, self.first_alert_ms) if t is not None]
+        return min(times) if times else None
+
+    @property
+    def response_by(self) -> str | None:
+        response = self.response_ms
+        if response is None:
+            return None
+        if response == self.first_block_ms:
+            return f"block:{self.first_block_rule}"
+        return f"alert:{self.first_alert_type}"
+
+    @property
+    def allowed_after_response(self) -> int:
+        return self.allowed - self.allowed_before_response
+
+    @property
+    def status(self) -> str:
+        if self.refused:
+            after = self.allowed_after_response
+            leaked = after * 100 > STOPPED_LEAK_PERCENT * (after + self.refused)
+            return SLOWED if self.successes_allowed or leaked else STOPPED
+        if self.response_ms is not None or self.observes:
+            return DETECTED_ONLY
+        return MISSED
+
+    def as_json(self) -> dict[str, Any]:
+        response = self.response_ms
+        return {
+            "attack": self.attack,
+            "tenant": self.tenant,
+            "status": self.status,
+            "attempts": self.attempts,
+            "start": ts(self.start_ms),
+            "end": ts(self.end_ms),
+            "first_block": ts(self.first_block_ms),
+            "first_block_rule": self.first_block_rule,
+            "first_alert": ts(self.first_alert_ms),
+            "first_alert_type": self.first_alert_type,
+            "response": ts(response),
+            "response_by": self.response_by,
+            "time_to_response_ms": None if response is None else response - self.start_ms,
+            "allowed_before_response": self.allowed_before_response,
+            "refused": self.refused,
+            "allowed": self.allowed,
+            "successes_allowed": self.successes_allowed,
+            "guesses_per_account_24h": self.guesses_per_account_24h,
+            "account_takeovers": self.account_takeovers,
+            "alerts": dict(sorted(self.alerts.items())),
+            "blocks": dict(sorted(self.blocks.items())),
+            "observes": dict(sorted(self.observes.items())),
+        }
+
+
+def ts(ms: int | None) -> str | None:
+    return None if ms is None else format_utc_ms(ms_to_datetime(ms))
+
+
+@dataclass
+class Scorecard:
+    origin: str
+    policy_version: str | None
+    events: int
+    attacks: list[AttackScore]
+    legit_attempts: Counter[str]
+    legit_refused: Counter[str]
+    legit_examples: list[dict[str, Any]]
+    alerts_by_type: Counter[str]
+    unmatched_alerts: list[dict[str, Any]]
+    blocks: int
+    observes: int
+    tombstones: int
+    unmatched_blocks: list[dict[str, Any]]
+    missing_decision_records: int = 0
+    seed_holds_matching_no_attack: int = 0
+    legit_by_design: Counter[str] = field(default_factory=Counter)
+    legit_by_design_why: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def all_caught(self) -> bool:
+        """No attack missed (each was at least detected); says nothing about stopping it."""
+        return all(a.status != MISSED for a in self.attacks)
+
+    @property
+    def takeovers(self) -> int:
+        return sum(a.successes_allowed for a in self.attacks)
+
+    def closing_line(self) -> str:
+        """One honest sentence: how many attacks were stopped, slowed, only detected, missed."""
+        counts = Counter(a.status for a in self.attacks)
+        total = len(self.attacks)
+        allowed = sum(a.allowed for a in self.attacks)
+        if counts[STOPPED] == total and not self.takeovers:
+            head = f"{total} of {total} attacks stopped, no account taken over"
+        else:
+            parts = [f"{counts[s]} {s.replace('_', ' ')}" for s in STATUSES if counts[s]]
+            head = f"{counts[STOPPED]} of {total} attacks stopped ({', '.join(parts)})"
+            if self.takeovers:
+                by = ", ".join(
+                    f"{a.attack} {a.successes_allowed}" for a in self.attacks if a.successes_allowed
+                )
+                head += f"; {self.takeovers} ACCOUNT TAKEOVERS ({by})"
+        return (
+            f"{head}; {allowed:,} attacker attempts allowed; "
+            f"{self.legit_refused_total} legitimate attempts refused"
+        )
+
+    @property
+    def legit_refused_total(self) -> int:
+        return sum(self.legit_refused.values())
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "origin": self.origin,
+            "policy_version": self.policy_version,
+            "events": self.events,
+            "all_attacks_caught": self.all_caught,
+            "status_counts": {s: sum(a.status == s for a in self.attacks) for s in STATUSES},
+            "account_takeovers": self.takeovers,
+            "summary": self.closing_line(),
+            "attacks": [a.as_json() for a in self.attacks],
+            "legitimate": {
+                "attempts": sum(self.legit_attempts.values()),
+                "refused": self.legit_refused_total,
+                "refused_by_design": {
+                    cohort: {"refused": n, "why": self.legit_by_design_why.get(cohort, [])}
+                    for cohort, n in sorted(self.legit_by_design.items())
+                },
+                "by_cohort": {
+                    cohort: {"attempts": n, "refused": self.legit_refused.get(cohort, 0)}
+                    for cohort, n in sorted(self.legit_attempts.items())
+                },
+                "examples": self.legit_examples,
+            },
+            "decisions": {
+                "blocks": self.blocks,
+                "observes": self.observes,
+                "tombstones": self.tombstones,
+                "records_compacted_away": self.missing_decision_records,
+            },
+            "blocks_matching_no_attack": self.unmatched_blocks,
+            "seed_holds_matching_no_attack": self.seed_holds_matching_no_attack,
+            "alerts": {
+                "total": sum(self.alerts_by_type.values()),
+                "by_type": dict(sorted(self.alerts_by_type.items())),
+            },
+            "alerts_matching_no_attack": self.unmatched_alerts,
+        }

@@ -1,0 +1,74 @@
+"""The scorecard as a plain-text table (what ``authpipe scorecard`` prints)."""
+
+from __future__ import annotations
+
+from pipeline.sim.card import Scorecard
+
+
+def _duration(ms: int | None) -> str:
+    if ms is None:
+        return "-"
+    if ms < 60_000:
+        return f"{ms / 1000:.1f} s"
+    return f"{ms / 60_000:.1f} min"
+
+
+def render(card: Scorecard) -> str:
+    """The scorecard as a plain-text table."""
+    head = (
+        f"{'attack':<32} {'tenant':<8} {'attempts':>8} {'responded':>9}  {'by':<26}"
+        f"{'through':>7} {'refused':>8} {'allowed':>8} {'g/acct/24h':>10} {'ATO':>4}  status"
+    )
+    lines = [
+        f"scorecard: {card.origin}, policy {card.policy_version or '-'}, {card.events:,} events",
+        head,
+    ]
+    for a in card.attacks:
+        response = a.response_ms
+        took = None if response is None else response - a.start_ms
+        lines.append(
+            f"{a.attack:<32} {a.tenant:<8} {a.attempts:>8} {_duration(took):>9}  "
+            f"{a.response_by or '-':<26}{a.allowed_before_response:>7} {a.refused:>8} "
+            f"{a.allowed:>8} {a.guesses_per_account_24h:>10} {a.successes_allowed:>4}  {a.status.replace('_', ' ')}"
+            + ("  <- ACCOUNTS TAKEN OVER" if a.successes_allowed else "")
+        )
+    cohorts = ", ".join(
+        f"{c} {card.legit_refused.get(c, 0)}/{n}" for c, n in sorted(card.legit_attempts.items())
+    )
+    lines.append(f"legitimate attempts refused: {card.legit_refused_total} ({cohorts})")
+    for cohort, n in sorted(card.legit_by_design.items()):
+        lines.append(
+            f"  refused by design: {cohort} {n}: {'; '.join(card.legit_by_design_why.get(cohort, []))}"
+        )
+    for ex in card.legit_examples:
+        lines.append(
+            f"  {ex['at']} {ex['cohort']} {ex['actor']} {ex['flow']} refused by {ex['refused_by']}"
+        )
+    lines.append(
+        f"decisions: {card.blocks} blocks, {card.observes} observe, {card.tombstones} tombstones; "
+        f"blocks matching no attack: {len(card.unmatched_blocks)} "
+        f"(and {card.seed_holds_matching_no_attack} seed holds that refused nobody wrongly)"
+    )
+    types = ", ".join(f"{t} {n}" for t, n in sorted(card.alerts_by_type.items()))
+    lines.append(
+        f"alerts: {sum(card.alerts_by_type.values())} ({types or 'none'}); "
+        f"matching no attack: {len(card.unmatched_alerts)}"
+    )
+    for un in card.unmatched_alerts:
+        subject = un["source"] or un["account_digest"] or un["tenant"]
+        lines.append(f"  {un['type']} {subject} at {un['at']} ({un['count']}): {un['note']}")
+    lines.append(
+        "responded: time from the attack's first attempt to its first block or alert; "
+        "through: its attempts allowed until then; g/acct/24h: the most guesses let through "
+        "against one account in any 24 h; ATO: its successes allowed (account "
+        "takeovers); status: stopped (refused, no takeover, <= 10 % through after the response), "
+        "slowed (refused, but more through or a takeover), detected only (nothing refused), missed"
+    )
+    if card.missing_decision_records:
+        lines.append(
+            f"WARNING: {card.missing_decision_records} records of the decision topic were compacted "
+            "away before this read: decisions superseded or lifted by then are missing, so "
+            "refusals and first blocks are under-counted (score a fresher read, or files)"
+        )
+    lines.append(card.closing_line())
+    return "\n".join(lines)

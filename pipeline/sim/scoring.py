@@ -1,0 +1,111 @@
+"""The scorecard of a policy's outputs against the labelled events.
+
+Per attack (the attacker events of one scenario): the first block and the first matching
+alert (``pipeline.sim.matching``); time from the attack's first attempt to the earlier of the
+two; attacker attempts that got through before it; refused and allowed totals; attacker
+successes allowed (account takeovers); ``guesses_per_account_24h``, the most attacker
+failures let through against one account in any 24 h (what a patient attacker gets), and
+``account_takeovers``, the accounts with an attacker success let through.
+
+Legitimate attempts refused (roles ``legit`` and ``owner``) are counted per cohort:
+``owner_trusted_device``, ``nat_office``, ``ordinary``, ``ipv6_rotating``, ``stale_app``,
+``owner_without_trusted_device``. A refusal a seed's rule makes on purpose
+(``pipeline.sim.by_design``) is counted apart, as "refused by design", and is not in
+``legit_refused_total``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+from pipeline.core.decisions import Verdict
+from pipeline.sim.by_design import design_reasons
+from pipeline.sim.card import AttackScore, Scorecard
+from pipeline.sim.examples import example
+from pipeline.sim.matching import AttackIndex, new_score, score_alerts, score_decisions
+from pipeline.sim.outputs import Outputs
+from pipeline.sim.replay import replay
+from pipeline.sim.truth import ATTACKER, LEGIT_ROLES, TruthEvent
+
+EXAMPLES = 10
+EXAMPLE_FIELDS = ("event_id", "at", "cohort", "actor", "flow", "refused_by", "retry_after_ms")
+DAY_MS = 86_400_000
+
+
+def score(events: Sequence[TruthEvent], outputs: Outputs) -> Scorecard:
+    """The scorecard of ``outputs`` against the labelled ``events``."""
+    verdicts = replay(events, outputs.decisions)
+    design = design_reasons(events, verdicts)
+    attacks = AttackIndex.build(events)
+    scores = {name: new_score(name, evs) for name, evs in sorted(attacks.events.items())}
+    decision_stats = score_decisions(outputs.decisions, attacks, scores, events, verdicts, design)
+    alerts_by_type, unmatched_alerts = score_alerts(outputs.alerts, events, attacks, scores)
+    legit_attempts: Counter[str] = Counter()
+    legit_refused: Counter[str] = Counter()
+    by_design: Counter[str] = Counter()
+    why: dict[str, list[str]] = defaultdict(list)
+    examples: list[dict[str, Any]] = []
+    let_through: dict[tuple[str, str, str], list[int]] = defaultdict(list)
+    taken: dict[str, set[tuple[str, str]]] = defaultdict(set)
+    for event, verdict, reason in zip(events, verdicts, design, strict=True):
+        if event.role == ATTACKER:
+            _count_attacker(scores[event.scenario], event, verdict)
+            a = event.attempt
+            if verdict.allowed and a.success:
+                taken[event.scenario].add((a.tenant, a.account))
+            elif verdict.allowed:
+                let_through[(event.scenario, a.tenant, a.account)].append(event.occurred_ms)
+        elif event.role in LEGIT_ROLES:
+            legit_attempts[event.cohort] += 1
+            if not verdict.allowed:
+                if reason is not None:
+                    by_design[event.cohort] += 1
+                    if reason not in why[event.cohort]:
+                        why[event.cohort].append(reason)
+                    continue
+                legit_refused[event.cohort] += 1
+                if len(examples) < EXAMPLES:
+                    examples.append(example(event, verdict, EXAMPLE_FIELDS))
+    for (name, _, _), times in let_through.items():
+        s = scores[name]
+        s.guesses_per_account_24h = max(s.guesses_per_account_24h, most_in_a_day(times))
+    for name, accounts in taken.items():
+        scores[name].account_takeovers = len(accounts)
+    versions = {r.decision.policy_version for r in outputs.decisions if r.decision is not None}
+    versions |= {r.alert.policy_version for r in outputs.alerts}
+    return Scorecard(
+        origin=outputs.origin,
+        policy_version=",".join(sorted(versions)) or None,
+        events=len(events),
+        attacks=list(scores.values()),
+        legit_attempts=legit_attempts,
+        legit_refused=legit_refused,
+        legit_examples=examples,
+        legit_by_design=by_design,
+        legit_by_design_why=dict(why),
+        alerts_by_type=alerts_by_type,
+        unmatched_alerts=unmatched_alerts,
+        missing_decision_records=outputs.missing_decision_records,
+        **decision_stats,
+    )
+
+
+def most_in_a_day(times: Sequence[int]) -> int:
+    """The most of ``times`` (sorted epoch ms) inside any 24 h."""
+    most = first = 0
+    for last, t in enumerate(times):
+        while t - times[first] >= DAY_MS:
+            first += 1
+        most = max(most, last - first + 1)
+    return most
+
+
+def _count_attacker(s: AttackScore, event: TruthEvent, verdict: Verdict) -> None:
+    s.add(verdict.allowed, event.attempt.success)
+    if not verdict.allowed:
+        return
+    response = s.response_ms
+    if response is None or event.occurred_ms <= response:
+        s.allowed_before_response += 1

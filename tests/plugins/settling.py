@@ -1,0 +1,97 @@
+"""Waiting for the worker to finish: no internal lag, and its outputs no longer growing.
+
+``wait_for_outputs`` polls once a second until the worker's internal topics (the account,
+source and tenant-share repartitions) have nothing uncommitted AND the summed end offsets of
+the given output topics have kept one value for ``QUIET_S`` seconds; it raises
+AssertionError after ``SETTLE_TIMEOUT_S``. Each probe opens and closes its own aiokafka
+clients, so nothing is left running between polls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+
+from tests.plugins.waiting import wait_until
+from tests.plugins.worker import StreamNames
+
+SETTLE_TIMEOUT_S = 240.0
+QUIET_S = 6.0
+INTERNAL_TOPICS = ("attempts-by-account", "attempts-by-source", "tenant-shares")
+
+
+def end_offsets(bootstrap: str, topics: list[str]) -> int:
+    """The sum of the end offsets of every partition of ``topics``."""
+
+    async def run() -> int:
+        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+        await consumer.start()
+        try:
+            await consumer._client.force_metadata_update()
+            tps = [
+                TopicPartition(t, p) for t in topics for p in consumer.partitions_for_topic(t) or ()
+            ]
+            return sum((await consumer.end_offsets(tps)).values()) if tps else 0
+        finally:
+            await consumer.stop()
+
+    return asyncio.run(run())
+
+
+def internal_lag(bootstrap: str, names: StreamNames) -> int:
+    """Messages of the worker's internal topics its agents have not committed yet."""
+    internal = [f"{names.app_id}.{t}" for t in INTERNAL_TOPICS]
+
+    async def run() -> int:
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+        await admin.start()
+        await consumer.start()
+        try:
+            await consumer._client.force_metadata_update()
+            tps = [
+                TopicPartition(t, p)
+                for t in internal
+                for p in consumer.partitions_for_topic(t) or ()
+            ]
+            ends = await consumer.end_offsets(tps)
+            committed = await admin.list_consumer_group_offsets(names.app_id, partitions=tps)
+            return sum(end - (committed[tp].offset if tp in committed and committed[tp].offset >= 0 else 0)
+                       for tp, end in ends.items())  # fmt: skip
+        finally:
+            await consumer.stop()
+            await admin.close()
+
+    return asyncio.run(run())
+
+
+def settled(probe: Callable[[], Any], quiet_s: float) -> Callable[[], bool]:
+    """True once ``probe()`` has kept one value (other than None) for ``quiet_s`` seconds."""
+    state: dict[str, Any] = {"value": object(), "since": time.monotonic()}
+
+    def check() -> bool:
+        value = probe()
+        if value is None or value != state["value"]:
+            state["value"], state["since"] = value, time.monotonic()
+            return False
+        return time.monotonic() - state["since"] >= quiet_s
+
+    return check
+
+
+def wait_for_outputs(
+    bootstrap: str, names: StreamNames, outputs: list[str], description: str
+) -> None:
+    """Until the worker's internal topics have no lag and the end offsets of ``outputs`` have
+    not moved for ``QUIET_S`` seconds (polled every second, at most ``SETTLE_TIMEOUT_S``)."""
+
+    def probe() -> tuple[int, int] | None:
+        lag = internal_lag(bootstrap, names)
+        return None if lag else (lag, end_offsets(bootstrap, outputs))
+
+    wait_until(settled(probe, QUIET_S), SETTLE_TIMEOUT_S, interval_s=1.0, description=description)
