@@ -54,7 +54,7 @@ from pipeline.stream.stages import (
     RollupStage,
     SourceStage,
     StageOutput,
-    chunks,
+    account_envelopes,
     latest_shares,
 )  # fmt: skip
 from pipeline.stream.undecodable import DECODE_ERRORS, salvage
@@ -355,12 +355,9 @@ class Worker:
             return
         self.sent_marks = marks
         pending: list[Awaitable[Any]] = []
-        # Every account partition gets the marks, rows or not: its watermark is the
-        # minimum over every input partition (pipeline.core.sequence).
-        for partition in range(self.partitions):
-            for part in chunks(result.rows.get(partition, [])):
-                envelope = dumps({"v": 1, "rows": part, "marks": marks, "inputs": inputs})
-                pending.append(await self.by_account.send(key=str(partition).encode(), value=envelope, partition=partition))
+        for partition, rows, envelope_marks in account_envelopes(result.rows, marks, self.partitions):
+            envelope = dumps({"v": 1, "rows": rows, "marks": envelope_marks, "inputs": inputs})
+            pending.append(await self.by_account.send(key=str(partition).encode(), value=envelope, partition=partition))
         for dead in result.dead:
             pending.append(await self.dlq.send(
                 key=dead.record.key, value=dead.record.value, headers=dead.headers(),
@@ -426,7 +423,7 @@ class Worker:
             await self._emit(result, changelog, partition, name[0])
             self.metrics.stage(name, len(rows), result, time.perf_counter() - started)
 
-    async def _in_order(self, stage: AccountStage | SourceStage, message: Any) -> bool:
+    async def _in_order(self, stage: AccountStage | SourceStage | RollupStage, message: Any) -> bool:
         """True if ``message`` is the envelope ``stage`` expects next on its partition; an
         out-of-order one is skipped and its partition sought back (pipeline.stream.progress)."""
         tp, partition = message.tp, message.partition
@@ -461,7 +458,9 @@ class Worker:
                 await self._restored(message.topic, partition)
                 if not self.rollup.owns(partition):
                     continue  # revoked meanwhile: its next owner applies it
-            result = self.rollup.process(partition, loads(message.value))
+            if not await self._in_order(self.rollup, message):
+                continue
+            result = self.rollup.process(partition, loads(message.value), message.offset)
             await self._emit(result, changelog, partition)
 
     async def _messages(self, stream: Any) -> AsyncIterator[Any]:
@@ -579,7 +578,13 @@ class Worker:
             return
         consumer: Any = self.app.consumer
         now_s = time.monotonic()
-        stages = {self.topics.by_account: self.accounts, self.topics.by_source: self.sources}
+        stages: dict[str, AccountStage | SourceStage | RollupStage] = {
+            self.topics.by_account: self.accounts,
+            self.topics.by_source: self.sources,
+            self.topics.shares: self.rollup,
+        }
+        names = {self.topics.by_account: "account", self.topics.by_source: "source", self.topics.shares: "rollup"}
+        behind = dict.fromkeys(names.values(), 0)
         for tp in consumer.assignment():
             stage = stages.get(tp.topic)
             channel = self.channels.get(tp.topic)
@@ -588,8 +593,12 @@ class Worker:
                 continue
             idle = not self.busy.get(tp.topic) and channel.queue.empty()
             highwater = consumer.highwater(tp)
+            if highwater is not None and highwater > expected:
+                behind[names[tp.topic]] += highwater - expected
             if self.order.stranded(tp, expected=expected, highwater=highwater, idle=idle, now_s=now_s):
                 await self._seek_back(tp, expected, highwater, "stranded")
+        for name, messages in behind.items():
+            self.metrics.stage_behind.labels(stage=name).set(messages)
 
     async def _on_shutdown(self, sender: Any, *args: Any, **kwargs: Any) -> None:
         """Write every changelog still waiting for acknowledgements before faust stops."""

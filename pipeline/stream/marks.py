@@ -13,8 +13,12 @@ passes in; the wall clock only decides when a partition counts as idle.
   that reached any partition in the last ``idle_ms`` (a producer's next event there is
   about as new as what the others receive now, live or replaying a backlog);
 * when every partition is read to its end and silent for ``idle_ms``, everything read is
-  released (mark = newest + 1, or the wall clock less ``slack_ms`` if later): the tail of
-  a replayed backlog, or a quiet moment.
+  released (mark = newest + 1): the tail of a replayed backlog, or a quiet moment. While
+  the stream is live (its newest event arrived within ``slack_ms`` of occurring) the
+  mark is the wall clock less ``slack_ms`` if that is later, so another worker's input
+  partitions are not held back by this one's quiet ones. A producer writing the past
+  (a backfill, ``simulate --speedup 0``) that pauses longer than ``idle_ms`` is not
+  live: the wall clock would pass the events it writes next and make them late.
 
 The reordering therefore costs a live event at most the time until every input
 partition has delivered a later event, and at most ``idle_ms`` of wall time plus
@@ -42,6 +46,8 @@ class InputMarks:
         self.arrived_ms: dict[int, int] = {}
         self.caught_up_ms: dict[int, int] = {}
         self.flush_ms: int | None = None
+        # Wall time minus event time of the newest event read (None: nothing read yet).
+        self.newest_lag_ms: int | None = None
         # (wall_ms, oldest event time) of recent arrivals, for the idle partitions' marks.
         self.recent: deque[tuple[int, int]] = deque()
 
@@ -52,6 +58,8 @@ class InputMarks:
             return
         if occurred_ms > self.latest.get(partition, NO_MARK):
             self.latest[partition] = occurred_ms
+            if occurred_ms >= max(self.latest.values()):
+                self.newest_lag_ms = wall_ms - occurred_ms
         recent = self.recent
         if recent and recent[-1][0] == wall_ms:
             if occurred_ms < recent[-1][1]:
@@ -76,13 +84,15 @@ class InputMarks:
             if p in done and wall_ms - max(self.caught_up_ms[p], self.arrived_ms.get(p, NO_MARK)) >= self.idle_ms
         }  # fmt: skip
         if len(idle) == len(parts):
-            # Past the newest event this ingest read, and no lower than the wall clock less
-            # the slack: what another worker's ingest (or this one before a restart) read
-            # later than that is released too, and a live producer's next event is newer.
+            # Past the newest event this ingest read, and while live no lower than the wall
+            # clock less the slack: what another worker's ingest (or this one before a
+            # restart) read later than that is released too, and a live producer's next
+            # event is newer.
             # Taken once per quiet period: marks that follow the wall clock would send
             # envelopes through every stage every batch while nothing happens.
             if self.flush_ms is None:
-                self.flush_ms = max(top + 1, wall_ms - self.slack_ms)
+                live = self.newest_lag_ms is not None and self.newest_lag_ms <= self.slack_ms
+                self.flush_ms = max(top + 1, wall_ms - self.slack_ms) if live else top + 1
             return [[p, self.flush_ms] for p in parts]
         self.flush_ms = None
         recent = self.recent

@@ -24,7 +24,14 @@ from pipeline.settings import Settings
 from pipeline.stream.app import hash_tenant
 from pipeline.stream.ingest import DeadLetter, Ingest, Record
 from pipeline.stream.marks import InputMarks
-from pipeline.stream.stages import AccountStage, RollupStage, SourceStage, StageOutput
+from pipeline.stream.stages import (
+    MAX_ROWS_PER_MESSAGE,
+    AccountStage,
+    RollupStage,
+    SourceStage,
+    StageOutput,
+    account_envelopes,
+)
 from pipeline.wiring import build_normaliser
 
 # The stage partitions' queues and changelogs, by stage.
@@ -48,11 +55,12 @@ class MemoryOutputs:
 
 
 class MemoryPipeline:
-    """Feed records in batches; stages see one envelope per (batch, partition)."""
+    """Feed records in batches; stages see the envelopes of each (batch, partition), at most
+    ``envelope_rows`` rows each, as the worker sends them."""
 
     def __init__(
         self, settings: Settings, policy: Policy, rng: random.Random | None = None,
-        input_partitions: int | None = None,
+        input_partitions: int | None = None, envelope_rows: int = MAX_ROWS_PER_MESSAGE,
     ) -> None:  # fmt: skip
         kafka = settings.kafka
         self.partitions = kafka.partitions
@@ -69,6 +77,7 @@ class MemoryPipeline:
         self.rollup = RollupStage(policy, kafka.partitions)
         self.marks = InputMarks()
         self.rng = rng
+        self.envelope_rows = envelope_rows
         self.changelog: dict[str, dict[bytes, bytes | None]] = {_ACCOUNTS: {}, _SOURCES: {}, _ROLLUP: {}}
         self.offsets: dict[tuple[str, int], int] = {}
         self.queues: dict[tuple[str, int], deque[Any]] = {}
@@ -103,8 +112,8 @@ class MemoryPipeline:
         self.pump()
 
     def _envelopes(self, rows: dict[int, list[list[Any]]], marks: list[list[int]]) -> None:
-        for partition in range(self.partitions):
-            self._send(_ACCOUNTS, partition, (rows.get(partition, []), marks))
+        for partition, part, part_marks in account_envelopes(rows, marks, self.partitions, self.envelope_rows):
+            self._send(_ACCOUNTS, partition, (part, part_marks))
 
     def pump(self) -> None:
         """Deliver every queued envelope (in a random partition order when given a rng)."""

@@ -79,6 +79,13 @@ class WorkerMetrics:
             "rows released before the watermark because the reorder buffer reached its cap",
             ["stage"], registry=r,
         )  # fmt: skip
+        self.stage_behind = Gauge(
+            "authpipe_stage_behind_messages",
+            "messages of a stage's input past the one it applied last (what it still has to "
+            "apply, holes faust's commits skipped included); 0 when caught up",
+            ["stage"],
+            registry=r,
+        )
         self.ready = Gauge("authpipe_ready", "1 when recovered and consuming", registry=r)
 
     def ingested(self, valid: int, reasons: TallyCounter[str]) -> None:

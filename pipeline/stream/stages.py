@@ -55,23 +55,44 @@ def chunks(rows: list[Any], size: int = MAX_ROWS_PER_MESSAGE) -> list[list[Any]]
     return [rows[i : i + size] for i in range(0, len(rows), size)]
 
 
+def account_envelopes(
+    rows: dict[int, list[list[Any]]], marks: list[list[int]], partitions: int,
+    size: int = MAX_ROWS_PER_MESSAGE,
+) -> list[tuple[int, list[list[Any]], list[list[int]]]]:  # fmt: skip
+    """``(account partition, rows, marks)`` of one ingest batch: every partition gets the
+    marks, rows or not (its watermark is the minimum over every input partition), in
+    messages of at most ``size`` rows. The marks ride on each partition's last message
+    only: they cover every row of the batch, so an earlier message carrying them would
+    make the rows of the later ones late."""
+    out: list[tuple[int, list[list[Any]], list[list[int]]]] = []
+    for partition in range(partitions):
+        parts = chunks(rows.get(partition, []), size)
+        for i, part in enumerate(parts):
+            out.append((partition, part, marks if i == len(parts) - 1 else []))
+    return out
+
+
 def latest_shares(shares: list[list[Any]]) -> list[list[Any]]:
     """Tenant shares ``[tenant, window, kind, partition, share, time_ms, event_id, seq]``,
     each subject's latest per second of event time only (a share is the shard's absolute
     count and rule 8 is evaluated at second boundaries, so an older one of the same
-    subject and second carries nothing), and each upstream's latest mark
-    ``[None, watermark_ms, kind, partition]`` (order of first appearance kept)."""
+    subject and second carries nothing), then each upstream's latest mark
+    ``[None, watermark_ms, kind, partition]``.
+
+    The marks go last: a mark says nothing earlier follows, and the batch may be sent as
+    several messages (``chunks``), so a mark moved ahead of shares sent after it in an
+    earlier chunk would make them late. Moving a mark later only delays a release."""
     latest: dict[tuple[Any, ...], list[Any]] = {}
+    marks: dict[tuple[Any, ...], list[Any]] = {}
     for share in shares:
         if share[0] is None:
-            subject: tuple[Any, ...] = (None, share[2], share[3])
-            old = latest.get(subject)
-            if old is not None and old[1] >= share[1]:
-                continue
+            subject: tuple[Any, ...] = (share[2], share[3])
+            old = marks.get(subject)
+            if old is None or old[1] < share[1]:
+                marks[subject] = share
         else:
-            subject = (share[0], share[1], share[2], share[3], share[5] // TICK_MS)
-        latest[subject] = share
-    return list(latest.values())
+            latest[(share[0], share[1], share[2], share[3], share[5] // TICK_MS)] = share
+    return [*latest.values(), *marks.values()]
 
 
 def _share_rows(
@@ -405,20 +426,33 @@ class RollupStage:
         self.partitions = partitions
         self.rollups: dict[int, TenantRollup] = {}
         self.sequencers: dict[int, Sequencer] = {}
+        # Per partition: the offset of the next shares message to apply (None until
+        # known). Like the other stages', messages are applied in offset order with no
+        # gap: a message faust dropped would otherwise leave its shares unrecorded.
+        self.next_envelope: dict[int, int | None] = {}
 
     def owns(self, partition: int) -> bool:
         return partition in self.rollups
+
+    def expected(self, partition: int) -> int | None:
+        """Offset of the next shares message to apply on ``partition`` (None: not known)."""
+        return self.next_envelope.get(partition)
 
     def rebuild(self, partition: int, records: Iterable[tuple[bytes, bytes]]) -> None:
         rollup = TenantRollup(self.policy)
         sequencer = Sequencer(2 * self.partitions)
         shares: list[list[Any]] = []
         meta: list[Any] | None = None
+        next_envelope: int | None = None
         for raw_key, raw_value in records:
             key = loads(raw_key)
             if key[0] != partition or raw_value is None:
                 continue
-            if key[1] == "fired":
+            if len(key) == 5 and key[2].__class__ is int:
+                # [partition, tenant, window, kind, part]: a share (any tenant name,
+                # "fired" or "order" included, is told apart by the window's type)
+                shares.append([*key[1:], loads(raw_value)])
+            elif key[1] == "fired":
                 # [partition, "fired", tenant, window, kind]; records before stuffing_tenant
                 # have no kind (rule 8's).
                 if key[4:] == [UNKNOWN_SHARE]:
@@ -429,8 +463,8 @@ class RollupStage:
                 sequencer.restore((key[2], key[3]), loads(raw_value))
             elif key[1] == "order":
                 meta = loads(raw_value)
-            else:
-                shares.append([*key[1:], loads(raw_value)])
+            elif key[1] == "next":
+                next_envelope = int(loads(raw_value))
         for tenant, window, kind, part, share in shares:
             rollup.update(tenant, window, kind, part, share)
         rollup.touched.clear()
@@ -445,14 +479,19 @@ class RollupStage:
         sequencer.finish_restore()
         self.rollups[partition] = rollup
         self.sequencers[partition] = sequencer
+        self.next_envelope[partition] = next_envelope
 
     def drop(self, partition: int) -> None:
         self.rollups.pop(partition, None)
         self.sequencers.pop(partition, None)
+        self.next_envelope.pop(partition, None)
 
-    def process(self, partition: int, shares: list[list[Any]]) -> StageOutput:
+    def process(
+        self, partition: int, shares: list[list[Any]], offset: int | None = None
+    ) -> StageOutput:
         """Hold shares ``[tenant, window, kind, part, share, time_ms, event_id, seq]`` and
-        take marks ``[None, watermark_ms, kind, part]``; record what the watermark passes."""
+        take marks ``[None, watermark_ms, kind, part]``; record what the watermark passes.
+        ``offset`` is the message's (the next one expected is recorded with the state)."""
         rollup = self.rollups[partition]
         sequencer = self.sequencers[partition]
         result = StageOutput()
@@ -486,6 +525,9 @@ class RollupStage:
         meta = [rollup.tick_ms, [list(slot) for slot in rollup.touched], sequencer.meta(),
                 [list(slot) for slot in rollup.touched_unknown]]  # fmt: skip
         result.changelog.append((_changelog_key(partition, ["order"]), dumps(meta)))
+        if offset is not None:
+            self.next_envelope[partition] = offset + 1
+            result.changelog.append((_changelog_key(partition, ["next"]), dumps(offset + 1)))
         for upstream, position in removed:
             result.changelog.append((_changelog_key(partition, ["held", upstream, position]), None))
         result.held = len(sequencer)

@@ -85,12 +85,16 @@ def settled(probe: Callable[[], Any], quiet_s: float) -> Callable[[], bool]:
 
 
 def wait_for_outputs(
-    bootstrap: str, names: StreamNames, outputs: list[str], description: str
-) -> None:
-    """Until the worker's internal topics have no lag and the end offsets of ``outputs`` have
-    not moved for ``QUIET_S`` seconds (polled every second, at most ``SETTLE_TIMEOUT_S``)."""
+    bootstrap: str, names: StreamNames, outputs: list[str], description: str,
+    caught_up: Callable[[], bool] | None = None,
+) -> None:  # fmt: skip
+    """Until the worker's internal topics have no lag (and ``caught_up()``, when given, is
+    true) and the end offsets of ``outputs`` have not moved for ``QUIET_S`` seconds (polled
+    every second, at most ``SETTLE_TIMEOUT_S``)."""
 
     def probe() -> tuple[int, int] | None:
+        if caught_up is not None and not caught_up():
+            return None
         lag = internal_lag(bootstrap, names)
         return None if lag else (lag, end_offsets(bootstrap, outputs))
 

@@ -116,7 +116,8 @@ def test_flush_all_sends_what_is_waiting_and_waits_for_the_acks() -> None:
 
 def test_merge_keeps_each_subjects_latest_share_only() -> None:
     """Shares are absolute counts: of two for one (tenant, window, kind, partition) in one second
-    of event time the later wins; another second is kept; of two marks of one upstream the later."""
+    of event time the later wins; another second is kept; of two marks of one upstream the later,
+    sent after every share (a mark ahead of shares cut into a later message makes them late)."""
 
     async def scenario() -> list[tuple[int, list[Any]]]:
         topic = FakeTopic()
@@ -130,6 +131,6 @@ def test_merge_keeps_each_subjects_latest_share_only() -> None:
 
     assert asyncio.run(scenario()) == [
         (0, [["acme", 60, "a", 1, 7, 5_900, "e2", 1], ["acme", 60, "s", 1, 2, 5_100, "e1", 0],
-             [None, 6_001, "a", 1], ["globex", 60, "a", 1, 1, 5_900, "e3", 2],
-             ["acme", 60, "a", 1, 8, 6_000, "e4", 3]])
+             ["globex", 60, "a", 1, 1, 5_900, "e3", 2], ["acme", 60, "a", 1, 8, 6_000, "e4", 3],
+             [None, 6_001, "a", 1]])
     ]  # fmt: skip

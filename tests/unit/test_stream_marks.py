@@ -39,9 +39,21 @@ def test_everything_read_is_released_once_every_partition_idles() -> None:
 
 
 def test_the_flush_is_no_lower_than_the_wall_clock_less_the_slack() -> None:
-    """A flush passes events another ingest read (or this one before a restart): wall - slack."""
+    """While live (the newest event arrived within slack_ms of occurring), a flush passes events
+    another ingest read (or this one before a restart): wall - slack."""
     marks = InputMarks(idle_ms=500, slack_ms=1000)
     marks.observe(0, 10_000, 0)
     marks.marks([0], [0], 50_000)
     assert marks.marks([0], [0], 50_500) == [[0, 49_500]]
     assert marks.marks([0], [0], 90_000) == [[0, 49_500]]  # once per quiet period: no heartbeat storm
+
+
+def test_a_producer_writing_the_past_is_flushed_to_its_newest_event_not_the_wall_clock() -> None:
+    """A backfill (newest event read 40 s after it occurred) that pauses past idle_ms: the flush
+    stops just past the newest event read, so what the producer writes next is not late."""
+    marks = InputMarks(idle_ms=500, slack_ms=1000)
+    marks.observe(0, 10_000, 50_000)
+    marks.marks([0], [0], 50_000)
+    assert marks.marks([0], [0], 50_500) == [[0, 10_001]]
+    marks.observe(0, 10_200, 51_000)  # the producer goes on: not late
+    assert marks.marks([0], [], 51_000) == [[0, 10_200]]

@@ -120,6 +120,19 @@ def test_any_number_of_stage_partitions_gives_the_engines_outputs() -> None:
         assert outputs([v for _, v in twin.out.decisions if v is not None], twin.out.alerts) == EXPECTED
 
 
+def test_a_batch_sent_as_several_envelopes_per_partition_applies_no_row_late() -> None:
+    """Ingest batches of 450 events sent as envelopes of at most 7 rows (the worker cuts at
+    2,000): the marks ride on each partition's last envelope, so no row arrives below its
+    stage's watermark, and the outputs are the Engine's."""
+    twin = MemoryPipeline(Settings(), POLICY, rng=random.Random(3), envelope_rows=7)
+    for start in range(0, len(RECORDS), 450):
+        twin.feed(RECORDS[start : start + 450], NOW_MS)
+    twin.finish()
+    assert outputs([v for _, v in twin.out.decisions if v is not None], twin.out.alerts) == EXPECTED
+    sequencers = [*twin.accounts.sequencers.values(), *twin.sources.sequencers.values()]
+    assert sum(q.late for q in sequencers) == 0
+
+
 def test_the_rollup_records_a_rows_spray_and_stuffing_shares_though_they_share_its_position() -> None:
     """One source-stage row can change both its tenant share ("s") and its unknown-account
     share ("u"), stamped with the same upstream position: the rollup records both, and
@@ -138,3 +151,20 @@ def test_the_rollup_records_a_rows_spray_and_stuffing_shares_though_they_share_i
     assert (stage.sequencers[0].late, stage.sequencers[0].forced, len(stage.sequencers[0])) == (0, 0, 0)
     stage.process(0, shares[:2])  # re-sent after an upstream's restart: old, skipped, not late
     assert (stage.sequencers[0].late, len(stage.sequencers[0])) == (0, 0)
+
+
+def test_the_rollup_keeps_its_next_offset_and_any_tenant_name_across_a_rebuild() -> None:
+    """The rollup's changelog brings back the next shares message it expects (so a message
+    faust dropped is sought back to, as in the other stages) and the shares of tenants named
+    like its own records ("fired", "order", "next", "held")."""
+    stage = RollupStage(POLICY, partitions=1)
+    stage.rebuild(0, [])
+    assert stage.expected(0) is None
+    shares = [[tenant, 7, "s", 0, 1, 1_000, f"e-{tenant}", i]
+              for i, tenant in enumerate(("fired", "order", "next", "held"))]  # fmt: skip
+    result = stage.process(0, [*shares, [None, 2_000, "a", 0], [None, 2_000, "s", 0]], offset=41)
+    assert stage.expected(0) == 42
+    again = RollupStage(POLICY, partitions=1)
+    again.rebuild(0, [(key, value) for key, value in result.changelog if value is not None])
+    assert again.expected(0) == 42
+    assert [again.rollups[0].recorded(t, 7, "s", 0) for t in ("fired", "order", "next", "held")] == [1, 1, 1, 1]
