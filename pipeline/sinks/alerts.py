@@ -165,7 +165,7 @@ def evaluate(ch: ClickHouse, rules: Sequence[Rule], now_ms: int) -> list[Firing]
         except (ClickHouseError, AlertRuleError) as exc:
             if isinstance(exc, ClickHouseError) and _unavailable(exc):
                 raise
-            log.error("alerts.rule_failed", rule=rule.name, error=str(exc)[:500])
+            log.error("alerts_rule_failed", rule=rule.name, error=str(exc)[:500])
     return firings
 
 
@@ -305,12 +305,12 @@ class AlertRunner:
         await asyncio.to_thread(record_firings, ch, new, wall_ms())
         for firing in new:
             log.info(
-                "alerts.fired", rule=firing.rule, tenant=firing.alert.tenant,
+                "alerts_fired", rule=firing.rule, tenant=firing.alert.tenant,
                 subject=firing.subject, alert_id=firing.alert.alert_id,
                 count=firing.alert.count,
             )  # fmt: skip
         log.info(
-            "alerts.evaluated", rules=len(self.rules), firing=len(unique),
+            "alerts_evaluated", rules=len(self.rules), firing=len(unique),
             new=len(new), already_fired=len(unique) - len(new),
         )  # fmt: skip
         return [f.alert for f in new]
@@ -327,11 +327,11 @@ class AlertRunner:
                 ) as response:
                     if response.status >= 300:
                         log.warning(
-                            "alerts.webhook_failed", status=response.status,
+                            "alerts_webhook_failed", status=response.status,
                             alert_id=alert.alert_id,
                         )  # fmt: skip
             except Exception as exc:  # the webhook is best effort: never stop the runner
-                log.warning("alerts.webhook_failed", error=str(exc)[:300], alert_id=alert.alert_id)
+                log.warning("alerts_webhook_failed", error=str(exc)[:300], alert_id=alert.alert_id)
 
     async def run(self, stop: asyncio.Event, interval_s: float) -> None:
         """Evaluate every ``interval_s`` until ``stop``; ClickHouse outages skip a run."""
@@ -339,9 +339,9 @@ class AlertRunner:
             try:
                 await self.run_once(wall_ms())
             except AlertEmitError as exc:
-                log.warning("alerts.run_failed", error=str(exc)[:500], retry_in_s=interval_s)
+                log.warning("alerts_run_failed", error=str(exc)[:500], retry_in_s=interval_s)
             except ClickHouseError as exc:
-                log.warning("alerts.run_failed", error=str(exc)[:500], retry_in_s=interval_s)
+                log.warning("alerts_run_failed", error=str(exc)[:500], retry_in_s=interval_s)
                 if self._ch is not None:
                     ch, self._ch = self._ch, None
                     await asyncio.to_thread(ch.close)
@@ -371,7 +371,7 @@ def run_alerts_command(
             loop = asyncio.get_running_loop()
             for signum in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(signum, stop.set)
-            log.info("alerts.started", rules=[r.name for r in rules], interval_s=interval_s)
+            log.info("alerts_started", rules=[r.name for r in rules], interval_s=interval_s)
             await runner.run(stop, interval_s)
         finally:
             await runner.stop()

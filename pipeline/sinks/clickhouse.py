@@ -222,7 +222,7 @@ class ClickHouse:
             return
         self._closed = True
         self._client.close()
-        _log.debug("clickhouse.closed", backend=self._backend, where=self._where)
+        _log.debug("clickhouse_closed", backend=self._backend, where=self._where)
 
     def __enter__(self) -> Self:
         return self
@@ -312,7 +312,7 @@ def open_handle(
     except BaseException:
         client.close()
         raise
-    _log.info("clickhouse.opened", backend=backend, where=where, database=database)
+    _log.info("clickhouse_opened", backend=backend, where=where, database=database)
     return ClickHouse(client, backend=backend, where=where, database=database)
 
 

@@ -31,7 +31,7 @@ def kill_after_inserts(count: int) -> AfterInsert:
 
     def after_insert(inserts: int, token: str) -> None:
         if inserts >= count:
-            log.warning("sink.fault_kill", inserts=inserts, token=token)
+            log.warning("sink_fault_kill", inserts=inserts, token=token)
             os.kill(os.getpid(), signal.SIGKILL)
 
     return after_insert

@@ -155,7 +155,7 @@ class ClickHouseSink:
             self.settings.kafka, self.group_id, list(self.kinds), self._events
         )
         log.info(
-            "sink.started",
+            "sink_started",
             group=self.group_id,
             topics=sorted(self.kinds),
             flush_rows=self.flush_rows,
@@ -174,7 +174,7 @@ class ClickHouseSink:
                 await self._admin.close()
         await self.writer.close()
         self.stats.quarantined_rows = self.quarantine.rows
-        log.info("sink.stopped", **self.stats.as_dict())
+        log.info("sink_stopped", **self.stats.as_dict())
 
     async def _shutdown(self) -> None:
         """Plan what is buffered, close every cap, commit the plan, insert, commit."""
@@ -187,7 +187,7 @@ class ClickHouseSink:
                 break
             await asyncio.sleep(min(self.writer.backoff_s, max(0.0, deadline - time.monotonic())))
         if self._has_pending():
-            log.warning("sink.shutdown_with_pending", reason="clickhouse unavailable")
+            log.warning("sink_shutdown_with_pending", reason="clickhouse unavailable")
         await self._commit()
 
     # -- rebalances ----------------------------------------------------------------------
@@ -205,7 +205,7 @@ class ClickHouseSink:
             except SinkError:
                 raise
             except Exception as exc:  # Kafka hiccup: keep the event, retry after a poll
-                log.warning("sink.load_failed", error=str(exc)[:300], partitions=len(tps))
+                log.warning("sink_load_failed", error=str(exc)[:300], partitions=len(tps))
                 self._events.appendleft((what, tps))
                 return
 
@@ -232,7 +232,7 @@ class ClickHouseSink:
                 self._consumer.seek(tp, offset)
             if plan:
                 log.info(
-                    "sink.replaying",
+                    "sink_replaying",
                     topic=tp.topic,
                     partition=tp.partition,
                     offset=offset,
@@ -269,13 +269,13 @@ class ClickHouseSink:
             error = str(exc)[:300]
         if message.bad_rows:
             self.stats.bad_rows += message.bad_rows
-            _warn(record, "sink.bad_rows", rows=message.bad_rows, quarantined=True)
+            _warn(record, "sink_bad_rows", rows=message.bad_rows, quarantined=True)
             self.quarantine.queue_rejects(
                 record.topic, record.partition, record.offset, message.rejects
             )
         if message.bad_reason is not None:
             self.stats.bad_messages += 1
-            _warn(record, "sink.bad_message", reason=message.bad_reason, error=error)
+            _warn(record, "sink_bad_message", reason=message.bad_reason, error=error)
         return message
 
     async def _send_rejects(self) -> bool:
@@ -340,7 +340,7 @@ class ClickHouseSink:
             lane.dropped_rows = 0
             self.stats.upstream_replayed_rows += dropped
             log.warning(
-                "sink.upstream_replay_dropped",
+                "sink_upstream_replay_dropped",
                 topic=tp.topic,
                 partition=tp.partition,
                 rows=dropped,
@@ -350,7 +350,7 @@ class ClickHouseSink:
         if lane.marks_cut:
             lane.marks_cut = False
             log.warning(
-                "sink.marks_cut",
+                "sink_marks_cut",
                 topic=tp.topic,
                 partition=tp.partition,
                 input_partitions=sum(len(found) for found in lane.marks.values()),
@@ -372,7 +372,7 @@ class ClickHouseSink:
             await self._consumer.commit(offsets)
         except (KafkaError, AssertionError) as exc:
             self.stats.commit_failures += 1
-            log.warning("sink.commit_failed", error=str(exc)[:300], partitions=len(offsets))
+            log.warning("sink_commit_failed", error=str(exc)[:300], partitions=len(offsets))
             for tp in offsets:
                 self.lanes.pop(tp, None)
             self._events.append(("reload", [tp for tp in offsets if self._assigned(tp)]))
@@ -407,7 +407,7 @@ class ClickHouseSink:
             self._paused_outage = False
             resumable = [tp for tp in self._consumer.assignment() if tp not in self._paused_full]
             self._consumer.resume(*resumable)
-            log.info("sink.clickhouse_back", retry_after_s=self.writer.backoff_s)
+            log.info("sink_clickhouse_back", retry_after_s=self.writer.backoff_s)
         self.writer.recovered()
 
     def _failed(self, exc: Exception) -> None:
@@ -422,4 +422,4 @@ class ClickHouseSink:
         if now - self._last_progress_s >= PROGRESS_LOG_INTERVAL_S:
             self._last_progress_s = now
             self.stats.quarantined_rows = self.quarantine.rows
-            log.info("sink.progress", lanes=len(self.lanes), **self.stats.as_dict())
+            log.info("sink_progress", lanes=len(self.lanes), **self.stats.as_dict())

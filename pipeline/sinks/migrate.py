@@ -210,7 +210,7 @@ def _apply_one(ch: ClickHouse, settings: ClickHouseSettings, migration: Migratio
         settings=CLUSTER_INSERT_SETTINGS if settings.cluster else None,  # stored on return
     )
     _log.info(
-        "clickhouse.migration_applied",
+        "clickhouse_migration_applied",
         version=migration.version,
         name=migration.name,
         statements=len(statements),

@@ -131,7 +131,7 @@ class DeadLetterProducer:
         for key, value, headers in quarantined.messages():
             await self._producer.send_and_wait(self.topic, value=value, key=key, headers=headers)
         log.error(
-            "sink.quarantined", reason=quarantined.reason, table=quarantined.table,
+            "sink_quarantined", reason=quarantined.reason, table=quarantined.table,
             rows=len(quarantined.rows), topic=quarantined.topic,
             partition=quarantined.partition, offset=quarantined.offset,
             token=quarantined.token, detail=quarantined.detail[:300],

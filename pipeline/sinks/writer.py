@@ -103,7 +103,7 @@ class TableWriter:
         self.stats.insert_failures += 1
         transient = not isinstance(exc, ClickHouseError) or isinstance(exc, ClickHouseUnavailable)
         (log.warning if transient else log.error)(
-            "sink.insert_failed",
+            "sink_insert_failed",
             error=str(exc)[:500],
             transient=transient,
             retry_in_s=round(self.backoff_s, 3),

@@ -641,7 +641,7 @@ async def test_sink_writes_every_topic_exactly(
         ("not_json", "ingest", "auth.login-attempts", 1, 11),
         ("unknown", "unknown", topics.dlq, 1, 1),
     ]
-    (stopped,) = sink.events("sink.stopped")
+    (stopped,) = sink.events("sink_stopped")
     assert (stopped["bad_messages"], stopped["bad_rows"]) == (4, 1)
     assert stopped["quarantined_rows"] == 1
 
@@ -655,7 +655,7 @@ async def test_sigkill_between_insert_and_commit_writes_nothing_twice(
     await produce(kafka_bootstrap, _workload(topics, minute))
     sink.start({"AUTHPIPE_FAULT_SINK_KILL_AFTER_INSERTS": "3"})
     assert sink.wait_exit(SINK_TIMEOUT_S) == -signal.SIGKILL, sink.tail()
-    (fault,) = sink.events("sink.fault_kill")
+    (fault,) = sink.events("sink_fault_kill")
     assert fault["inserts"] == 3
 
     sink.start()
@@ -670,7 +670,7 @@ async def test_sigkill_between_insert_and_commit_writes_nothing_twice(
         description="every row after the restart",
     )
     assert sink.stop() == 0
-    assert sink.events("sink.replaying"), "the restart did not replay a recorded plan"
+    assert sink.events("sink_replaying"), "the restart did not replay a recorded plan"
     weight, rows, distinct = totals(ch)
     assert (weight, rows, distinct) == (191, 143, 143), sink.tail()
     for table in ("decisions", "alerts", "dead_letters"):
@@ -703,9 +703,9 @@ async def test_upstream_replay_after_a_sink_restart_is_written_once(
     assert sink.stop() == 0
     assert totals(ch) == (REPLAY_ATTEMPTS, REPLAY_ROWS, REPLAY_ROWS), sink.tail()
     assert scalar(ch, "SELECT sum(attempts) FROM attempts_by_flow_minute") == REPLAY_ATTEMPTS
-    dropped = sink.events("sink.upstream_replay_dropped")
+    dropped = sink.events("sink_upstream_replay_dropped")
     assert sum(event["rows"] for event in dropped) == 70
-    (_, stopped) = sink.events("sink.stopped")
+    (_, stopped) = sink.events("sink_stopped")
     assert stopped["upstream_replayed_rows"] == 70
 
 
@@ -731,7 +731,7 @@ async def test_clickhouse_outage_mid_stream_loses_nothing(
     chhttp.stop()
     await produce(kafka_bootstrap, _workload(topics, minute + timedelta(minutes=1)))
     wait_until(
-        lambda: sink.events("sink.insert_failed"), SINK_TIMEOUT_S,
+        lambda: sink.events("sink_insert_failed"), SINK_TIMEOUT_S,
         description="the sink to hit the outage",
     )  # fmt: skip
     assert sink.process is not None and sink.process.poll() is None, "the sink exited"
@@ -750,7 +750,7 @@ async def test_clickhouse_outage_mid_stream_loses_nothing(
     assert sink.stop() == 0
     weight, rows, distinct = totals(ch)
     assert (weight, rows, distinct) == (221, 173, 173), sink.tail()
-    assert sink.events("sink.clickhouse_back"), sink.tail()
+    assert sink.events("sink_clickhouse_back"), sink.tail()
     assert scalar(ch, "SELECT sum(attempts) FROM attempts_by_flow_minute") == 221
 
 
@@ -795,7 +795,7 @@ async def test_a_batch_over_more_days_than_the_partition_limit_is_written_exactl
     assert scalar(ch, "SELECT uniqExact(toDate(ts)) FROM attempts") == 120
     assert scalar(ch, "SELECT sum(attempts) FROM attempts_by_flow_minute") == 120
     assert scalar(ch, "SELECT count() FROM dead_letters") == 0
-    (stopped,) = sink.events("sink.stopped")
+    (stopped,) = sink.events("sink_stopped")
     assert (stopped["inserts"], stopped["insert_failures"]) == (2, 0)  # days 1-100, 101-120
 
 
@@ -841,7 +841,7 @@ async def test_a_batch_clickhouse_refuses_for_good_is_quarantined_and_the_sink_g
     body = json.loads(dead.value)
     assert (body["table"], len(body["rows"])) == ("attempts", 150)
     assert [row[-1] for row in body["rows"]] == list(range(150))
-    (quarantined,) = sink.events("sink.quarantined")
+    (quarantined,) = sink.events("sink_quarantined")
     assert (quarantined["reason"], quarantined["rows"]) == ("too_many_partitions", 150)
 
 

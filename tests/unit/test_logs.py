@@ -74,3 +74,19 @@ def test_one_shot_command_keeps_stdout_for_people(tmp_path: Path) -> None:
     errors = done.stderr.splitlines()
     assert any("simulate_started" in line and not line.startswith("{") for line in errors)
     assert errors[-2].startswith("simulate: 100 % ")
+
+
+def test_every_log_event_name_is_one_snake_case_word_list() -> None:
+    """Log events are constant names in one style, ``component_event`` (snake case), never
+    ``component.event``: a search for one event finds it in every service's logs."""
+    import re
+    from pathlib import Path
+
+    call = re.compile(r"\blog\w*\.(?:debug|info|warning|error|exception|critical)\(\s*\"([^\"]+)\"")
+    names = {
+        name
+        for path in Path(__file__).resolve().parents[2].joinpath("pipeline").rglob("*.py")
+        for name in call.findall(path.read_text())
+    }
+    assert len(names) > 50
+    assert sorted(n for n in names if not re.fullmatch(r"[a-z][a-z0-9]*(_[a-z0-9]+)+", n)) == []
