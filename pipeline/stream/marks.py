@@ -13,12 +13,22 @@ passes in; the wall clock only decides when a partition counts as idle.
   that reached any partition in the last ``idle_ms`` (a producer's next event there is
   about as new as what the others receive now, live or replaying a backlog);
 * when every partition is read to its end and silent for ``idle_ms``, everything read is
-  released (mark = newest + 1, or the wall clock less ``slack_ms`` if later): the tail of
-  a replayed backlog, or a quiet moment.
+  released: mark = newest + 1 (the tail of a replayed backlog, or a quiet moment). Never
+  the wall clock: a producer replaying history (``authpipe simulate --speedup 0``, a
+  backfill, the demo's patient day then its mixed hour) sends events far older than the
+  wall clock, and any of its pauses (a CPU stall, the next run starting) would otherwise
+  put every later event below the released watermark: applied late, in arrival order,
+  with the tenant signals evaluated only when the watermark next crosses a second
+  boundary (issue 14's demo: 117,134 of 122,134 rows late, ``stuffing_tenant`` lost, the
+  stuffing response at 64 attempts instead of 20). Producers write each partition in
+  event-time order, and a producer that paused with everything it wrote read resumes
+  at or after the newest event read, live or replaying.
 
 The reordering therefore costs a live event at most the time until every input
 partition has delivered a later event, and at most ``idle_ms`` of wall time plus
-``slack_ms`` of event time when one of them is quiet.
+``slack_ms`` of event time when one of them is quiet. With several workers, a worker
+whose partitions all went quiet holds the others' rows newer than its newest event until
+its partitions receive input again (delayed, never reordered).
 """
 
 from __future__ import annotations
@@ -41,7 +51,6 @@ class InputMarks:
         self.latest: dict[int, int] = {}
         self.arrived_ms: dict[int, int] = {}
         self.caught_up_ms: dict[int, int] = {}
-        self.flush_ms: int | None = None
         # (wall_ms, oldest event time) of recent arrivals, for the idle partitions' marks.
         self.recent: deque[tuple[int, int]] = deque()
 
@@ -76,15 +85,8 @@ class InputMarks:
             if p in done and wall_ms - max(self.caught_up_ms[p], self.arrived_ms.get(p, NO_MARK)) >= self.idle_ms
         }  # fmt: skip
         if len(idle) == len(parts):
-            # Past the newest event this ingest read, and no lower than the wall clock less
-            # the slack: what another worker's ingest (or this one before a restart) read
-            # later than that is released too, and a live producer's next event is newer.
-            # Taken once per quiet period: marks that follow the wall clock would send
-            # envelopes through every stage every batch while nothing happens.
-            if self.flush_ms is None:
-                self.flush_ms = max(top + 1, wall_ms - self.slack_ms)
-            return [[p, self.flush_ms] for p in parts]
-        self.flush_ms = None
+            # Past the newest event read, and no further (see the module docstring).
+            return [[p, top + 1] for p in parts]
         recent = self.recent
         while recent and recent[0][0] < wall_ms - self.idle_ms:
             recent.popleft()
