@@ -46,8 +46,12 @@ def test_the_demo_scenario_live_equals_its_replay(
     outputs = [stream_names.decisions, stream_names.alerts]
 
     def probe() -> tuple[int, int] | None:
+        # Held rows too: an envelope faust dropped after the restart is committed past (no
+        # internal lag) but applied only by the stranded-partition seek 10 s later.
         lag = internal_lag(kafka_bootstrap, stream_names)
-        return None if lag else (lag, end_offsets(kafka_bootstrap, outputs))
+        if lag or worker.metric("authpipe_reorder_held_rows"):
+            return None
+        return (lag, end_offsets(kafka_bootstrap, outputs))
 
     wait_until(settled(probe, QUIET_S), SETTLE_TIMEOUT_S, interval_s=1.0,
                description="no internal lag and decisions and alerts settled")  # fmt: skip
