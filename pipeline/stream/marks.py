@@ -22,7 +22,9 @@ passes in; the wall clock only decides when a partition counts as idle.
 
 The reordering therefore costs a live event at most the time until every input
 partition has delivered a later event, and at most ``idle_ms`` of wall time plus
-``slack_ms`` of event time when one of them is quiet.
+``slack_ms`` of event time when one of them is quiet. With several workers, a worker
+whose partitions all went quiet holds the others' rows newer than its newest event until
+its partitions receive input again (delayed, never reordered).
 """
 
 from __future__ import annotations

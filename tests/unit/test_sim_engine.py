@@ -8,7 +8,7 @@ from pipeline.core.policy import DEFAULT_POLICY
 from pipeline.settings import load_settings
 from pipeline.sim.outputs import run_engine
 from pipeline.sim.replay import replay
-from pipeline.sim.scenarios import MIXED_SCENARIOS, SimConfig
+from pipeline.sim.scenarios import MIXED_SCENARIOS, SLOW_ATTACKS, SimConfig
 from pipeline.sim.scoring import score
 from pipeline.sim.simulate import SimulateOptions, dry_run
 from pipeline.sim.truth import load_truth
@@ -102,4 +102,33 @@ def test_stuffing_stopped_at_demo_pace_without_refusing_nat_typos_stale_app_or_i
     assert set(spray.blocks) <= {"lockout"}
     assert "spray_source" in spray.alerts
     assert set(card.legit_attempts) >= {"nat_office", "ordinary", "ipv6_rotating", "stale_app"}
+    assert card.legit_refused_total == 0
+
+
+def test_the_demo_scenario_stops_stuffing_within_50_attempts(tmp_path: Path) -> None:
+    """The demo's traffic (seed 1: a day of the patient attackers, then the mixed hour at 25
+    logins/s, as ``authpipe demo`` plays it) through the core: stuffing stopped with 0
+    takeovers, first answered by ``stuffing_tenant`` after exactly 14 of its attempts (the
+    live run equals this replay: tests/integration/test_replay_parity.py), spray and
+    low-and-slow spray alerted, 0 legitimate attempts refused."""
+    day_ms, hour_ms = 86_400_000, 3_600_000
+    truth = tmp_path / "truth.jsonl"
+    parts = []
+    for name, config in (
+        ("patient", SimConfig(SLOW_ATTACKS, 1.0, day_ms, 1, START_MS - day_ms - 30_000)),
+        ("mixed", SimConfig(MIXED_SCENARIOS, 25.0, hour_ms, 1, START_MS)),
+    ):  # fmt: skip
+        part = tmp_path / f"truth-{name}.jsonl"
+        dry_run(SimulateOptions(config, 0, part, tmp_path / f"events-{name}.jsonl"))
+        parts.append(part.read_bytes())
+    truth.write_bytes(b"".join(parts))
+    events = load_truth(truth, build_normaliser(load_settings()))
+    card = score(events, run_engine(events, DEFAULT_POLICY))
+    by_name = {a.attack: a for a in card.attacks}
+    stuffing = by_name["credential_stuffing"]
+    assert (stuffing.status, stuffing.account_takeovers, stuffing.response_by) == ("stopped", 0, "alert:stuffing_tenant")
+    assert (stuffing.allowed_before_response, stuffing.response_ms - stuffing.start_ms) == (14, 3_918)
+    assert "spray_source" in by_name["spray"].alerts
+    assert "spray_tenant" in by_name["low_and_slow_spray"].alerts
+    assert card.takeovers == 0
     assert card.legit_refused_total == 0

@@ -57,3 +57,18 @@ def test_a_producer_writing_the_past_is_flushed_to_its_newest_event_not_the_wall
     assert marks.marks([0], [0], 50_500) == [[0, 10_001]]
     marks.observe(0, 10_200, 51_000)  # the producer goes on: not late
     assert marks.marks([0], [], 51_000) == [[0, 10_200]]
+
+
+def test_a_quiet_replay_of_history_is_not_overtaken_by_the_wall_clock() -> None:
+    """A backlog an hour old read, then quiet (a producer pause, the next replay starting): the
+    marks pass its newest event and stay there, whatever the wall clock says, so the next
+    events (the replay resuming, or the demo's mixed hour after its patient day) are not late."""
+    hour_ms = 3_600_000
+    marks = InputMarks(idle_ms=500, slack_ms=1000)
+    marks.observe(0, 10_000, 10 * hour_ms)
+    marks.observe(1, 9_000, 10 * hour_ms)
+    marks.marks([0, 1], [0, 1], 10 * hour_ms)
+    assert marks.marks([0, 1], [0, 1], 10 * hour_ms + 500) == [[0, 10_001], [1, 10_001]]
+    assert marks.marks([0, 1], [0, 1], 11 * hour_ms) == [[0, 10_001], [1, 10_001]]
+    marks.observe(1, 10_001, 11 * hour_ms)  # the replay resumes at its newest event + 1 ms
+    assert marks.marks([0, 1], [0], 11 * hour_ms) == [[0, 10_000], [1, 10_001]]
