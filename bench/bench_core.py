@@ -41,14 +41,16 @@ TENANTS = (("default", 0.7), ("acme", 0.2), ("globex", 0.1))
 
 def bench_policy() -> Policy:
     """Defaults with every rule on, an allowlist, and a tenant with its own thresholds."""
-    return policy_from_mapping({
-        "policy_version": "bench-1",
-        "defaults": {
-            "source": {"threshold": 200, "mode": "enforce"},
-            "allowlist": ["192.0.2.0/24", "2001:db8:ffff::/48"],
-        },
-        "tenants": {"acme": {"account_source": {"threshold": 3}, "account": {"threshold": 30}}},
-    })  # fmt: skip
+    return policy_from_mapping(
+        {
+            "policy_version": "bench-1",
+            "defaults": {
+                "source": {"threshold": 200, "mode": "enforce"},
+                "allowlist": ["192.0.2.0/24", "2001:db8:ffff::/48"],
+            },
+            "tenants": {"acme": {"account_source": {"threshold": 3}, "account": {"threshold": 30}}},
+        }
+    )
 
 
 class _Traffic:
@@ -83,29 +85,64 @@ class _Traffic:
         success = rng.random() < 0.9
         session = device if flow == "uia" else None
         reason = None if success else ("bad_second_factor" if flow == "mfa" else "bad_password")
-        return Attempt(eid, t, tenant, account, source, device, session, trusted, flow,
-                       success, reason)  # fmt: skip
+        return Attempt(
+            eid, t, tenant, account, source, device, session, trusted, flow, success, reason
+        )
 
     def brute_force(self, eid: str, t: int) -> Attempt:
         source, account = self.rng.choice(self.brute)
-        return Attempt(eid, t, "default", account, source, None, None, False, "login",
-                       False, "bad_password")  # fmt: skip
+        return Attempt(
+            eid, t, "default", account, source, None, None, False, "login", False, "bad_password"
+        )
 
     def distributed(self, eid: str, t: int) -> Attempt:
         rng = self.rng
-        return Attempt(eid, t, "default", rng.choice(self.victims), rng.choice(self.botnet),
-                       None, None, False, "login", False, "bad_password")  # fmt: skip
+        return Attempt(
+            eid,
+            t,
+            "default",
+            rng.choice(self.victims),
+            rng.choice(self.botnet),
+            None,
+            None,
+            False,
+            "login",
+            False,
+            "bad_password",
+        )
 
     def spray(self, eid: str, t: int) -> Attempt:
         rng = self.rng
-        return Attempt(eid, t, "default", self.hexid(), rng.choice(self.sprayers), None, None,
-                       False, "login", False, "bad_password")  # fmt: skip
+        return Attempt(
+            eid,
+            t,
+            "default",
+            self.hexid(),
+            rng.choice(self.sprayers),
+            None,
+            None,
+            False,
+            "login",
+            False,
+            "bad_password",
+        )
 
     def stuffing(self, eid: str, t: int) -> Attempt:
         rng = self.rng
         reason = "unknown_account" if rng.random() < 0.9 else "bad_password"
-        return Attempt(eid, t, "acme", self.hexid(), rng.choice(self.stuffers), None, None,
-                       False, "login", False, reason)  # fmt: skip
+        return Attempt(
+            eid,
+            t,
+            "acme",
+            self.hexid(),
+            rng.choice(self.stuffers),
+            None,
+            None,
+            False,
+            "login",
+            False,
+            reason,
+        )
 
 
 def _pick(rng: random.Random, weighted: tuple[tuple[str, float], ...]) -> str:
@@ -122,9 +159,12 @@ def generate(events: int, seed: int = 7, users: int = 50_000) -> list[Attempt]:
     rng = random.Random(seed)
     traffic = _Traffic(rng, users)
     kinds = (
-        (traffic.user, 0.80), (traffic.brute_force, 0.05), (traffic.distributed, 0.05),
-        (traffic.spray, 0.05), (traffic.stuffing, 0.05),
-    )  # fmt: skip
+        (traffic.user, 0.80),
+        (traffic.brute_force, 0.05),
+        (traffic.distributed, 0.05),
+        (traffic.spray, 0.05),
+        (traffic.stuffing, 0.05),
+    )
     mean_gap_ms = 1000 / EVENTS_PER_SECOND
     t = float(T0_MS)
     out: list[Attempt] = []
@@ -217,18 +257,28 @@ def main(argv: list[str] | None = None) -> int:
     rate, baseline, engine = timed(args.events, args.seed, args.repeat)
     gc.set_threshold(*defaults)
     m = engine.accounts.metrics
-    print(f"events/s: {rate:,.0f} ({args.events:,} events, best of {args.repeat}, CPU time, "
-          f"the worker's GC thresholds {GC_THRESHOLDS}); {default_gc_rate:,.0f} with CPython's")  # fmt: skip
-    print(f"dict counting on this machine: {baseline:,.0f} events/s "
-          f"({1e6 / baseline:.2f} us/event; the core takes {baseline / rate:.1f}x that)")  # fmt: skip
-    print(f"decisions: {m.decisions + engine.sources.metrics.decisions:,}, "
-          f"alerts: {m.alerts + engine.sources.metrics.alerts:,}, "
-          f"entries: {engine.accounts.entries() + engine.sources.entries():,}")  # fmt: skip
+    print(
+        f"events/s: {rate:,.0f} ({args.events:,} events, best of {args.repeat}, CPU time, "
+        f"the worker's GC thresholds {GC_THRESHOLDS}); {default_gc_rate:,.0f} with CPython's"
+    )
+    print(
+        f"dict counting on this machine: {baseline:,.0f} events/s "
+        f"({1e6 / baseline:.2f} us/event; the core takes {baseline / rate:.1f}x that)"
+    )
+    print(
+        f"decisions: {m.decisions + engine.sources.metrics.decisions:,}, "
+        f"alerts: {m.alerts + engine.sources.metrics.alerts:,}, "
+        f"entries: {engine.accounts.entries() + engine.sources.entries():,}"
+    )
     result: dict[str, Any] = {
-        "bench": "core", "events": args.events, "events_per_s": round(rate),
-        "us_per_event": round(1e6 / rate, 2), "dict_counting_events_per_s": round(baseline),
-        "events_per_s_default_gc": round(default_gc_rate), "gc_thresholds": list(GC_THRESHOLDS),
-    }  # fmt: skip
+        "bench": "core",
+        "events": args.events,
+        "events_per_s": round(rate),
+        "us_per_event": round(1e6 / rate, 2),
+        "dict_counting_events_per_s": round(baseline),
+        "events_per_s_default_gc": round(default_gc_rate),
+        "gc_thresholds": list(GC_THRESHOLDS),
+    }
     if not args.no_memory:
         held, entries = table_bytes(args.events, args.seed)
         per_key = held / entries if entries else 0.0

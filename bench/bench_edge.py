@@ -135,13 +135,23 @@ def decision_message(key: Key, expires_ms: int, now_ms: int, n: int) -> tuple[by
     scope, tenant, account, source, device = key
     wire_key = format_key(key)
     decision = Decision(
-        decision_id=f"{n:032x}", key=wire_key, tenant=tenant, scope=scope,  # type: ignore[arg-type]
-        account_digest=account, source=source, device_id=device,
+        decision_id=f"{n:032x}",
+        key=wire_key,
+        tenant=tenant,
+        scope=scope,  # type: ignore[arg-type]
+        account_digest=account,
+        source=source,
+        device_id=device,
         applies_to=APPLIES_TO[scope],  # type: ignore[arg-type]
-        action="block", rule=scope, count=5, threshold=5, window_ms=15 * MIN_MS,
-        issued_at=ms_to_datetime(now_ms), expires_at=ms_to_datetime(expires_ms),
+        action="block",
+        rule=scope,
+        count=5,
+        threshold=5,
+        window_ms=15 * MIN_MS,
+        issued_at=ms_to_datetime(now_ms),
+        expires_at=ms_to_datetime(expires_ms),
         policy_version="bench-edge-1",
-    )  # fmt: skip
+    )
     return wire_key.encode(), encode(decision)
 
 
@@ -204,8 +214,18 @@ def bench_check(view: DecisionView, work: Workload, calls: int) -> dict[str, flo
     hot_rates, _ = _rate(len(hot), hot_set)
     refused_rates, _ = _rate(len(blocked), refusals)
     core_rates, _ = _rate(len(keys), core_only)
-    cold = [(TENANT, f"new{i}@example.org", f"172.16.{i >> 8 & 255}.{i & 255}", (), None, False,
-             "login") for i in range(50_000)]  # fmt: skip
+    cold = [
+        (
+            TENANT,
+            f"new{i}@example.org",
+            f"172.16.{i >> 8 & 255}.{i & 255}",
+            (),
+            None,
+            False,
+            "login",
+        )
+        for i in range(50_000)
+    ]
     started = time.perf_counter()
     for args in cold:
         check(*args)
@@ -228,8 +248,15 @@ def view_keys_args(view: DecisionView, args: tuple[Any, ...]) -> tuple[Any, ...]
     tenant, account, address, hops, device, trusted, flow = args
     norm = view.normaliser
     device_digest = norm.digester.device(tenant, device) if device else None
-    return (tenant, norm.account_digest(tenant, account), norm.sources.source_of(address, hops),
-            device_digest, None, trusted and device_digest is not None, flow)  # fmt: skip
+    return (
+        tenant,
+        norm.account_digest(tenant, account),
+        norm.sources.source_of(address, hops),
+        device_digest,
+        None,
+        trusted and device_digest is not None,
+        flow,
+    )
 
 
 # -- 2. HTTP latency -----------------------------------------------------------------------
@@ -342,7 +369,7 @@ async def _client(url: str, rate: int, duration_s: float, connections: int, seed
     paths = [
         "/v1/check?account={}&ip={}".format(*Workload.user(rng.randrange(POOL))[:2]).encode()
         for _ in range(5000)
-    ]  # fmt: skip
+    ]
     load = _Load(host, paths)
     loop = asyncio.get_running_loop()
     for _ in range(connections):
@@ -373,17 +400,24 @@ async def _client(url: str, rate: int, duration_s: float, connections: int, seed
     client_cpu_s = client_times.user - times_started.user + client_sys_s
     client_waited_s = run_queue_wait_s() - waited_started_s
     latencies = sorted(load.latencies)
-    print(orjson.dumps({
-        "requests": total, "errors": load.errors, "achieved_rps": round(total / elapsed),
-        "p50_ms": round(latencies[len(latencies) // 2] * 1000, 3),
-        "p99_ms": round(latencies[int(len(latencies) * 0.99)] * 1000, 3),
-        "max_ms": round(latencies[-1] * 1000, 3),
-        "client_cpu_us_per_request": round(client_cpu_s / total * 1e6),
-        "client_system_cpu_us_per_request": round(client_sys_s / total * 1e6),
-        "client_run_queue_ms": round(client_waited_s * 1000),
-        "late_p99_ms": _p99_ms(load.late), "round_trip_p50_ms": _p50_ms(load.round_trips),
-        "round_trip_p99_ms": _p99_ms(load.round_trips),
-    }).decode())  # fmt: skip
+    print(
+        orjson.dumps(
+            {
+                "requests": total,
+                "errors": load.errors,
+                "achieved_rps": round(total / elapsed),
+                "p50_ms": round(latencies[len(latencies) // 2] * 1000, 3),
+                "p99_ms": round(latencies[int(len(latencies) * 0.99)] * 1000, 3),
+                "max_ms": round(latencies[-1] * 1000, 3),
+                "client_cpu_us_per_request": round(client_cpu_s / total * 1e6),
+                "client_system_cpu_us_per_request": round(client_sys_s / total * 1e6),
+                "client_run_queue_ms": round(client_waited_s * 1000),
+                "late_p99_ms": _p99_ms(load.late),
+                "round_trip_p50_ms": _p50_ms(load.round_trips),
+                "round_trip_p99_ms": _p99_ms(load.round_trips),
+            }
+        ).decode()
+    )
 
 
 async def bench_http(
@@ -401,10 +435,18 @@ async def bench_http(
     times_started, waited_started_s = os.times(), run_queue_wait_s()
     try:
         process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "bench.bench_edge", "--client", f"http://127.0.0.1:{port}",
-            "--rate", str(rate), "--duration-s", str(duration_s),
-            stdout=asyncio.subprocess.PIPE, cwd=REPO_ROOT,
-        )  # fmt: skip
+            sys.executable,
+            "-m",
+            "bench.bench_edge",
+            "--client",
+            f"http://127.0.0.1:{port}",
+            "--rate",
+            str(rate),
+            "--duration-s",
+            str(duration_s),
+            stdout=asyncio.subprocess.PIPE,
+            cwd=REPO_ROOT,
+        )
         out, _ = await asyncio.wait_for(process.communicate(), timeout=duration_s + 120)
     finally:
         await runner.cleanup()
@@ -448,8 +490,9 @@ def broker(bootstrap: str | None) -> Iterator[str]:
 
 @asynccontextmanager
 async def producer(bootstrap: str, linger_ms: int = 5) -> AsyncIterator[AIOKafkaProducer]:
-    client = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=linger_ms,
-                              max_batch_size=1 << 20)  # fmt: skip
+    client = AIOKafkaProducer(
+        bootstrap_servers=bootstrap, acks="all", linger_ms=linger_ms, max_batch_size=1 << 20
+    )
     await client.start()
     try:
         yield client
@@ -485,9 +528,12 @@ async def bench_load(
         assert len(view) == expected, (len(view), expected)
     finally:
         await feed.stop()
-    return {"cold_load_decisions": expected, "cold_load_s": round(load_s, 3),
-            "cold_load_cpu_s": round(load_cpu_s, 3),
-            "cold_load_per_s": round(expected / load_s)}  # fmt: skip
+    return {
+        "cold_load_decisions": expected,
+        "cold_load_s": round(load_s, 3),
+        "cold_load_cpu_s": round(load_cpu_s, 3),
+        "cold_load_per_s": round(expected / load_s),
+    }
 
 
 async def bench_visible(
@@ -524,14 +570,16 @@ async def bench_visible(
 
 
 def _print_check(results: dict[str, Any]) -> None:
-    print(f"check: {results['check_calls_per_s']:,} calls/s warm, best of {ROUNDS} "
-          f"({results['check_calls_per_cpu_s']:,} per CPU second) "
-          f"(median {results['check_calls_per_s_median']:,}; {results['check_us']} us; "
-          f"{results['check_refused_share']:.1%} refused); {results['check_hot_calls_per_s']:,} "
-          f"calls/s over 100 distinct attempts; {results['check_refused_calls_per_s']:,}"
-          f" calls/s refusals only; {results['check_cold_calls_per_s']:,} calls/s cold caches; "
-          f"core DecisionIndex.check alone {results['core_index_check_calls_per_s']:,} calls/s",
-          flush=True)  # fmt: skip
+    print(
+        f"check: {results['check_calls_per_s']:,} calls/s warm, best of {ROUNDS} "
+        f"({results['check_calls_per_cpu_s']:,} per CPU second) "
+        f"(median {results['check_calls_per_s_median']:,}; {results['check_us']} us; "
+        f"{results['check_refused_share']:.1%} refused); {results['check_hot_calls_per_s']:,} "
+        f"calls/s over 100 distinct attempts; {results['check_refused_calls_per_s']:,}"
+        f" calls/s refusals only; {results['check_cold_calls_per_s']:,} calls/s cold caches; "
+        f"core DecisionIndex.check alone {results['core_index_check_calls_per_s']:,} calls/s",
+        flush=True,
+    )
 
 
 async def run_broker_parts(
@@ -543,12 +591,18 @@ async def run_broker_parts(
         fill_s = await fill_topic(bootstrap, topic, keys)
         print(f"produced {len(keys):,} decisions in {fill_s:.1f} s", flush=True)
         results |= await bench_load(bootstrap, topic, settings, len(keys))
-        print(f"cold load: {results['cold_load_decisions']:,} decisions in "
-              f"{results['cold_load_s']} s ({results['cold_load_per_s']:,}/s; "
-              f"{results['cold_load_cpu_s']} s of CPU)", flush=True)  # fmt: skip
+        print(
+            f"cold load: {results['cold_load_decisions']:,} decisions in "
+            f"{results['cold_load_s']} s ({results['cold_load_per_s']:,}/s; "
+            f"{results['cold_load_cpu_s']} s of CPU)",
+            flush=True,
+        )
         results |= await bench_visible(bootstrap, topic, settings, args.visible_samples)
-        print(f"produce-to-visible: p50 {results['visible_p50_ms']} ms, "
-              f"p99 {results['visible_p99_ms']} ms", flush=True)  # fmt: skip
+        print(
+            f"produce-to-visible: p50 {results['visible_p50_ms']} ms, "
+            f"p99 {results['visible_p99_ms']} ms",
+            flush=True,
+        )
     return results
 
 
@@ -575,18 +629,21 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         results |= min(rounds, key=lambda r: r["http_p99_ms"])
         results["http_rounds_p99_ms"] = [r["http_p99_ms"] for r in rounds]
         results["http_site"] = args.http_site
-        print(f"http /v1/check at {args.rate} req/s, best p99 of {args.http_rounds} rounds "
-              f"{results['http_rounds_p99_ms']}: p50 {results['http_p50_ms']} ms, "
-              f"p99 {results['http_p99_ms']} ms, achieved {results['http_achieved_rps']} req/s, "
-              f"errors {results['http_errors']}; CPU per request: server "
-              f"{results['http_server_cpu_us_per_request']} us (system "
-              f"{results['http_server_system_cpu_us_per_request']}), client "
-              f"{results['http_client_cpu_us_per_request']} us (system "
-              f"{results['http_client_system_cpu_us_per_request']}); p99 of sending late "
-              f"{results['http_late_p99_ms']} ms, of the round trip "
-              f"{results['http_round_trip_p99_ms']} ms; waited for a CPU: server "
-              f"{results['http_server_run_queue_ms']} ms, client "
-              f"{results['http_client_run_queue_ms']} ms", flush=True)  # fmt: skip
+        print(
+            f"http /v1/check at {args.rate} req/s, best p99 of {args.http_rounds} rounds "
+            f"{results['http_rounds_p99_ms']}: p50 {results['http_p50_ms']} ms, "
+            f"p99 {results['http_p99_ms']} ms, achieved {results['http_achieved_rps']} req/s, "
+            f"errors {results['http_errors']}; CPU per request: server "
+            f"{results['http_server_cpu_us_per_request']} us (system "
+            f"{results['http_server_system_cpu_us_per_request']}), client "
+            f"{results['http_client_cpu_us_per_request']} us (system "
+            f"{results['http_client_system_cpu_us_per_request']}); p99 of sending late "
+            f"{results['http_late_p99_ms']} ms, of the round trip "
+            f"{results['http_round_trip_p99_ms']} ms; waited for a CPU: server "
+            f"{results['http_server_run_queue_ms']} ms, client "
+            f"{results['http_client_run_queue_ms']} ms",
+            flush=True,
+        )
     if "broker" in args.parts:
         results |= await run_broker_parts(args, settings, keys)
     return results
@@ -601,15 +658,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration-s", type=float, default=10.0, help="HTTP load duration")
     parser.add_argument("--http-rounds", type=int, default=3, help="HTTP rounds (best p99 kept)")
     parser.add_argument(
-        "--http-site", choices=("edge", "aiohttp"), default="edge",
+        "--http-site",
+        choices=("edge", "aiohttp"),
+        default="edge",
         help="serve through EdgeSite (the fast path, as `authpipe edge serve`) or aiohttp's TCPSite",
-    )  # fmt: skip
+    )
     parser.add_argument("--visible-samples", type=int, default=300)
     parser.add_argument("--seed", type=int, default=6)
     parser.add_argument(
-        "--parts", type=lambda text: set(text.split(",")), default={"check", "http", "broker"},
+        "--parts",
+        type=lambda text: set(text.split(",")),
+        default={"check", "http", "broker"},
         help="comma list of check, http, broker (default: all)",
-    )  # fmt: skip
+    )
     parser.add_argument("--client", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.client:

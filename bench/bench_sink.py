@@ -115,12 +115,18 @@ def insert_all(
     with ``zip`` and handed over column-oriented (``columns``; tried for B5, not kept)."""
     for token, rows in batches:
         if encoding == "rows":
-            ch.insert("attempts", ATTEMPTS_COLUMNS, rows, dedup_token=token, settings=INSERT_SETTINGS)
+            ch.insert(
+                "attempts", ATTEMPTS_COLUMNS, rows, dedup_token=token, settings=INSERT_SETTINGS
+            )
             continue
         ch.insert(
-            "attempts", ATTEMPTS_COLUMNS, list(zip(*rows, strict=True)), dedup_token=token,
-            settings=INSERT_SETTINGS, column_oriented=True,
-        )  # fmt: skip
+            "attempts",
+            ATTEMPTS_COLUMNS,
+            list(zip(*rows, strict=True)),
+            dedup_token=token,
+            settings=INSERT_SETTINGS,
+            column_oriented=True,
+        )
 
 
 @contextmanager
@@ -213,9 +219,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backend", choices=["chdb", "http", "both"], default="both")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument(
-        "--encoding", choices=["rows", "columns"], default="rows",
+        "--encoding",
+        choices=["rows", "columns"],
+        default="rows",
         help="hand the client rows (as the sink does) or columns (zip here; tried, not kept)",
-    )  # fmt: skip
+    )
     args = parser.parse_args(argv)
 
     tune_gc()  # as `authpipe sink` does (run_sink)

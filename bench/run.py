@@ -42,11 +42,32 @@ from pipeline.logs import configure_logging, get_logger
 
 log = get_logger("bench")
 
-PARTS = ("ceiling", "b1", "b1_peers", "b1_group", "naive", "quix", "b2", "b2_unsaturated", "b3", "b6", "core", "edge", "sink")
+PARTS = (
+    "ceiling",
+    "b1",
+    "b1_peers",
+    "b1_group",
+    "naive",
+    "quix",
+    "b2",
+    "b2_unsaturated",
+    "b3",
+    "b6",
+    "core",
+    "edge",
+    "sink",
+)
 TARGETS = {
-    "b1_events_per_s": 50_000, "b1_vs_naive": 10.0, "b1_vs_ceiling": 0.3, "b1_vs_quix_cpu": 10.0, "b2_p99_ms": 100.0, "b2_edge_p99_ms": 150.0,
-    "b3_rss_mb": 512.0, "b3_vs_b1": 0.8, "b6_s": 15.0,
-}  # fmt: skip
+    "b1_events_per_s": 50_000,
+    "b1_vs_naive": 10.0,
+    "b1_vs_ceiling": 0.3,
+    "b1_vs_quix_cpu": 10.0,
+    "b2_p99_ms": 100.0,
+    "b2_edge_p99_ms": 150.0,
+    "b3_rss_mb": 512.0,
+    "b3_vs_b1": 0.8,
+    "b6_s": 15.0,
+}
 
 
 @dataclass(frozen=True)
@@ -64,10 +85,18 @@ class Plan:
         if quick:
             external = {
                 "core": ["--events", "50000", "--repeat", "1", "--no-memory"],
-                "edge": ["--decisions", "10000", "--calls", "100000", "--duration-s", "2",
-                         "--visible-samples", "20"],
+                "edge": [
+                    "--decisions",
+                    "10000",
+                    "--calls",
+                    "100000",
+                    "--duration-s",
+                    "2",
+                    "--visible-samples",
+                    "20",
+                ],
                 "sink": ["--rows", "20000", "--backend", "chdb"],
-            }  # fmt: skip
+            }
             return cls(True, stream.Scale.of(True), 20_000, 300.0, external)
         external = {"core": [], "edge": [], "sink": []}
         return cls(False, stream.Scale.of(False), 300_000, 900.0, external)
@@ -116,8 +145,13 @@ def versions() -> dict[str, str]:
     out["kafka_broker"] = kafka_version(POM_PATH.read_text())
     out["quixstreams"] = quix_env.REQUIREMENT.split("==")[1] if quix_env.env_ready() else "absent"
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT,
-                                capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         commit = "unknown"
     out["authpipe_commit"] = commit
@@ -166,14 +200,22 @@ class Runner:
         self.guarded("b1_peers", self.b1_peers)
         self.guarded("naive", self.naive)
         self.guarded("quix", self.quix)
-        self.guarded("b1_group", lambda: stream.bench_b1_group(self.ctx, scale.b1_events, workers=2))
+        self.guarded(
+            "b1_group", lambda: stream.bench_b1_group(self.ctx, scale.b1_events, workers=2)
+        )
         self.guarded("b2", lambda: stream.bench_b2(self.ctx, scale.b2_rate_per_s, scale.b2_probes))
         # the same probes under a load the worker sustains: the latency of the design
         # itself, apart from the queueing of a saturated worker
-        self.guarded("b2_unsaturated", lambda: stream.bench_b2(
-            self.ctx, scale.b2_unsaturated_rate_per_s, scale.b2_probes))  # fmt: skip
-        self.guarded("b3", lambda: stream.bench_b3(self.ctx, scale.b3_events, scale.b3_sources,
-                                                   scale.b3_entry_cap))  # fmt: skip
+        self.guarded(
+            "b2_unsaturated",
+            lambda: stream.bench_b2(self.ctx, scale.b2_unsaturated_rate_per_s, scale.b2_probes),
+        )
+        self.guarded(
+            "b3",
+            lambda: stream.bench_b3(
+                self.ctx, scale.b3_events, scale.b3_sources, scale.b3_entry_cap
+            ),
+        )
         self.guarded("b6", lambda: stream.bench_b6(self.ctx, scale.b6_accounts))
         for name in ("core", "edge", "sink"):
             self.guarded(name, lambda name=name: self.external(name))  # type: ignore[misc]
@@ -182,7 +224,11 @@ class Runner:
     def preload(self) -> dict[str, Any]:
         names, seconds = stream.prepare_b1(self.ctx, self.plan.scale.b1_events)
         self.b1_names = names
-        return {"topic": names.input, "events": self.plan.scale.b1_events, "seconds": round(seconds, 1)}
+        return {
+            "topic": names.input,
+            "events": self.plan.scale.b1_events,
+            "seconds": round(seconds, 1),
+        }
 
     def preload_peers(self) -> dict[str, Any]:
         names, seconds = stream.prepare_b1(self.ctx, self.plan.peer_events)
@@ -204,8 +250,14 @@ class Runner:
         return self.ctx.workdir / f"{name}.log"
 
     def ceiling(self) -> dict[str, Any]:
-        command = [sys.executable, "-m", "bench.peers.ceiling", self.ctx.bootstrap, self._topic(),
-                   str(self.plan.scale.b1_events)]  # fmt: skip
+        command = [
+            sys.executable,
+            "-m",
+            "bench.peers.ceiling",
+            self.ctx.bootstrap,
+            self._topic(),
+            str(self.plan.scale.b1_events),
+        ]
         return run_peer(command, 600, self._log("ceiling"))
 
     def b1(self) -> dict[str, Any]:
@@ -222,25 +274,40 @@ class Runner:
         topic, events = self._peer_topic()
         state = self.ctx.workdir / "naive-faust"
         stall_s = 60.0
-        command = [sys.executable, "-m", "bench.peers.naive_faust", self.ctx.bootstrap, topic,
-                   str(events), str(state), str(self.plan.peer_timeout_s), str(stall_s)]  # fmt: skip
+        command = [
+            sys.executable,
+            "-m",
+            "bench.peers.naive_faust",
+            self.ctx.bootstrap,
+            topic,
+            str(events),
+            str(state),
+            str(self.plan.peer_timeout_s),
+            str(stall_s),
+        ]
         timeout_s = self.plan.peer_timeout_s + 2 * stall_s + 120
         result = run_peer(command, timeout_s, self._log("naive"))
         if "error" in result:
             # faust-streaming can drop every message fetched before its recovery ends (see
             # bench/README.md); a second run is a new consumer group over the same topic.
             log.warning("naive_peer_retry", error=result["error"])
-            result = run_peer(command, timeout_s, self._log("naive")) | {"first_error": result["error"]}
+            result = run_peer(command, timeout_s, self._log("naive")) | {
+                "first_error": result["error"]
+            }
         return result
 
     def quix(self) -> dict[str, Any]:
         if self.plan.quick and not quix_env.env_ready():
-            return {"skipped": "no Quix virtualenv yet (the full run creates it, or run "
-                               "`python -c 'from bench.peers.quix import ensure_env; ensure_env()'`)"}  # fmt: skip
+            return {
+                "skipped": "no Quix virtualenv yet (the full run creates it, or run "
+                "`python -c 'from bench.peers.quix import ensure_env; ensure_env()'`)"
+            }
         python = quix_env.ensure_env()
         topic, events = self._peer_topic()
         state = self.ctx.workdir / "quix-state"
-        command = quix_env.command(python, self.ctx.bootstrap, topic, events, state, self.plan.peer_timeout_s)
+        command = quix_env.command(
+            python, self.ctx.bootstrap, topic, events, state, self.plan.peer_timeout_s
+        )
         return run_peer(command, self.plan.peer_timeout_s + 300, self._log("quix"))
 
     def external(self, name: str) -> dict[str, Any]:
@@ -281,35 +348,56 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
     # the peers are compared with the worker on the topic they ran on (b1_peers when the
     # peers had a smaller topic of their own, else the B1 topic)
     same = "b1_peers" if _get(results, "b1_peers", "events_per_s") is not None else "b1"
-    b1_same, b1_same_cpu = _get(results, same, "events_per_s"), _get(results, same, "events_per_cpu_s")
+    b1_same, b1_same_cpu = (
+        _get(results, same, "events_per_s"),
+        _get(results, same, "events_per_cpu_s"),
+    )
     peers = {name: _get(results, name, "events_per_s") for name in ("ceiling", "naive", "quix")}
-    peers_cpu = {name: _get(results, name, "events_per_cpu_s") for name in ("ceiling", "naive", "quix")}
+    peers_cpu = {
+        name: _get(results, name, "events_per_cpu_s") for name in ("ceiling", "naive", "quix")
+    }
     b2_p99 = _get(results, "b2", "to_topic", "p99_ms")
     b2_edge = _get(results, "b2", "to_edge", "p99_ms")
     b3_rss = _get(results, "b3", "peak_rss_mb_sampled", "VmHWM")
     b3_rate = _get(results, "b3", "events_per_s")
     b6 = _get(results, "b6", "ready_and_correct_s")
     summary: dict[str, Any] = {
-        "b1_events_per_s": b1, "b1_events_per_cpu_s": b1_cpu,
-        "b1_vs_ceiling": ratio(b1, peers["ceiling"]), "b1_vs_ceiling_cpu": ratio(b1_cpu, peers_cpu["ceiling"]),
+        "b1_events_per_s": b1,
+        "b1_events_per_cpu_s": b1_cpu,
+        "b1_vs_ceiling": ratio(b1, peers["ceiling"]),
+        "b1_vs_ceiling_cpu": ratio(b1_cpu, peers_cpu["ceiling"]),
         "peers_compared_with": same,
-        "b1_vs_naive": ratio(b1_same, peers["naive"]), "b1_vs_quix": ratio(b1_same, peers["quix"]),
+        "b1_vs_naive": ratio(b1_same, peers["naive"]),
+        "b1_vs_quix": ratio(b1_same, peers["quix"]),
         "b1_vs_naive_cpu": ratio(b1_same_cpu, peers_cpu["naive"]),
         "b1_vs_quix_cpu": ratio(b1_same_cpu, peers_cpu["quix"]),
         "peers_seen_counted": {
-            name: {"seen": _get(results, name, "events_seen"), "counted": _get(results, name, "events_counted"),
-                   "complete": _get(results, name, "complete"),
-                   "agree": _get(results, name, "events_seen") == _get(results, name, "events_counted")
-                   and _get(results, name, "events_seen") is not None}
-            for name in ("naive", "quix") if name in results
+            name: {
+                "seen": _get(results, name, "events_seen"),
+                "counted": _get(results, name, "events_counted"),
+                "complete": _get(results, name, "complete"),
+                "agree": _get(results, name, "events_seen") == _get(results, name, "events_counted")
+                and _get(results, name, "events_seen") is not None,
+            }
+            for name in ("naive", "quix")
+            if name in results
         },
         "b1_group": {
             key: _get(results, "b1_group", key)
-            for key in ("one_worker_events_per_cpu_s", "two_workers_events_per_cpu_s", "cpu_efficiency_ratio")
-        } if "b1_group" in results else None,
-        "b2_p99_ms": b2_p99, "b2_edge_p99_ms": b2_edge, "b3_rss_mb": b3_rss,
-        "b3_vs_b1": ratio(b3_rate, b1), "b6_s": b6,
-    }  # fmt: skip
+            for key in (
+                "one_worker_events_per_cpu_s",
+                "two_workers_events_per_cpu_s",
+                "cpu_efficiency_ratio",
+            )
+        }
+        if "b1_group" in results
+        else None,
+        "b2_p99_ms": b2_p99,
+        "b2_edge_p99_ms": b2_edge,
+        "b3_rss_mb": b3_rss,
+        "b3_vs_b1": ratio(b3_rate, b1),
+        "b6_s": b6,
+    }
     met = {
         "b1_events_per_s": b1 is not None and b1 >= TARGETS["b1_events_per_s"],
         "b1_vs_naive": (summary["b1_vs_naive"] or 0) >= TARGETS["b1_vs_naive"],
@@ -424,9 +512,15 @@ def markdown(report: dict[str, Any]) -> str:
                     f"{fmt(g.get('events_per_s'))} events/s, {fmt(g.get('cpu_s'), ' CPU-s')} "
                     f"(all workers): {fmt(g.get('events_per_cpu_s'))} events per CPU-second"
                 )
-            lines.append(f"- two / one, events per CPU-second of all workers: {fmt(group.get('cpu_efficiency_ratio'), 'x')}")
+            lines.append(
+                f"- two / one, events per CPU-second of all workers: {fmt(group.get('cpu_efficiency_ratio'), 'x')}"
+            )
     lines += ["", "## Other components", ""]
-    for key, label in (("core", "core (bench_core)"), ("edge", "edge (bench_edge, B4)"), ("sink", "sink (bench_sink, B5)")):
+    for key, label in (
+        ("core", "core (bench_core)"),
+        ("edge", "edge (bench_edge, B4)"),
+        ("sink", "sink (bench_sink, B5)"),
+    ):
         part = r.get(key)
         if part is None:
             lines.append(f"- {label}: not run")
@@ -438,8 +532,11 @@ def markdown(report: dict[str, Any]) -> str:
             shown = {k: v for k, v in part.items() if not isinstance(v, dict | list)}
             lines.append(f"- {label}: " + ", ".join(f"{k}={v}" for k, v in shown.items()))
     for rerun in report.get("reruns", []):
-        lines += ["", f"Re-run at {rerun['started_at']} (`{rerun['command']}`, load average "
-                  f"{rerun['load_before']} before, {rerun['load_after']} after): {', '.join(rerun['parts'])}."]  # fmt: skip
+        lines += [
+            "",
+            f"Re-run at {rerun['started_at']} (`{rerun['command']}`, load average "
+            f"{rerun['load_before']} before, {rerun['load_after']} after): {', '.join(rerun['parts'])}.",
+        ]
     lines += ["", "## Versions", ""]
     lines += [f"- {k}: {v}" for k, v in report["versions"].items()]
     lines += ["", "Raw figures: the JSON file of the same name.", ""]
@@ -451,11 +548,17 @@ def merged(path: Path, rerun: dict[str, Any]) -> dict[str, Any]:
     report: dict[str, Any] = orjson.loads(path.read_bytes())
     parts = sorted(set(rerun["results"]) - {"preload"})
     report["results"].update({k: v for k, v in rerun["results"].items() if k in parts})
-    report.setdefault("reruns", []).append({
-        "parts": parts, "started_at": rerun["started_at"], "command": rerun["command"],
-        "load_before": rerun["load_before"], "load_after": rerun["load_after"],
-        "yardstick_us": rerun["yardstick_us"], "commit": rerun["versions"]["authpipe_commit"],
-    })  # fmt: skip
+    report.setdefault("reruns", []).append(
+        {
+            "parts": parts,
+            "started_at": rerun["started_at"],
+            "command": rerun["command"],
+            "load_before": rerun["load_before"],
+            "load_after": rerun["load_after"],
+            "yardstick_us": rerun["yardstick_us"],
+            "commit": rerun["versions"]["authpipe_commit"],
+        }
+    )
     return report
 
 
@@ -472,15 +575,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="everything scaled down")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench" / "results")
     parser.add_argument("--bootstrap", help="use this broker instead of starting one")
-    parser.add_argument("--parts", default=",".join(PARTS), help="comma-separated subset of " + ",".join(PARTS))
+    parser.add_argument(
+        "--parts", default=",".join(PARTS), help="comma-separated subset of " + ",".join(PARTS)
+    )
     parser.add_argument("--events", type=int, help="events of the B1 topic (default 1M, quick 50k)")
-    parser.add_argument("--b3-events", type=int, help="events of the B3 flood (default 1M, quick 50k)")
-    parser.add_argument("--peer-events", type=int,
-                        help="events of the topic the peers run to completion on (default 300k, quick 20k; "
-                             "at least --events: the peers use the B1 topic itself)")  # fmt: skip
-    parser.add_argument("--merge-into", type=Path, help="re-run --parts and replace them in this report")
-    parser.add_argument("--keep-workdir", action="store_true",
-                        help="keep the temporary directory with the workers' and peers' logs")  # fmt: skip
+    parser.add_argument(
+        "--b3-events", type=int, help="events of the B3 flood (default 1M, quick 50k)"
+    )
+    parser.add_argument(
+        "--peer-events",
+        type=int,
+        help="events of the topic the peers run to completion on (default 300k, quick 20k; "
+        "at least --events: the peers use the B1 topic itself)",
+    )
+    parser.add_argument(
+        "--merge-into", type=Path, help="re-run --parts and replace them in this report"
+    )
+    parser.add_argument(
+        "--keep-workdir",
+        action="store_true",
+        help="keep the temporary directory with the workers' and peers' logs",
+    )
     args = parser.parse_args(argv)
     configure_logging("info", "console")
     parts = set(args.parts.split(","))
@@ -495,11 +610,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.peer_events:
         plan = replace(plan, peer_events=args.peer_events)
     report: dict[str, Any] = {
-        "date": datetime.now(UTC).strftime("%Y-%m-%d"), "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
-        "quick": args.quick, "command": " ".join(["python -m bench.run", *(argv if argv is not None else sys.argv[1:])]),
-        "machine": machine(), "load_before": load_average(), "yardstick_us": dict_counting_us(),
-        "versions": versions(), "parts": sorted(parts),
-    }  # fmt: skip
+        "date": datetime.now(UTC).strftime("%Y-%m-%d"),
+        "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "quick": args.quick,
+        "command": " ".join(["python -m bench.run", *(argv if argv is not None else sys.argv[1:])]),
+        "machine": machine(),
+        "load_before": load_average(),
+        "yardstick_us": dict_counting_us(),
+        "versions": versions(),
+        "parts": sorted(parts),
+    }
     workdir = Path(tempfile.mkdtemp(prefix="authpipe-bench-run-"))
     started = time.perf_counter()
     try:
@@ -525,9 +645,13 @@ def main(argv: list[str] | None = None) -> int:
         else:
             shutil.rmtree(workdir, ignore_errors=True)
     for name, seen in report["summary"].get("peers_seen_counted", {}).items():
-        sys.stdout.write(f"peer {name}: events seen {seen['seen']}, counted {seen['counted']}, "
-                         f"complete {seen['complete']}, agree {seen['agree']}\n")  # fmt: skip
-    sys.stdout.write(orjson.dumps({"written": str(path), "summary": report["summary"]}).decode() + "\n")
+        sys.stdout.write(
+            f"peer {name}: events seen {seen['seen']}, counted {seen['counted']}, "
+            f"complete {seen['complete']}, agree {seen['agree']}\n"
+        )
+    sys.stdout.write(
+        orjson.dumps({"written": str(path), "summary": report["summary"]}).decode() + "\n"
+    )
     return 0
 
 

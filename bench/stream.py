@@ -77,8 +77,6 @@ UA = "Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko) Chr
 TENANTS = (("default", 0.7), ("acme", 0.2), ("globex", 0.1))
 
 
-
-
 class MixedTraffic:
     """Wire login attempts, by share of events: ordinary users 80 % (~90 % success, own
     or NAT source, device cookies mostly trusted), brute force 5 %, distributed brute
@@ -95,16 +93,21 @@ class MixedTraffic:
                 source = rng.choice(nats)
             else:
                 source = f"10.{(i >> 16) & 255}.{(i >> 8) & 255}.{i & 255}"
-            self.users.append((tenant, f"user{i}@example.com", source, f"dev-{i}", rng.random() < 0.7))
+            self.users.append(
+                (tenant, f"user{i}@example.com", source, f"dev-{i}", rng.random() < 0.7)
+            )
         self.victims = [f"victim{i}@example.com" for i in range(20)]
         self.botnet = [f"203.0.{i // 250}.{i % 250}" for i in range(2000)]
         self.brute = [(f"100.64.{i}.1", f"target{i}@example.com") for i in range(10)]
         self.sprayers = [f"100.65.{i}.7" for i in range(10)]
         self.stuffers = [f"100.66.{i}.9" for i in range(20)]
         self.kinds = (
-            (self.user, 0.80), (self.brute_force, 0.05), (self.distributed, 0.05),
-            (self.spray, 0.05), (self.stuffing, 0.05),
-        )  # fmt: skip
+            (self.user, 0.80),
+            (self.brute_force, 0.05),
+            (self.distributed, 0.05),
+            (self.spray, 0.05),
+            (self.stuffing, 0.05),
+        )
 
     def user(self, body: dict[str, Any]) -> None:
         rng = self.rng
@@ -112,37 +115,60 @@ class MixedTraffic:
         r = rng.random()
         flow = "login" if r < 0.85 else "token" if r < 0.95 else "mfa"
         ok = rng.random() < 0.9
-        body.update(tenant=tenant, account=account, peer_ip=source, flow=flow,
-                    device_id=device, device_trusted=trusted, user_agent=UA,
-                    outcome="success" if ok else "failure")  # fmt: skip
+        body.update(
+            tenant=tenant,
+            account=account,
+            peer_ip=source,
+            flow=flow,
+            device_id=device,
+            device_trusted=trusted,
+            user_agent=UA,
+            outcome="success" if ok else "failure",
+        )
         if not ok:
             body["failure_reason"] = "bad_second_factor" if flow == "mfa" else "bad_password"
 
     def brute_force(self, body: dict[str, Any]) -> None:
         source, account = self.rng.choice(self.brute)
-        body.update(account=account, peer_ip=source, outcome="failure", failure_reason="bad_password")
+        body.update(
+            account=account, peer_ip=source, outcome="failure", failure_reason="bad_password"
+        )
 
     def distributed(self, body: dict[str, Any]) -> None:
         rng = self.rng
-        body.update(account=rng.choice(self.victims), peer_ip=rng.choice(self.botnet),
-                    outcome="failure", failure_reason="bad_password")  # fmt: skip
+        body.update(
+            account=rng.choice(self.victims),
+            peer_ip=rng.choice(self.botnet),
+            outcome="failure",
+            failure_reason="bad_password",
+        )
 
     def spray(self, body: dict[str, Any]) -> None:
         rng = self.rng
-        body.update(account=f"{rng.choice(self.users)[1]}", peer_ip=rng.choice(self.sprayers),
-                    outcome="failure", failure_reason="bad_password")  # fmt: skip
+        body.update(
+            account=f"{rng.choice(self.users)[1]}",
+            peer_ip=rng.choice(self.sprayers),
+            outcome="failure",
+            failure_reason="bad_password",
+        )
 
     def stuffing(self, body: dict[str, Any]) -> None:
         rng = self.rng
         reason = "unknown_account" if rng.random() < 0.9 else "bad_password"
-        body.update(tenant="acme", account=f"leak{rng.getrandbits(40):x}@example.net",
-                    peer_ip=rng.choice(self.stuffers), outcome="failure", failure_reason=reason)  # fmt: skip
+        body.update(
+            tenant="acme",
+            account=f"leak{rng.getrandbits(40):x}@example.net",
+            peer_ip=rng.choice(self.stuffers),
+            outcome="failure",
+            failure_reason=reason,
+        )
 
     def event(self, index: int, at_ms: int) -> Message:
         body: dict[str, Any] = {
-            "event_id": f"mx{self.seed:x}-{index:08x}", "occurred_at": iso_ms(at_ms),
+            "event_id": f"mx{self.seed:x}-{index:08x}",
+            "occurred_at": iso_ms(at_ms),
             "service": "web-login",
-        }  # fmt: skip
+        }
         r = self.rng.random()
         make = self.kinds[-1][0]
         for candidate, share in self.kinds:
@@ -171,19 +197,28 @@ def flood_events(count: int, sources: int, seed: int, end_ms: int) -> list[Messa
         account = f"claimed-{seed:x}-{i}@example.org"
         at_ms = start_ms + i // 2
         body = {
-            "event_id": f"fl{seed:x}-{i:08x}", "occurred_at": iso_ms(at_ms), "service": "web-login",
-            "account": account, "peer_ip": rng.choice(pool), "outcome": "failure",
+            "event_id": f"fl{seed:x}-{i:08x}",
+            "occurred_at": iso_ms(at_ms),
+            "service": "web-login",
+            "account": account,
+            "peer_ip": rng.choice(pool),
+            "outcome": "failure",
             "failure_reason": "unknown_account" if rng.random() < 0.9 else "bad_password",
-        }  # fmt: skip
+        }
         out.append((account.encode(), orjson.dumps(body), at_ms))
     return out
 
 
 def failure(event_id: str, account: str, source: str, at_ms: int) -> Message:
     body = {
-        "event_id": event_id, "occurred_at": iso_ms(at_ms), "service": "web-login",
-        "account": account, "peer_ip": source, "outcome": "failure", "failure_reason": "bad_password",
-    }  # fmt: skip
+        "event_id": event_id,
+        "occurred_at": iso_ms(at_ms),
+        "service": "web-login",
+        "account": account,
+        "peer_ip": source,
+        "outcome": "failure",
+        "failure_reason": "bad_password",
+    }
     return account.encode(), orjson.dumps(body), at_ms
 
 
@@ -234,10 +269,13 @@ class Names:
     def fresh(cls, label: str, input_topic: str | None = None) -> Names:
         tag = f"{label}-{uuid.uuid4().hex[:8]}"
         return cls(
-            app_id=f"bench-{tag}", input=input_topic or f"bench-in-{tag}",
-            decisions=f"bench-decisions-{tag}", alerts=f"bench-alerts-{tag}",
-            dlq=f"bench-dlq-{tag}", audit=f"bench-audit-{tag}",
-        )  # fmt: skip
+            app_id=f"bench-{tag}",
+            input=input_topic or f"bench-in-{tag}",
+            decisions=f"bench-decisions-{tag}",
+            alerts=f"bench-alerts-{tag}",
+            dlq=f"bench-dlq-{tag}",
+            audit=f"bench-audit-{tag}",
+        )
 
     def env(self) -> dict[str, str]:
         return {
@@ -257,10 +295,15 @@ def create_topics(bootstrap: str, names: Names, partitions: int = PARTITIONS) ->
     from pipeline.topics import Topics
 
     kafka = KafkaSettings(
-        bootstrap_servers=bootstrap, partitions=partitions, app_id=names.app_id,
-        input_topic=names.input, decisions_topic=names.decisions, alerts_topic=names.alerts,
-        dlq_topic=names.dlq, audit_topic=names.audit,
-    )  # fmt: skip
+        bootstrap_servers=bootstrap,
+        partitions=partitions,
+        app_id=names.app_id,
+        input_topic=names.input,
+        decisions_topic=names.decisions,
+        alerts_topic=names.alerts,
+        dlq_topic=names.dlq,
+        audit_topic=names.audit,
+    )
     asyncio.run(ensure_topics(bootstrap, Topics.from_settings(kafka).specs(partitions)))
 
 
@@ -271,9 +314,12 @@ def key_partition(key: bytes, partitions: int) -> int:
 async def produce_all(bootstrap: str, topic: str, messages: list[Message], partitions: int) -> None:
     """Write ``messages`` fast: one record batch per partition at a time, keyed by account."""
     producer = AIOKafkaProducer(
-        bootstrap_servers=bootstrap, acks=1, linger_ms=5, max_batch_size=1 << 20,
+        bootstrap_servers=bootstrap,
+        acks=1,
+        linger_ms=5,
+        max_batch_size=1 << 20,
         max_request_size=8 << 20,
-    )  # fmt: skip
+    )
     await producer.start()
     try:
         by_partition: list[list[Message]] = [[] for _ in range(partitions)]
@@ -296,7 +342,9 @@ async def produce_all(bootstrap: str, topic: str, messages: list[Message], parti
         await producer.stop()
 
 
-def preload(bootstrap: str, topic: str, messages: list[Message], partitions: int = PARTITIONS) -> float:
+def preload(
+    bootstrap: str, topic: str, messages: list[Message], partitions: int = PARTITIONS
+) -> float:
     """Produce ``messages`` to ``topic``; returns the seconds it took."""
     started = time.perf_counter()
     asyncio.run(produce_all(bootstrap, topic, messages, partitions))
@@ -334,9 +382,13 @@ class WorkerRun:
     def start(self) -> WorkerRun:
         with self.log_path.open("ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "pipeline.cli", "worker"], env=self.env, cwd=REPO_ROOT,
-                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-            )  # fmt: skip
+                [sys.executable, "-m", "pipeline.cli", "worker"],
+                env=self.env,
+                cwd=REPO_ROOT,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         self.started = time.perf_counter()
         return self
 
@@ -427,10 +479,15 @@ class Context:
         state = self.workdir / f"state-{names.app_id}"
         state.mkdir(parents=True, exist_ok=True)
         full = {
-            **names.env(), "AUTHPIPE_KAFKA_BOOTSTRAP_SERVERS": self.bootstrap,
-            "AUTHPIPE_KAFKA_PARTITIONS": str(self.partitions), "AUTHPIPE_STATE_DIR": str(state),
-            "AUTHPIPE_LOG_FORMAT": "json", "AUTHPIPE_LOG_LEVEL": "warning", **self.extra_env, **env,
-        }  # fmt: skip
+            **names.env(),
+            "AUTHPIPE_KAFKA_BOOTSTRAP_SERVERS": self.bootstrap,
+            "AUTHPIPE_KAFKA_PARTITIONS": str(self.partitions),
+            "AUTHPIPE_STATE_DIR": str(state),
+            "AUTHPIPE_LOG_FORMAT": "json",
+            "AUTHPIPE_LOG_LEVEL": "warning",
+            **self.extra_env,
+            **env,
+        }
         run = WorkerRun(full, self.workdir / f"worker-{label}.log")
         self.workers.append(run)
         return run.start()
@@ -457,7 +514,10 @@ def follow_until_done(run: WorkerRun, expected_rows: int, timeout_s: float) -> d
     t_moved = t_ready
     peak_rss: dict[str, float] = {}
     deadline = t_ready + timeout_s
-    watched = ('authpipe_stage_rows_total{stage="account"}', 'authpipe_stage_rows_total{stage="source"}')
+    watched = (
+        'authpipe_stage_rows_total{stage="account"}',
+        'authpipe_stage_rows_total{stage="source"}',
+    )
     while True:
         time.sleep(METRICS_POLL_S)
         now = time.perf_counter()
@@ -476,17 +536,25 @@ def follow_until_done(run: WorkerRun, expected_rows: int, timeout_s: float) -> d
         if done and now - t_moved >= SETTLE_S:
             break
         if now > deadline:
-            raise RuntimeError(f"worker did not finish {expected_rows} rows in {timeout_s} s: {current.get(watched[0])}")
+            raise RuntimeError(
+                f"worker did not finish {expected_rows} rows in {timeout_s} s: {current.get(watched[0])}"
+            )
     rows = last.get(watched[0], 0) - at_ready.get(watched[0], 0)
     span_s = max(t_moved - t_ready, 1e-9)
     cpu_s = max(cpu_moved - cpu_at_ready, 1e-9)
     return {
-        "cpu_s": round(cpu_s, 2), "events_per_cpu_s": round(rows / cpu_s),
+        "cpu_s": round(cpu_s, 2),
+        "events_per_cpu_s": round(rows / cpu_s),
         "cpu_share": round(cpu_s / span_s, 2),
-        "ready_s": round(ready_s, 2), "rows_before_ready": int(at_ready.get(watched[0], 0)),
-        "rows": int(rows), "seconds": round(span_s, 3), "events_per_s": round(rows / span_s),
-        "final": last, "rss_mb": run.rss_mb(), "peak_rss_mb_sampled": peak_rss,
-    }  # fmt: skip
+        "ready_s": round(ready_s, 2),
+        "rows_before_ready": int(at_ready.get(watched[0], 0)),
+        "rows": int(rows),
+        "seconds": round(span_s, 3),
+        "events_per_s": round(rows / span_s),
+        "final": last,
+        "rss_mb": run.rss_mb(),
+        "peak_rss_mb_sampled": peak_rss,
+    }
 
 
 def summary_counts(final: dict[str, float]) -> dict[str, Any]:
@@ -524,7 +592,10 @@ def follow_group(runs: list[WorkerRun], expected_rows: int, timeout_s: float) ->
     ``expected_rows`` and no stage of any worker moved for SETTLE_S. The span runs from
     the call (the input is produced after it) to the last poll at which a counter moved;
     CPU is the sum over the workers over the same span."""
-    watched = ('authpipe_stage_rows_total{stage="account"}', 'authpipe_stage_rows_total{stage="source"}')
+    watched = (
+        'authpipe_stage_rows_total{stage="account"}',
+        'authpipe_stage_rows_total{stage="source"}',
+    )
     t0 = time.perf_counter()
     at_start = [run.metrics() for run in runs]
     cpu_start = [run.cpu_s() for run in runs]
@@ -540,27 +611,43 @@ def follow_group(runs: list[WorkerRun], expected_rows: int, timeout_s: float) ->
             if not current[i]:
                 run.check_alive()
                 current[i] = last[i]
-        moved = any(c.get(k, 0) != p.get(k, 0) for c, p in zip(current, last, strict=True) for k in watched)
+        moved = any(
+            c.get(k, 0) != p.get(k, 0) for c, p in zip(current, last, strict=True) for k in watched
+        )
         if moved:
             t_moved = now
             cpu_moved = [run.cpu_s() for run in runs]
         last = current
-        rows_now = sum(c.get(watched[0], 0) - a.get(watched[0], 0) for c, a in zip(current, at_start, strict=True))
+        rows_now = sum(
+            c.get(watched[0], 0) - a.get(watched[0], 0)
+            for c, a in zip(current, at_start, strict=True)
+        )
         if rows_now >= expected_rows and now - t_moved >= SETTLE_S:
             break
         if now > deadline:
-            raise RuntimeError(f"{len(runs)} workers did not finish {expected_rows} rows in {timeout_s} s: {rows_now}")
-    per_worker = [int(c.get(watched[0], 0) - a.get(watched[0], 0)) for c, a in zip(last, at_start, strict=True)]
+            raise RuntimeError(
+                f"{len(runs)} workers did not finish {expected_rows} rows in {timeout_s} s: {rows_now}"
+            )
+    per_worker = [
+        int(c.get(watched[0], 0) - a.get(watched[0], 0))
+        for c, a in zip(last, at_start, strict=True)
+    ]
     rows = sum(per_worker)
     span_s = max(t_moved - t0, 1e-9)
     cpu_s = max(sum(cpu_moved) - sum(cpu_start), 1e-9)
     return {
-        "workers": len(runs), "rows": rows, "rows_per_worker": per_worker,
-        "replayed_rows": int(sum(c.get('authpipe_stage_replayed_rows_total{stage="account"}', 0) for c in last)),
-        "seconds": round(span_s, 3), "events_per_s": round(rows / span_s),
-        "cpu_s": round(cpu_s, 2), "events_per_cpu_s": round(rows / cpu_s),
+        "workers": len(runs),
+        "rows": rows,
+        "rows_per_worker": per_worker,
+        "replayed_rows": int(
+            sum(c.get('authpipe_stage_replayed_rows_total{stage="account"}', 0) for c in last)
+        ),
+        "seconds": round(span_s, 3),
+        "events_per_s": round(rows / span_s),
+        "cpu_s": round(cpu_s, 2),
+        "events_per_cpu_s": round(rows / cpu_s),
         "cpu_s_per_worker": [round(m - s, 2) for m, s in zip(cpu_moved, cpu_start, strict=True)],
-    }  # fmt: skip
+    }
 
 
 def broker_bytes_per_event(bootstrap: str, names: Names, events: int) -> dict[str, float] | None:
@@ -579,13 +666,21 @@ def broker_bytes_per_event(bootstrap: str, names: Names, events: int) -> dict[st
         topic = part_dir.name.rsplit("-", 1)[0]
         used = sum(f.stat().st_blocks * 512 for f in part_dir.iterdir() if f.suffix == ".log")
         sizes[topic] = sizes.get(topic, 0.0) + used
-    out = {topic.replace(tag, "*"): round(size / events, 1) for topic, size in sorted(sizes.items())}
+    out = {
+        topic.replace(tag, "*"): round(size / events, 1) for topic, size in sorted(sizes.items())
+    }
     out["total"] = round(sum(sizes.values()) / events, 1)
     return out
 
 
-def bench_b1_group(ctx: Context, events: int, workers: int = 2, seed: int = 7,
-                   settle_s: float = 10.0, timeout_s: float = 900.0) -> dict[str, Any]:
+def bench_b1_group(
+    ctx: Context,
+    events: int,
+    workers: int = 2,
+    seed: int = 7,
+    settle_s: float = 10.0,
+    timeout_s: float = 900.0,
+) -> dict[str, Any]:
     """B1 with one worker, then ``workers`` workers in one consumer group, on the same
     mixed events: events per CPU-second of all workers together (on 2 cores the wall rate
     of two workers says little). Each run has a fresh empty input topic; its workers are
@@ -601,11 +696,15 @@ def bench_b1_group(ctx: Context, events: int, workers: int = 2, seed: int = 7,
             for run in runs:
                 run.wait_ready()
             time.sleep(settle_s)
-            producer = threading.Thread(target=preload, args=(ctx.bootstrap, names.input, messages, ctx.partitions))
+            producer = threading.Thread(
+                target=preload, args=(ctx.bootstrap, names.input, messages, ctx.partitions)
+            )
             producer.start()
             out[label] = follow_group(runs, events, timeout_s)
             producer.join()
-            out[label]["broker_bytes_per_event"] = broker_bytes_per_event(ctx.bootstrap, names, events)
+            out[label]["broker_bytes_per_event"] = broker_bytes_per_event(
+                ctx.bootstrap, names, events
+            )
         finally:
             for run in runs:
                 run.stop()
@@ -622,7 +721,12 @@ def flood_policy(path: Path, entry_cap: int) -> Path:
 
 
 def bench_b3(
-    ctx: Context, events: int, sources: int, entry_cap: int, seed: int = 13, timeout_s: float = 900.0
+    ctx: Context,
+    events: int,
+    sources: int,
+    entry_cap: int,
+    seed: int = 13,
+    timeout_s: float = 900.0,
 ) -> dict[str, Any]:
     """B3: a flood of distinct claimed accounts with a lowered table cap."""
     names = Names.fresh("b3")
@@ -637,8 +741,15 @@ def bench_b3(
     finally:
         run.stop()
     final = result.pop("final")
-    return {**result, "events": events, "distinct_accounts": events, "sources": sources,
-            "entry_cap": entry_cap, "preload_s": round(preload_s, 1), "counts": summary_counts(final)}  # fmt: skip
+    return {
+        **result,
+        "events": events,
+        "distinct_accounts": events,
+        "sources": sources,
+        "entry_cap": entry_cap,
+        "preload_s": round(preload_s, 1),
+        "counts": summary_counts(final),
+    }
 
 
 # -- B2: latency of decisions under load --------------------------------------------------------
@@ -662,13 +773,20 @@ def load_main(bootstrap: str, topic: str, rate_per_s: int, duration_s: float, se
                 futures = []
                 while sent < due:
                     key, value, ts_ms = traffic.event(sent, now)
-                    futures.append(await producer.send(topic, value=value, key=key, timestamp_ms=ts_ms))
+                    futures.append(
+                        await producer.send(topic, value=value, key=key, timestamp_ms=ts_ms)
+                    )
                     sent += 1
                 await asyncio.sleep(max(0.0, started + sent / rate_per_s - time.perf_counter()))
             await producer.flush()
         finally:
             await producer.stop()
-        print(orjson.dumps({"sent": sent, "seconds": round(time.perf_counter() - started, 2)}).decode(), flush=True)
+        print(
+            orjson.dumps(
+                {"sent": sent, "seconds": round(time.perf_counter() - started, 2)}
+            ).decode(),
+            flush=True,
+        )
 
     asyncio.run(run())
 
@@ -698,9 +816,13 @@ async def probe_latencies(ctx: Context, names: Names, probes: int, gap_s: float)
 
     view = DecisionView(build_normaliser(load_settings()))
     feed = DecisionFeed(view, FeedConfig(ctx.bootstrap, names.decisions, poll_interval_ms=100))
-    consumer = AIOKafkaConsumer(names.decisions, bootstrap_servers=ctx.bootstrap,
-                                auto_offset_reset="latest", enable_auto_commit=False,
-                                fetch_max_wait_ms=100)  # fmt: skip
+    consumer = AIOKafkaConsumer(
+        names.decisions,
+        bootstrap_servers=ctx.bootstrap,
+        auto_offset_reset="latest",
+        enable_auto_commit=False,
+        fetch_max_wait_ms=100,
+    )
     producer = AIOKafkaProducer(bootstrap_servers=ctx.bootstrap, acks=1, linger_ms=0)
     await asyncio.gather(producer.start(), consumer.start(), feed.start())
     sent_at: dict[str, float] = {}
@@ -758,10 +880,12 @@ async def probe_latencies(ctx: Context, names: Names, probes: int, gap_s: float)
         await asyncio.gather(*tasks, return_exceptions=True)
         await asyncio.gather(producer.stop(), consumer.stop(), feed.stop(), return_exceptions=True)
     return {
-        "probes": probes, "decided": len(to_topic), "edge_visible": len(to_edge),
+        "probes": probes,
+        "decided": len(to_topic),
+        "edge_visible": len(to_edge),
         "to_topic": latency_summary(list(to_topic.values())),
         "to_edge": latency_summary(list(to_edge.values())),
-    }  # fmt: skip
+    }
 
 
 def bench_b2(ctx: Context, rate_per_s: int, probes: int, gap_s: float = 0.1) -> dict[str, Any]:
@@ -774,10 +898,20 @@ def bench_b2(ctx: Context, rate_per_s: int, probes: int, gap_s: float = 0.1) -> 
         run.wait_ready()
         duration_s = probes * 2 * gap_s + 8
         load = subprocess.Popen(
-            [sys.executable, "-m", "bench.stream", "--load", ctx.bootstrap, names.input,
-             str(rate_per_s), str(duration_s)],
-            cwd=REPO_ROOT, stdout=subprocess.PIPE, start_new_session=True,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "bench.stream",
+                "--load",
+                ctx.bootstrap,
+                names.input,
+                str(rate_per_s),
+                str(duration_s),
+            ],
+            cwd=REPO_ROOT,
+            stdout=subprocess.PIPE,
+            start_new_session=True,
+        )
         time.sleep(3)  # the load is flowing before the first probe
         before = run.metrics()
         t0 = time.perf_counter()
@@ -788,10 +922,11 @@ def bench_b2(ctx: Context, rate_per_s: int, probes: int, gap_s: float = 0.1) -> 
         sent = orjson.loads(out.decode().strip().splitlines()[-1])
         key = "authpipe_events_total"
         result |= {
-            "background_rate_per_s": rate_per_s, "load": sent,
+            "background_rate_per_s": rate_per_s,
+            "load": sent,
             "worker_events_per_s_during": round((after.get(key, 0) - before.get(key, 0)) / span_s),
             "ingest_lag_at_end": int(after.get("authpipe_ingest_lag_messages", 0)),
-        }  # fmt: skip
+        }
         return result
     finally:
         if load is not None and load.poll() is None:
@@ -803,10 +938,17 @@ def bench_b2(ctx: Context, rate_per_s: int, probes: int, gap_s: float = 0.1) -> 
 # -- B6: restart with tracked keys --------------------------------------------------------------
 
 
-async def _await_probe_decisions(bootstrap: str, topic: str, sources: set[str], timeout_s: float) -> dict[str, int]:
+async def _await_probe_decisions(
+    bootstrap: str, topic: str, sources: set[str], timeout_s: float
+) -> dict[str, int]:
     """Counts of the decisions read for ``sources`` (from the topic's start)."""
-    consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
-                                enable_auto_commit=False, fetch_max_wait_ms=50)  # fmt: skip
+    consumer = AIOKafkaConsumer(
+        topic,
+        bootstrap_servers=bootstrap,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        fetch_max_wait_ms=50,
+    )
     await consumer.start()
     found: dict[str, int] = {}
     try:
@@ -829,11 +971,21 @@ def bench_b6(ctx: Context, accounts: int, probes: int = 20, seed: int = 17) -> d
     names = Names.fresh("b6")
     create_topics(ctx.bootstrap, names, ctx.partitions)
     end_ms = wall_ms() - 5_000
-    messages = [failure(f"rs{seed}-{i}", f"tracked-{i}@example.com", f"10.{200 + i // 65536}.{(i >> 8) & 255}.{i & 255}",
-                        end_ms - accounts + i) for i in range(accounts)]  # fmt: skip
+    messages = [
+        failure(
+            f"rs{seed}-{i}",
+            f"tracked-{i}@example.com",
+            f"10.{200 + i // 65536}.{(i >> 8) & 255}.{i & 255}",
+            end_ms - accounts + i,
+        )
+        for i in range(accounts)
+    ]
     probe_ips = {f"172.31.{i // 250}.{i % 250 + 1}" for i in range(probes)}
     for n, ip in enumerate(sorted(probe_ips)):
-        messages += [failure(f"rsp{seed}-{n}-{k}", f"restart-probe-{n}@example.com", ip, end_ms + k) for k in range(4)]
+        messages += [
+            failure(f"rsp{seed}-{n}-{k}", f"restart-probe-{n}@example.com", ip, end_ms + k)
+            for k in range(4)
+        ]
     preload(ctx.bootstrap, names.input, messages, ctx.partitions)
     first = ctx.worker(names, "b6-first")
     try:
@@ -852,8 +1004,10 @@ def bench_b6(ctx: Context, accounts: int, probes: int = 20, seed: int = 17) -> d
                 restored_s = time.perf_counter() - second.started
                 break
             time.sleep(0.05)
-        fifth = [failure(f"rsp{seed}-{n}-4", f"restart-probe-{n}@example.com", ip, wall_ms())
-                 for n, ip in enumerate(sorted(probe_ips))]  # fmt: skip
+        fifth = [
+            failure(f"rsp{seed}-{n}-4", f"restart-probe-{n}@example.com", ip, wall_ms())
+            for n, ip in enumerate(sorted(probe_ips))
+        ]
         preload(ctx.bootstrap, names.input, fifth, ctx.partitions)
         found = asyncio.run(_await_probe_decisions(ctx.bootstrap, names.decisions, probe_ips, 30))
         decided_s = time.perf_counter() - second.started
@@ -862,12 +1016,16 @@ def bench_b6(ctx: Context, accounts: int, probes: int = 20, seed: int = 17) -> d
         second.stop()
     correct = len(found) == probes and all(count == 5 for count in found.values())
     return {
-        "tracked_accounts": accounts, "table_entries_before": int(expected_entries),
+        "tracked_accounts": accounts,
+        "table_entries_before": int(expected_entries),
         "table_entries_after": int(after.get("authpipe_table_entries", 0)),
-        "ready_s": round(ready_s, 2), "restored_s": round(restored_s, 2) if restored_s else None,
-        "probes": probes, "probes_decided_with_count_5": sum(1 for c in found.values() if c == 5),
-        "correct": correct, "ready_and_correct_s": round(max(decided_s, restored_s or decided_s), 2),
-    }  # fmt: skip
+        "ready_s": round(ready_s, 2),
+        "restored_s": round(restored_s, 2) if restored_s else None,
+        "probes": probes,
+        "probes_decided_with_count_5": sum(1 for c in found.values() if c == 5),
+        "correct": correct,
+        "ready_and_correct_s": round(max(decided_s, restored_s or decided_s), 2),
+    }
 
 
 # -- entry point ------------------------------------------------------------------------------------
@@ -916,7 +1074,9 @@ def run_selected(ctx: Context, scale: Scale, only: set[str]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.stream", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.stream", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--bootstrap", help="use this broker instead of starting one")
     parser.add_argument("--quick", action="store_true", help="scaled down (seconds, not minutes)")
     parser.add_argument("--only", default="b1,b2,b3,b6", help="comma-separated subset")

@@ -90,9 +90,12 @@ def _demo(args: argparse.Namespace, settings: Settings) -> int:
     from pipeline.demo import DemoOptions, run_demo
 
     options = DemoOptions(
-        rate=args.rate, duration_s=args.duration_s, seed=args.seed, out=args.out,
+        rate=args.rate,
+        duration_s=args.duration_s,
+        seed=args.seed,
+        out=args.out,
         keep_services=args.keep_services,
-    )  # fmt: skip
+    )
     return run_demo(settings, options)
 
 
@@ -106,7 +109,9 @@ def _existing_file(text: str) -> Path:
 def _existing_dir(text: str) -> Path:
     path = Path(text)
     if not path.is_dir():
-        raise argparse.ArgumentTypeError(f"{text} is not a directory (write one with scorecard --save-outputs)")
+        raise argparse.ArgumentTypeError(
+            f"{text} is not a directory (write one with scorecard --save-outputs)"
+        )
     return path
 
 
@@ -177,9 +182,16 @@ def _simulate(args: argparse.Namespace, settings: Settings) -> int:
     if args.out is not None and not args.dry_run:
         args.parser.error("--out goes with --dry-run; without --dry-run events go to Kafka")
     return run_simulate_command(
-        settings, scenarios=args.scenario, rate_per_s=args.rate, duration_s=args.duration_s,
-        seed=args.seed, speedup=args.speedup, start_ms=args.start, truth=args.truth, out=args.out,
-    )  # fmt: skip
+        settings,
+        scenarios=args.scenario,
+        rate_per_s=args.rate,
+        duration_s=args.duration_s,
+        seed=args.seed,
+        speedup=args.speedup,
+        start_ms=args.start,
+        truth=args.truth,
+        out=args.out,
+    )
 
 
 def _scorecard(args: argparse.Namespace, settings: Settings) -> int:
@@ -190,10 +202,18 @@ def _scorecard(args: argparse.Namespace, settings: Settings) -> int:
     if args.policy is not None and not args.engine:
         args.parser.error("--policy goes with --engine")
     return run_scorecard_command(
-        settings, truth=args.truth, from_topics=args.decisions_from_topic,
-        decisions=args.decisions, alerts=args.alerts, engine=args.engine, policy=args.policy,
-        out=args.out, save_outputs=args.save_outputs, timeout_s=args.timeout_s, strict=args.strict,
-    )  # fmt: skip
+        settings,
+        truth=args.truth,
+        from_topics=args.decisions_from_topic,
+        decisions=args.decisions,
+        alerts=args.alerts,
+        engine=args.engine,
+        policy=args.policy,
+        out=args.out,
+        save_outputs=args.save_outputs,
+        timeout_s=args.timeout_s,
+        strict=args.strict,
+    )
 
 
 def _backtest(args: argparse.Namespace, settings: Settings) -> int:
@@ -206,7 +226,11 @@ def _backtest(args: argparse.Namespace, settings: Settings) -> int:
         args.parser.error("--to-offset goes with --from-offset")
     if args.from_ts is not None and args.to_ts is not None and args.to_ts <= args.from_ts:
         args.parser.error("--to-ts must be after --from-ts")
-    if args.from_offset is not None and args.to_offset is not None and args.to_offset <= args.from_offset:
+    if (
+        args.from_offset is not None
+        and args.to_offset is not None
+        and args.to_offset <= args.from_offset
+    ):
         args.parser.error("--to-offset must be above --from-offset")
     if args.policy is None and args.verdicts is None:
         args.parser.error("--policy is required (or --verdicts OUT.jsonl for per-event verdicts)")
@@ -214,9 +238,16 @@ def _backtest(args: argparse.Namespace, settings: Settings) -> int:
     if args.events is None:
         topic_range = TopicRange(args.from_ts, args.to_ts, args.from_offset, args.to_offset)
     return run_backtest_command(
-        settings, candidate=args.policy, baseline=args.baseline_policy, events=args.events,
-        topic_range=topic_range, truth=args.truth, out=args.out, verdicts=args.verdicts, live=args.live,
-    )  # fmt: skip
+        settings,
+        candidate=args.policy,
+        baseline=args.baseline_policy,
+        events=args.events,
+        topic_range=topic_range,
+        truth=args.truth,
+        out=args.out,
+        verdicts=args.verdicts,
+        live=args.live,
+    )
 
 
 def _report(args: argparse.Namespace, settings: Settings) -> int:
@@ -229,10 +260,17 @@ def _report(args: argparse.Namespace, settings: Settings) -> int:
     if args.policy is not None and not args.engine:
         args.parser.error("--policy goes with --engine")
     return run_report_command(
-        settings, out=args.out, events=args.truth or args.events, decisions=args.decisions,
-        alerts=args.alerts, engine=args.engine, policy=args.policy, scorecard=args.scorecard,
-        title=args.title, plain_accounts=args.plain_accounts,
-    )  # fmt: skip
+        settings,
+        out=args.out,
+        events=args.truth or args.events,
+        decisions=args.decisions,
+        alerts=args.alerts,
+        engine=args.engine,
+        policy=args.policy,
+        scorecard=args.scorecard,
+        title=args.title,
+        plain_accounts=args.plain_accounts,
+    )
 
 
 # -- the operator's block-list (pipeline.manual) -------------------------------------------
@@ -271,19 +309,27 @@ def _decisions(args: argparse.Namespace, settings: Settings) -> int:
 
     if args.decisions_action != "add":
         return run_decisions_command(
-            settings, args.decisions_action, decision_id=getattr(args, "id", ""),
+            settings,
+            args.decisions_action,
+            decision_id=getattr(args, "id", ""),
             show_all=getattr(args, "all", False),
-        )  # fmt: skip
+        )
     if args.source is not None:
         try:
-            check_block_source(args.source, settings.ingest.ipv4_prefix, settings.ingest.ipv6_prefix)
+            check_block_source(
+                args.source, settings.ingest.ipv4_prefix, settings.ingest.ipv6_prefix
+            )
         except ValueError as exc:
             args.parser.error(f"--source {exc}")
     target = Target(args.tenant, source=args.source, account=args.account)
     return run_decisions_command(
-        settings, "add", target=target, ttl_ms=args.ttl, reason=args.reason,
+        settings,
+        "add",
+        target=target,
+        ttl_ms=args.ttl,
+        reason=args.reason,
         operator=args.by or default_operator(),
-    )  # fmt: skip
+    )
 
 
 def _add_decisions_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -291,12 +337,20 @@ def _add_decisions_command(sub: argparse._SubParsersAction[argparse.ArgumentPars
     actions = decisions.add_subparsers(dest="decisions_action", required=True)
     add = actions.add_parser("add", help="block a source or an account (rule manual)")
     subject = add.add_mutually_exclusive_group(required=True)
-    subject.add_argument("--source", help="an address or CIDR no wider than one source "
-                                          "(ingest.ipv4_prefix / ingest.ipv6_prefix)")  # fmt: skip
-    subject.add_argument("--account", type=_bounded_text(320),
-                         help="an account as typed; published only as its keyed digest")  # fmt: skip
+    subject.add_argument(
+        "--source",
+        help="an address or CIDR no wider than one source "
+        "(ingest.ipv4_prefix / ingest.ipv6_prefix)",
+    )
+    subject.add_argument(
+        "--account",
+        type=_bounded_text(320),
+        help="an account as typed; published only as its keyed digest",
+    )
     add.add_argument("--tenant", type=_tenant, default="default", help="tenant (default: default)")
-    add.add_argument("--ttl", type=_ttl, required=True, help="how long: 90s, 30m, 1h, 7d (at most 366d)")
+    add.add_argument(
+        "--ttl", type=_ttl, required=True, help="how long: 90s, 30m, 1h, 7d (at most 366d)"
+    )
     add.add_argument("--reason", type=_bounded_text(512), required=True, help="why (recorded)")
     add.add_argument("--by", type=_bounded_text(128), help="who decides (default: $USER)")
     add.set_defaults(handler=_decisions, parser=add)
@@ -310,65 +364,128 @@ def _add_decisions_command(sub: argparse._SubParsersAction[argparse.ArgumentPars
 
 def _add_sim_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     simulate = sub.add_parser("simulate", help="produce simulated login traffic with ground truth")
-    simulate.add_argument("--scenario", type=_scenario_list, default="mixed",
-                          help="mixed (default: baseline and every attack but the two slow ones) or a comma list of "
-                               "baseline, brute_force, distributed_brute_force, spray, "
-                               "low_and_slow_spray, credential_stuffing, lockout_dos, uia_bruteforce, "
-                               "low_and_slow_bruteforce, low_and_slow_bruteforce_rotating")
-    simulate.add_argument("--rate", type=_positive, default=20.0,
-                          help="ordinary events per simulated second in the main tenant (default 20); "
-                               "office, small tenant and attacks come on top")
-    simulate.add_argument("--duration-s", type=_positive, default=600.0,
-                          help="simulated seconds (default 600)")
+    simulate.add_argument(
+        "--scenario",
+        type=_scenario_list,
+        default="mixed",
+        help="mixed (default: baseline and every attack but the two slow ones) or a comma list of "
+        "baseline, brute_force, distributed_brute_force, spray, "
+        "low_and_slow_spray, credential_stuffing, lockout_dos, uia_bruteforce, "
+        "low_and_slow_bruteforce, low_and_slow_bruteforce_rotating",
+    )
+    simulate.add_argument(
+        "--rate",
+        type=_positive,
+        default=20.0,
+        help="ordinary events per simulated second in the main tenant (default 20); "
+        "office, small tenant and attacks come on top",
+    )
+    simulate.add_argument(
+        "--duration-s", type=_positive, default=600.0, help="simulated seconds (default 600)"
+    )
     simulate.add_argument("--seed", type=int, default=1, help="the same seed gives the same events")
-    simulate.add_argument("--speedup", type=_non_negative, default=1.0,
-                          help="produce N times faster than event time; 0 = as fast as possible")
-    simulate.add_argument("--start", type=_utc_ms,
-                          help="event time of the run's start, RFC 3339 (default: so that the run "
-                               "ends about when producing ends)")
-    simulate.add_argument("--truth", type=Path,
-                          help="ground-truth JSONL (default: beside --out, else <state_dir>/sim/truth.jsonl)")
-    simulate.add_argument("--dry-run", action="store_true", help="write events to --out, not to Kafka")
+    simulate.add_argument(
+        "--speedup",
+        type=_non_negative,
+        default=1.0,
+        help="produce N times faster than event time; 0 = as fast as possible",
+    )
+    simulate.add_argument(
+        "--start",
+        type=_utc_ms,
+        help="event time of the run's start, RFC 3339 (default: so that the run "
+        "ends about when producing ends)",
+    )
+    simulate.add_argument(
+        "--truth",
+        type=Path,
+        help="ground-truth JSONL (default: beside --out, else <state_dir>/sim/truth.jsonl)",
+    )
+    simulate.add_argument(
+        "--dry-run", action="store_true", help="write events to --out, not to Kafka"
+    )
     simulate.add_argument("--out", type=Path, help="events JSONL to write (with --dry-run)")
     simulate.set_defaults(handler=_simulate, parser=simulate)
 
     card = sub.add_parser("scorecard", help="score decisions and alerts against the ground truth")
-    card.add_argument("--truth", type=_existing_file, required=True, help="truth JSONL from simulate")
+    card.add_argument(
+        "--truth", type=_existing_file, required=True, help="truth JSONL from simulate"
+    )
     source = card.add_mutually_exclusive_group(required=True)
-    source.add_argument("--decisions-from-topic", action="store_true",
-                        help="read the decision topic (from the beginning) and the alerts topic")
+    source.add_argument(
+        "--decisions-from-topic",
+        action="store_true",
+        help="read the decision topic (from the beginning) and the alerts topic",
+    )
     source.add_argument("--decisions", type=_existing_file, help="decision records JSONL")
-    source.add_argument("--engine", action="store_true", help="run the core Engine over the truth events")
+    source.add_argument(
+        "--engine", action="store_true", help="run the core Engine over the truth events"
+    )
     card.add_argument("--alerts", type=_existing_file, help="alerts JSONL (with --decisions)")
-    card.add_argument("--policy", type=_existing_file, help="policy TOML for --engine (default: settings)")
+    card.add_argument(
+        "--policy", type=_existing_file, help="policy TOML for --engine (default: settings)"
+    )
     card.add_argument("--out", type=Path, help="write the scorecard as JSON here")
-    card.add_argument("--save-outputs", type=Path, metavar="DIR",
-                      help="also write the decisions and alerts read or computed (for authpipe report)")
-    card.add_argument("--timeout-s", type=_positive, default=60.0, help="topic read timeout (default 60)")
-    card.add_argument("--strict", action="store_true",
-                      help="exit 3 if an attack was missed or a legitimate attempt refused")
+    card.add_argument(
+        "--save-outputs",
+        type=Path,
+        metavar="DIR",
+        help="also write the decisions and alerts read or computed (for authpipe report)",
+    )
+    card.add_argument(
+        "--timeout-s", type=_positive, default=60.0, help="topic read timeout (default 60)"
+    )
+    card.add_argument(
+        "--strict",
+        action="store_true",
+        help="exit 3 if an attack was missed or a legitimate attempt refused",
+    )
     card.set_defaults(handler=_scorecard, parser=card)
 
     backtest = sub.add_parser("backtest", help="replay recorded input through a candidate policy")
-    backtest.add_argument("--policy", type=_existing_file,
-                          help="candidate policy TOML (required for the diff; with --verdicts "
-                               "the policy to run, default: settings policy_path, else built-in)")
-    backtest.add_argument("--baseline-policy", type=_existing_file,
-                          help="current policy TOML (default: settings policy_path, else built-in)")
+    backtest.add_argument(
+        "--policy",
+        type=_existing_file,
+        help="candidate policy TOML (required for the diff; with --verdicts "
+        "the policy to run, default: settings policy_path, else built-in)",
+    )
+    backtest.add_argument(
+        "--baseline-policy",
+        type=_existing_file,
+        help="current policy TOML (default: settings policy_path, else built-in)",
+    )
     where = backtest.add_mutually_exclusive_group(required=True)
-    where.add_argument("--from-ts", type=_utc_ms, help="input topic from this record time (RFC 3339)")
-    where.add_argument("--from-offset", type=_offset, help="input topic from this offset (every partition)")
-    where.add_argument("--events", type=_existing_file, help="events or truth JSONL instead of the topic")
-    backtest.add_argument("--to-ts", type=_utc_ms, help="up to this time, exclusive (default: the end)")
-    backtest.add_argument("--to-offset", type=_offset, help="up to this offset, exclusive (default: the end)")
+    where.add_argument(
+        "--from-ts", type=_utc_ms, help="input topic from this record time (RFC 3339)"
+    )
+    where.add_argument(
+        "--from-offset", type=_offset, help="input topic from this offset (every partition)"
+    )
+    where.add_argument(
+        "--events", type=_existing_file, help="events or truth JSONL instead of the topic"
+    )
+    backtest.add_argument(
+        "--to-ts", type=_utc_ms, help="up to this time, exclusive (default: the end)"
+    )
+    backtest.add_argument(
+        "--to-offset", type=_offset, help="up to this offset, exclusive (default: the end)"
+    )
     backtest.add_argument("--truth", type=_existing_file, help="truth JSONL: adds both scorecards")
     backtest.add_argument("--out", type=Path, help="write the diff as JSON here")
-    backtest.add_argument("--verdicts", type=Path, metavar="OUT.jsonl",
-                          help="instead of a diff: one verdict line per event under --policy, "
-                               "emulating the gateway (refused attempts counted nowhere)")
-    backtest.add_argument("--live", type=_existing_dir, metavar="DIR",
-                          help="the live run's decisions.jsonl and alerts.jsonl (scorecard --save-outputs): "
-                               "prints how many differ from the baseline replay")  # fmt: skip
+    backtest.add_argument(
+        "--verdicts",
+        type=Path,
+        metavar="OUT.jsonl",
+        help="instead of a diff: one verdict line per event under --policy, "
+        "emulating the gateway (refused attempts counted nowhere)",
+    )
+    backtest.add_argument(
+        "--live",
+        type=_existing_dir,
+        metavar="DIR",
+        help="the live run's decisions.jsonl and alerts.jsonl (scorecard --save-outputs): "
+        "prints how many differ from the baseline replay",
+    )
     backtest.set_defaults(handler=_backtest, parser=backtest)
 
     report = sub.add_parser("report", help="write a self-contained HTML report with charts")
@@ -378,13 +495,20 @@ def _add_sim_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     inputs.add_argument("--events", type=_existing_file, help="events JSONL (unlabelled)")
     outputs = report.add_mutually_exclusive_group()
     outputs.add_argument("--decisions", type=_existing_file, help="decision records JSONL")
-    outputs.add_argument("--engine", action="store_true", help="compute decisions with the core Engine")
+    outputs.add_argument(
+        "--engine", action="store_true", help="compute decisions with the core Engine"
+    )
     report.add_argument("--alerts", type=_existing_file, help="alerts JSONL (with --decisions)")
     report.add_argument("--policy", type=_existing_file, help="policy TOML for --engine")
-    report.add_argument("--scorecard", type=_existing_file, help="scorecard JSON (default: computed)")
+    report.add_argument(
+        "--scorecard", type=_existing_file, help="scorecard JSON (default: computed)"
+    )
     report.add_argument("--title", default="authpipe report", help="page title")
-    report.add_argument("--plain-accounts", action="store_true",
-                        help="show typed account identifiers instead of digest prefixes")
+    report.add_argument(
+        "--plain-accounts",
+        action="store_true",
+        help="show typed account identifiers instead of digest prefixes",
+    )
     report.set_defaults(handler=_report, parser=report)
 
 
@@ -398,21 +522,38 @@ def build_parser() -> argparse.ArgumentParser:
 
     ch = sub.add_parser("clickhouse", help="ClickHouse schema")
     ch.add_argument("action", choices=["migrate"])
-    ch.add_argument("--cluster", default=None, metavar="NAME",
-                    help="ON CLUSTER DDL for cluster NAME: replicated tables, Distributed in "
-                         "front (default: clickhouse.cluster)")  # fmt: skip
-    ch.add_argument("--print", dest="print_sql", action="store_true",
-                    help="print every statement instead of applying (no connection)")  # fmt: skip
+    ch.add_argument(
+        "--cluster",
+        default=None,
+        metavar="NAME",
+        help="ON CLUSTER DDL for cluster NAME: replicated tables, Distributed in "
+        "front (default: clickhouse.cluster)",
+    )
+    ch.add_argument(
+        "--print",
+        dest="print_sql",
+        action="store_true",
+        help="print every statement instead of applying (no connection)",
+    )
     ch.set_defaults(handler=_clickhouse)
 
     demo = sub.add_parser("demo", help="the main job: a mixed attack end to end on the local stack")
-    demo.add_argument("--rate", type=_positive, default=25.0, help="simulated logins/s (default 25)")
-    demo.add_argument("--duration-s", type=_positive, default=3600.0,
-                      help="simulated traffic span in seconds (default 3600)")  # fmt: skip
+    demo.add_argument(
+        "--rate", type=_positive, default=25.0, help="simulated logins/s (default 25)"
+    )
+    demo.add_argument(
+        "--duration-s",
+        type=_positive,
+        default=3600.0,
+        help="simulated traffic span in seconds (default 3600)",
+    )
     demo.add_argument("--seed", type=int, default=1, help="scenario seed (default 1)")
     demo.add_argument("--out", type=Path, default=Path("report.html"), help="report path")
-    demo.add_argument("--keep-services", action="store_true",
-                      help="keep worker, sink and edge running after the run (Ctrl-C stops)")  # fmt: skip
+    demo.add_argument(
+        "--keep-services",
+        action="store_true",
+        help="keep worker, sink and edge running after the run (Ctrl-C stops)",
+    )
     demo.set_defaults(handler=_demo)
 
     worker = sub.add_parser("worker", help="the stream processors (faust-streaming)")
@@ -466,8 +607,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         level = settings.log.level
         if args.command == "demo" and level == "info":
             level = "warning"  # the demo narrates its steps itself; its services log to files
-        configure_logging(level, settings.log.format,
-                          one_shot=args.command not in SERVICES)  # fmt: skip
+        configure_logging(level, settings.log.format, one_shot=args.command not in SERVICES)
         if getattr(args, "service", False):
             require_digest_key(settings)  # before connecting anywhere: no guessable default
         handler: Handler = args.handler

@@ -124,8 +124,10 @@ def _run(args: list[str], env: dict[str, str], log_dir: Path, name: str) -> str:
     )
     (log_dir / f"{name}.log").write_text(done.stdout + done.stderr)
     if done.returncode != 0:
-        raise DemoError(f"authpipe {' '.join(args[:2])} failed (exit {done.returncode}):\n"
-                        f"{(done.stderr or done.stdout)[-2000:]}")  # fmt: skip
+        raise DemoError(
+            f"authpipe {' '.join(args[:2])} failed (exit {done.returncode}):\n"
+            f"{(done.stderr or done.stdout)[-2000:]}"
+        )
     return done.stdout
 
 
@@ -136,8 +138,13 @@ def _run_showing_progress(
     see pipeline.progress) to ``say`` as they come."""
     log_path = log_dir / f"{name}.log"
     with log_path.open("w") as log_file, (log_dir / f"{name}.out").open("w+") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", *args], env=env,
-                                stdout=out, stderr=subprocess.PIPE, text=True)  # fmt: skip
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "pipeline.cli", *args],
+            env=env,
+            stdout=out,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         assert proc.stderr is not None
         for line in proc.stderr:
             log_file.write(line)
@@ -149,8 +156,9 @@ def _run_showing_progress(
         log_file.write(stdout)
     if code != 0:
         tail = log_path.read_text(errors="replace")[-2000:]
-        raise DemoError(f"authpipe {' '.join(args[:2])} failed (exit {code}); its log is "
-                        f"{log_path}:\n{tail}")  # fmt: skip
+        raise DemoError(
+            f"authpipe {' '.join(args[:2])} failed (exit {code}); its log is {log_path}:\n{tail}"
+        )
     return stdout
 
 
@@ -183,7 +191,9 @@ def run_demo(settings: Settings, options: DemoOptions) -> int:
     say(f"starting the Kafka broker ({broker.bootstrap}, data in {broker.data_dir})")
     broker.up()
     if settings.identity.digest_key is None:
-        say(f"account digests keyed by {ensure_digest_key_file(settings.state_dir)} (generated once)")
+        say(
+            f"account digests keyed by {ensure_digest_key_file(settings.state_dir)} (generated once)"
+        )
     env = _env(settings, run_id, broker.bootstrap)
     say("migrating embedded ClickHouse (chdb)")
     _run(["clickhouse", "migrate"], env, demo_dir, "migrate")
@@ -197,39 +207,114 @@ def run_demo(settings: Settings, options: DemoOptions) -> int:
         # hour begins, so the watermark only moves forward and one truth file holds both.
         patient_truth = demo_dir / "truth-patient.jsonl"
         start_ms = (int(time.time()) - int(options.duration_s) - PATIENT_DAY_S) * 1000
-        say(f"simulating patient attackers ({', '.join(SLOW_ATTACKS)}): a day of event time, "
-            "replayed as fast as the broker takes it")  # fmt: skip
-        _show(_run_showing_progress([
-            "simulate", "--scenario", ",".join(SLOW_ATTACKS), "--rate", "1",
-            "--duration-s", str(PATIENT_DAY_S), "--seed", str(options.seed), "--speedup", "0",
-            "--start", _rfc3339(start_ms), "--truth", str(patient_truth),
-        ], env, demo_dir, "simulate-patient", say))  # fmt: skip
+        say(
+            f"simulating patient attackers ({', '.join(SLOW_ATTACKS)}): a day of event time, "
+            "replayed as fast as the broker takes it"
+        )
+        _show(
+            _run_showing_progress(
+                [
+                    "simulate",
+                    "--scenario",
+                    ",".join(SLOW_ATTACKS),
+                    "--rate",
+                    "1",
+                    "--duration-s",
+                    str(PATIENT_DAY_S),
+                    "--seed",
+                    str(options.seed),
+                    "--speedup",
+                    "0",
+                    "--start",
+                    _rfc3339(start_ms),
+                    "--truth",
+                    str(patient_truth),
+                ],
+                env,
+                demo_dir,
+                "simulate-patient",
+                say,
+            )
+        )
         patient = sum(1 for _ in patient_truth.open("rb"))
-        _wait(lambda: _drained(port, patient), 900, worker, "every patient attempt through every stage")
+        _wait(
+            lambda: _drained(port, patient),
+            900,
+            worker,
+            "every patient attempt through every stage",
+        )
         mixed_truth = demo_dir / "truth-mixed.jsonl"
-        say(f"simulating a mixed attack scenario ({options.duration_s:g} s of traffic at "
-            f"{options.rate:g} logins/s, replayed as fast as the broker takes it)")  # fmt: skip
-        _show(_run_showing_progress([
-            "simulate", "--scenario", "mixed", "--rate", str(options.rate),
-            "--duration-s", str(options.duration_s), "--seed", str(options.seed),
-            "--speedup", "0", "--truth", str(mixed_truth),
-        ], env, demo_dir, "simulate", say))  # fmt: skip
+        say(
+            f"simulating a mixed attack scenario ({options.duration_s:g} s of traffic at "
+            f"{options.rate:g} logins/s, replayed as fast as the broker takes it)"
+        )
+        _show(
+            _run_showing_progress(
+                [
+                    "simulate",
+                    "--scenario",
+                    "mixed",
+                    "--rate",
+                    str(options.rate),
+                    "--duration-s",
+                    str(options.duration_s),
+                    "--seed",
+                    str(options.seed),
+                    "--speedup",
+                    "0",
+                    "--truth",
+                    str(mixed_truth),
+                ],
+                env,
+                demo_dir,
+                "simulate",
+                say,
+            )
+        )
         truth.write_bytes(patient_truth.read_bytes() + mixed_truth.read_bytes())
         produced = sum(1 for _ in truth.open("rb"))
         say(f"waiting for the worker to count all {produced} events")
         _wait(lambda: _drained(port, produced), 900, worker, "every event through every stage")
         _wait(_quiet_checker(port), 60, worker, "the stages to settle")
         say("scoring the decisions on the topic against the ground truth")
-        _show(_run([
-            "scorecard", "--truth", str(truth), "--decisions-from-topic",
-            "--out", str(demo_dir / "scorecard.json"), "--save-outputs", str(demo_dir),
-        ], env, demo_dir, "scorecard"))  # fmt: skip
+        _show(
+            _run(
+                [
+                    "scorecard",
+                    "--truth",
+                    str(truth),
+                    "--decisions-from-topic",
+                    "--out",
+                    str(demo_dir / "scorecard.json"),
+                    "--save-outputs",
+                    str(demo_dir),
+                ],
+                env,
+                demo_dir,
+                "scorecard",
+            )
+        )
         _show_blocklist(edge, env, demo_dir / "decisions.jsonl")
-        _run([
-            "report", "--out", str(options.out.resolve()), "--truth", str(truth),
-            "--decisions", str(demo_dir / "decisions.jsonl"), "--alerts", str(demo_dir / "alerts.jsonl"),
-            "--scorecard", str(demo_dir / "scorecard.json"), "--title", f"authpipe demo {run_id}",
-        ], env, demo_dir, "report")  # fmt: skip
+        _run(
+            [
+                "report",
+                "--out",
+                str(options.out.resolve()),
+                "--truth",
+                str(truth),
+                "--decisions",
+                str(demo_dir / "decisions.jsonl"),
+                "--alerts",
+                str(demo_dir / "alerts.jsonl"),
+                "--scorecard",
+                str(demo_dir / "scorecard.json"),
+                "--title",
+                f"authpipe demo {run_id}",
+            ],
+            env,
+            demo_dir,
+            "report",
+        )
         say(f"wrote {options.out.resolve()}")
         if options.keep_services:
             say("services keep running (Ctrl-C stops them)")
@@ -243,9 +328,12 @@ def run_demo(settings: Settings, options: DemoOptions) -> int:
 
 
 def _start_services(
-    settings: Settings, env: dict[str, str], demo_dir: Path, services: list[Service],
+    settings: Settings,
+    env: dict[str, str],
+    demo_dir: Path,
+    services: list[Service],
     say: Callable[[str], None],
-) -> tuple[Service, Service]:  # fmt: skip
+) -> tuple[Service, Service]:
     import asyncio
 
     from pipeline.stream.worker import prepare_topics
@@ -253,12 +341,22 @@ def _start_services(
     ports = _free_ports(2)
     env["AUTHPIPE_WORKER_WEB_PORT"] = str(ports[0])
     env["AUTHPIPE_EDGE_PORT"] = str(ports[1])
-    topic_settings = settings.model_copy(update={"kafka": settings.kafka.model_copy(update={
-        "bootstrap_servers": env["AUTHPIPE_KAFKA_BOOTSTRAP_SERVERS"], "app_id": env["AUTHPIPE_KAFKA_APP_ID"],
-        "input_topic": env["AUTHPIPE_KAFKA_INPUT_TOPIC"], "decisions_topic": env["AUTHPIPE_KAFKA_DECISIONS_TOPIC"],
-        "alerts_topic": env["AUTHPIPE_KAFKA_ALERTS_TOPIC"], "dlq_topic": env["AUTHPIPE_KAFKA_DLQ_TOPIC"],
-        "audit_topic": env["AUTHPIPE_KAFKA_AUDIT_TOPIC"], "notices_topic": env["AUTHPIPE_KAFKA_NOTICES_TOPIC"],
-    })})  # fmt: skip
+    topic_settings = settings.model_copy(
+        update={
+            "kafka": settings.kafka.model_copy(
+                update={
+                    "bootstrap_servers": env["AUTHPIPE_KAFKA_BOOTSTRAP_SERVERS"],
+                    "app_id": env["AUTHPIPE_KAFKA_APP_ID"],
+                    "input_topic": env["AUTHPIPE_KAFKA_INPUT_TOPIC"],
+                    "decisions_topic": env["AUTHPIPE_KAFKA_DECISIONS_TOPIC"],
+                    "alerts_topic": env["AUTHPIPE_KAFKA_ALERTS_TOPIC"],
+                    "dlq_topic": env["AUTHPIPE_KAFKA_DLQ_TOPIC"],
+                    "audit_topic": env["AUTHPIPE_KAFKA_AUDIT_TOPIC"],
+                    "notices_topic": env["AUTHPIPE_KAFKA_NOTICES_TOPIC"],
+                }
+            )
+        }
+    )
     asyncio.run(prepare_topics(topic_settings))
     say(f"starting the worker, the audit sink and the edge (logs in {demo_dir})")
     worker = Service("worker", ["worker"], env, demo_dir)
@@ -268,8 +366,10 @@ def _start_services(
     services.append(edge)
     _wait(lambda: _http_ok(f"http://127.0.0.1:{ports[0]}/readyz"), READY_TIMEOUT_S, worker, "ready")
     _wait(lambda: _http_ok(f"http://127.0.0.1:{ports[1]}/readyz"), READY_TIMEOUT_S, edge, "ready")
-    say(f"worker ready (metrics http://127.0.0.1:{ports[0]}/metrics), "
-        f"edge ready (http://127.0.0.1:{ports[1]}/v1/check)")  # fmt: skip
+    say(
+        f"worker ready (metrics http://127.0.0.1:{ports[0]}/metrics), "
+        f"edge ready (http://127.0.0.1:{ports[1]}/v1/check)"
+    )
     return worker, edge
 
 
@@ -326,22 +426,24 @@ def _audit_summary(settings: Settings, env: dict[str, str], run_id: str) -> None
         )
         decisions = ch.query("SELECT count() FROM decisions WHERE NOT tombstone")
     count, weight, summaries, blocked = rows[0]
-    print(f"\nClickHouse (embedded, {chs.path}): {count} audit rows standing for {weight} attempts "
-          f"({summaries} rate-cap summary rows, {blocked} attempts under a block); "
-          f"{decisions[0][0]} decision rows in total")  # fmt: skip
+    print(
+        f"\nClickHouse (embedded, {chs.path}): {count} audit rows standing for {weight} attempts "
+        f"({summaries} rate-cap summary rows, {blocked} attempts under a block); "
+        f"{decisions[0][0]} decision rows in total"
+    )
 
 
 def _where_next(options: DemoOptions, demo_dir: Path, run_id: str, started: float) -> None:
     print(f"""
 done in {time.monotonic() - started:.0f} s. Where to look next:
   report            {options.out.resolve()}  (open it in a browser)
-  scorecard         {demo_dir / 'scorecard.json'}
-  decisions/alerts  {demo_dir / 'decisions.jsonl'}, {demo_dir / 'alerts.jsonl'}
+  scorecard         {demo_dir / "scorecard.json"}
+  decisions/alerts  {demo_dir / "decisions.jsonl"}, {demo_dir / "alerts.jsonl"}
   service logs      {demo_dir}/{{worker,sink,edge}}.log
   topics            {run_id}.login-attempts, {run_id}.throttle-decisions, {run_id}.alerts, ...
   try a stricter policy on the same history (and check the replay equals this live run):
-    .venv/bin/authpipe backtest --policy schemas/policy.strict.toml --events {demo_dir / 'truth.jsonl'} \
-      --truth {demo_dir / 'truth.jsonl'} --live {demo_dir}
+    .venv/bin/authpipe backtest --policy schemas/policy.strict.toml --events {demo_dir / "truth.jsonl"} \
+      --truth {demo_dir / "truth.jsonl"} --live {demo_dir}
   the edge on this run's decisions (its topic, not the default auth.throttle-decisions):
     AUTHPIPE_KAFKA_DECISIONS_TOPIC={run_id}.throttle-decisions .venv/bin/authpipe edge serve
   the broker keeps running: .venv/bin/authpipe stack status | stack down

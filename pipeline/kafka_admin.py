@@ -67,7 +67,9 @@ def _admin(
     )
 
 
-async def _broker_count(bootstrap: str, request_timeout_ms: int, security: Mapping[str, Any]) -> int:
+async def _broker_count(
+    bootstrap: str, request_timeout_ms: int, security: Mapping[str, Any]
+) -> int:
     admin = _admin(bootstrap, request_timeout_ms, security)
     try:
         await admin.start()
@@ -93,7 +95,8 @@ async def wait_for_broker(
             hint = (
                 "check kafka.security_protocol and the SASL user and password or TLS files "
                 "(a refused login is logged by aiokafka just above)"
-                if security else "start one with `authpipe stack up` or fix AUTHPIPE_KAFKA_BOOTSTRAP_SERVERS"
+                if security
+                else "start one with `authpipe stack up` or fix AUTHPIPE_KAFKA_BOOTSTRAP_SERVERS"
             )
             raise BrokerUnavailableError(
                 f"no Kafka broker answered at {bootstrap} within {timeout_s:.0f}s "
@@ -143,7 +146,9 @@ def _leaderless(names: Sequence[str], described: Sequence[Mapping[str, Any]]) ->
     return [name for name in names if name not in ready]
 
 
-async def _wait_for_leaders(admin: AIOKafkaAdminClient, names: Sequence[str], timeout_ms: int) -> None:
+async def _wait_for_leaders(
+    admin: AIOKafkaAdminClient, names: Sequence[str], timeout_ms: int
+) -> None:
     """Wait until new topics have leaders in the broker's metadata. A client that asks
     sooner (a broker still loading its logs answers late) caches "unknown topic" and may
     not fetch those partitions until its next metadata refresh, minutes later."""

@@ -107,9 +107,11 @@ def stdlib_logging_config(
 
 
 def configure_logging(
-    level: str = "info", fmt: Literal["auto", "json", "console"] = "auto", *,
+    level: str = "info",
+    fmt: Literal["auto", "json", "console"] = "auto",
+    *,
     one_shot: bool = False,
-) -> None:  # fmt: skip
+) -> None:
     """Configure structlog and the stdlib root logger; later calls are no-ops. ``one_shot``:
     a command whose stdout is its human result (events go to stderr, console unless json)."""
     global _configured

@@ -68,7 +68,9 @@ def parse_ttl(text: str) -> int:
 
 def check_tenant(text: str) -> str:
     if text == "-" or not _TENANT.fullmatch(text):
-        raise ValueError(f"tenant {text[:70]!r} must be 1 to 64 characters without '|' or spaces, not '-'")
+        raise ValueError(
+            f"tenant {text[:70]!r} must be 1 to 64 characters without '|' or spaces, not '-'"
+        )
     return text
 
 
@@ -90,8 +92,14 @@ class Target:
 
 
 def manual_decision(
-    target: Target, normaliser: Normaliser, *, ttl_ms: int, reason: str, operator: str, now_ms: int,
-) -> Decision:  # fmt: skip
+    target: Target,
+    normaliser: Normaliser,
+    *,
+    ttl_ms: int,
+    reason: str,
+    operator: str,
+    now_ms: int,
+) -> Decision:
     """The operator's block as a decision. Raises ValueError for a source wider than the
     grouping or an account that is blank after normalisation."""
     rules = normaliser.sources
@@ -129,7 +137,9 @@ def manual_decision(
     )
 
 
-def active_decisions(records: list[tuple[bytes | None, bytes | None]], now_ms: int) -> list[Decision]:
+def active_decisions(
+    records: list[tuple[bytes | None, bytes | None]], now_ms: int
+) -> list[Decision]:
     """The decisions a compacted topic holds now: the latest value per key, not a
     tombstone, not expired, in key order. Records that are not decisions are skipped."""
     latest: dict[bytes, bytes | None] = {}
@@ -159,7 +169,9 @@ def render(decisions: list[Decision], *, manual_only: bool) -> str:
         subject = f"source {d.source}" if d.source else f"account {d.account_digest}"
         expires = format_utc_ms(d.expires_at)
         who = f"{d.operator}: {d.reason}" if d.rule == RULE else d.action
-        lines.append(f"{d.decision_id:<32}  {d.tenant:<10} {subject:<44} {d.rule:<14} {expires:<24} {who}")
+        lines.append(
+            f"{d.decision_id:<32}  {d.tenant:<10} {subject:<44} {d.rule:<14} {expires:<24} {who}"
+        )
     return "\n".join(lines)
 
 
@@ -188,9 +200,10 @@ async def _publish(settings: Settings, key: str, value: bytes | None) -> None:
     from aiokafka.errors import KafkaError
 
     producer = AIOKafkaProducer(
-        bootstrap_servers=settings.kafka.bootstrap_servers, acks="all",
+        bootstrap_servers=settings.kafka.bootstrap_servers,
+        acks="all",
         request_timeout_ms=int(TIMEOUT_S * 1000),
-    )  # fmt: skip
+    )
     try:
         async with asyncio.timeout(TIMEOUT_S):
             await producer.start()
@@ -207,9 +220,13 @@ async def _publish(settings: Settings, key: str, value: bytes | None) -> None:
 
 def add(settings: Settings, target: Target, *, ttl_ms: int, reason: str, operator: str) -> Decision:
     decision = manual_decision(
-        target, build_normaliser(settings), ttl_ms=ttl_ms, reason=reason, operator=operator,
+        target,
+        build_normaliser(settings),
+        ttl_ms=ttl_ms,
+        reason=reason,
+        operator=operator,
         now_ms=time.time_ns() // 1_000_000,
-    )  # fmt: skip
+    )
     asyncio.run(_publish(settings, decision.key, encode(decision)))
     return decision
 
@@ -232,9 +249,16 @@ def remove(settings: Settings, decision_id: str) -> Decision:
 
 
 def run_decisions_command(
-    settings: Settings, action: str, *, target: Target | None = None, ttl_ms: int = 0,
-    reason: str = "", operator: str = "", decision_id: str = "", show_all: bool = False,
-) -> int:  # fmt: skip
+    settings: Settings,
+    action: str,
+    *,
+    target: Target | None = None,
+    ttl_ms: int = 0,
+    reason: str = "",
+    operator: str = "",
+    decision_id: str = "",
+    show_all: bool = False,
+) -> int:
     """The CLI's handler: prints what was done; ManualError/ValueError exit 1 with one
     line (aiokafka's own error logging is silenced: the line says it all)."""
     for name in ("aiokafka", "asyncio"):
@@ -244,11 +268,17 @@ def run_decisions_command(
             assert target is not None
             d = add(settings, target, ttl_ms=ttl_ms, reason=reason, operator=operator)
             subject = f"source {d.source}" if d.source else f"account {d.account_digest}"
-            print(f"added {d.decision_id}: block {subject} in tenant {d.tenant} until "
-                  f"{format_utc_ms(d.expires_at)} (by {operator}: {reason})")  # fmt: skip
+            print(
+                f"added {d.decision_id}: block {subject} in tenant {d.tenant} until "
+                f"{format_utc_ms(d.expires_at)} (by {operator}: {reason})"
+            )
         elif action == "list":
             now_ms = time.time_ns() // 1_000_000
-            print(render(active_decisions(asyncio.run(_read(settings)), now_ms), manual_only=not show_all))
+            print(
+                render(
+                    active_decisions(asyncio.run(_read(settings)), now_ms), manual_only=not show_all
+                )
+            )
         else:
             d = remove(settings, decision_id)
             print(f"removed {d.decision_id} ({d.key})")

@@ -16,8 +16,14 @@ BAR_WIDTH = 30
 class Progress:
     """``update(fraction, detail)`` as often as convenient; ``done(detail)`` once."""
 
-    def __init__(self, label: str, *, stream: TextIO | None = None, every_s: float = 5.0,
-                 tty: bool | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        label: str,
+        *,
+        stream: TextIO | None = None,
+        every_s: float = 5.0,
+        tty: bool | None = None,
+    ) -> None:
         self.label = label
         self.stream = stream or sys.stderr
         self.tty = self.stream.isatty() if tty is None else tty

@@ -52,7 +52,10 @@ def tune_allocator(environ: Mapping[str, str] | None = None) -> dict[str, int]:
         mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):
         return {}
-    wanted = {"MALLOC_ARENA_MAX": (M_ARENA_MAX, ARENA_MAX), "MALLOC_MMAP_THRESHOLD_": (M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)}
+    wanted = {
+        "MALLOC_ARENA_MAX": (M_ARENA_MAX, ARENA_MAX),
+        "MALLOC_MMAP_THRESHOLD_": (M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES),
+    }
     done: dict[str, int] = {}
     for name, (param, value) in wanted.items():
         if name not in env and mallopt(param, value) == 1:

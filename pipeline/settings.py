@@ -65,7 +65,9 @@ class KafkaSettings(_Section):
     )
     sasl_username: str | None = Field(None, description="SASL user (needed with SASL_*)")
     sasl_password: SecretStr | None = Field(None, description="SASL password (needed with SASL_*)")
-    ssl_cafile: Path | None = Field(None, description="CA bundle to verify the broker (SSL, SASL_SSL)")
+    ssl_cafile: Path | None = Field(
+        None, description="CA bundle to verify the broker (SSL, SASL_SSL)"
+    )
     ssl_certfile: Path | None = Field(None, description="client certificate for mutual TLS")
     ssl_keyfile: Path | None = Field(None, description="key of ssl_certfile")
 
@@ -77,21 +79,34 @@ class KafkaSettings(_Section):
                 f"security_protocol={protocol} needs sasl_username and sasl_password "
                 "(AUTHPIPE_KAFKA_SASL_USERNAME, AUTHPIPE_KAFKA_SASL_PASSWORD)"
             )
-        files = {"ssl_cafile": self.ssl_cafile, "ssl_certfile": self.ssl_certfile,
-                 "ssl_keyfile": self.ssl_keyfile}  # fmt: skip
+        files = {
+            "ssl_cafile": self.ssl_cafile,
+            "ssl_certfile": self.ssl_certfile,
+            "ssl_keyfile": self.ssl_keyfile,
+        }
         given = [name for name, path in files.items() if path is not None]
         if given and not protocol.endswith("SSL"):
-            raise ValueError(f"{', '.join(given)} set but security_protocol={protocol}; use SSL or SASL_SSL")
+            raise ValueError(
+                f"{', '.join(given)} set but security_protocol={protocol}; use SSL or SASL_SSL"
+            )
         if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
-            raise ValueError("ssl_certfile and ssl_keyfile go together (mutual TLS); set both or neither")
-        missing = [f"{name}={path}" for name, path in files.items() if path is not None and not path.is_file()]
+            raise ValueError(
+                "ssl_certfile and ssl_keyfile go together (mutual TLS); set both or neither"
+            )
+        missing = [
+            f"{name}={path}"
+            for name, path in files.items()
+            if path is not None and not path.is_file()
+        ]
         if missing:
             raise ValueError(f"{', '.join(missing)}: no such file")
         return self
 
 
 class ClickHouseSettings(_Section):
-    url: str | None = Field(None, description="http(s)://user:pass@host:8123; unset = embedded chdb")
+    url: str | None = Field(
+        None, description="http(s)://user:pass@host:8123; unset = embedded chdb"
+    )
     path: Path = Field(Path(".state/chdb"), description="chdb data directory (embedded mode)")
     database: str = Field("authpipe", description="database that holds every authpipe table")
     ttl_days: int = Field(90, ge=1, description="TTL of raw attempt rows")
@@ -109,7 +124,9 @@ class IngestSettings(_Section):
         (), description="tenants whose account identifiers are case-sensitive"
     )
     max_event_bytes: int = Field(16384, ge=256, description="larger events are dead-lettered")
-    max_future_skew_ms: int = Field(300_000, ge=0, description="events further ahead: dead-lettered")
+    max_future_skew_ms: int = Field(
+        300_000, ge=0, description="events further ahead: dead-lettered"
+    )
     max_past_skew_ms: int = Field(
         604_800_000, ge=0, description="events older (or before 1970): dead-lettered"
     )
@@ -120,7 +137,8 @@ class IngestSettings(_Section):
         DEDUPE_CAPACITY, ge=1, description="event ids a worker remembers, at most"
     )
     tenants: tuple[str, ...] = Field(
-        (), description="allow-list of tenants; others are dead-lettered unknown_tenant (empty: any)"
+        (),
+        description="allow-list of tenants; others are dead-lettered unknown_tenant (empty: any)",
     )
     max_tenants: int = Field(
         1000, ge=1, description="tenants a worker tracks; further ones are dead-lettered tenant_cap"
@@ -159,14 +177,17 @@ class WorkerSettings(_Section):
         20, ge=1, description="ingest fills a batch for this long after its first record"
     )
     forward_linger_ms: int = Field(
-        50, ge=0, le=10_000,
+        50,
+        ge=0,
+        le=10_000,
         description="forwards to the source stage and tenant shares gather this long before sending",
-    )  # fmt: skip
+    )
     web_port: int = Field(6066, ge=0, le=65535, description="metrics and readiness port (0=any)")
     web_host: str = Field(
-        "127.0.0.1", min_length=1,
+        "127.0.0.1",
+        min_length=1,
         description="metrics and readiness bind address; 0.0.0.0 in a container",
-    )  # fmt: skip
+    )
 
 
 class EdgeSettings(_Section):
@@ -174,7 +195,10 @@ class EdgeSettings(_Section):
     port: int = Field(8080, ge=0, le=65535, description="HTTP port")
     token: str | None = Field(None, description="bearer token required when set")
     head_timeout_s: float = Field(
-        10.0, gt=0, le=300, description="a request head must be complete this long after its first byte"
+        10.0,
+        gt=0,
+        le=300,
+        description="a request head must be complete this long after its first byte",
     )
     max_connections: int = Field(
         10_000, ge=1, description="open HTTP connections at most; further ones are closed at once"
@@ -222,7 +246,9 @@ class Settings(BaseSettings):
     @classmethod
     def _policy_exists(cls, value: Path | None) -> Path | None:
         if value is not None and not value.is_file():
-            raise ValueError(f"policy file {value} does not exist; point policy_path at a TOML file")
+            raise ValueError(
+                f"policy file {value} does not exist; point policy_path at a TOML file"
+            )
         return value
 
     @classmethod
@@ -250,7 +276,9 @@ def load_settings(**overrides: Any) -> Settings:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
         )
-        raise ConfigError(f"invalid settings ({problems}); see docs/operations.md 'Configuration'") from exc
+        raise ConfigError(
+            f"invalid settings ({problems}); see docs/operations.md 'Configuration'"
+        ) from exc
 
 
 class MissingDigestKeyError(ConfigError):

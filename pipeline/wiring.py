@@ -24,7 +24,6 @@ def load_policy(path: Path | None) -> Policy:
     return policy_from_toml(path.read_text(encoding="utf-8"))
 
 
-
 def build_normaliser(settings: Settings, policy: Policy | None = None) -> Normaliser:
     """The Normaliser every component must share (worker, edge, simulator, reports).
 

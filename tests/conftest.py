@@ -19,10 +19,29 @@ CORE_DIR = os.path.join(
 )
 # What setup.py compiles with mypyc (its CORE_MODULES).
 COMPILED_CORE_MODULES = (
-    "account", "attempt", "decisions", "dedupe", "engine", "errors", "grouping", "keys",
-    "lockout", "normalise", "outbox", "records", "rollup", "rules", "sequence", "shard",
-    "source", "state", "streaks", "stuffing", "table", "window",
-)  # fmt: skip
+    "account",
+    "attempt",
+    "decisions",
+    "dedupe",
+    "engine",
+    "errors",
+    "grouping",
+    "keys",
+    "lockout",
+    "normalise",
+    "outbox",
+    "records",
+    "rollup",
+    "rules",
+    "sequence",
+    "shard",
+    "source",
+    "state",
+    "streaks",
+    "stuffing",
+    "table",
+    "window",
+)
 
 
 def compiled_path(name: str) -> str | None:
@@ -35,10 +54,11 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     """Python imports a compiled module in preference to its source: a core source edited
     after the build would go untested. Refuse to run on a stale compiled core."""
     stale = [
-        name for name in COMPILED_CORE_MODULES
+        name
+        for name in COMPILED_CORE_MODULES
         if (so := compiled_path(name)) is not None
         and os.path.getmtime(os.path.join(CORE_DIR, f"{name}.py")) > os.path.getmtime(so)
-    ]  # fmt: skip
+    ]
     if stale:
         pytest.exit(
             f"pipeline/core/{{{','.join(stale)}}}.py changed after the compiled core was "

@@ -39,7 +39,9 @@ def run_peer(command: list[str], timeout_s: float, log_path: Path) -> dict[str, 
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
     # A terminal spinner may share the line: the result is from its first "{" on.
-    lines = [line[line.index("{") :] for line in out.decode(errors="replace").splitlines() if "{" in line]
+    lines = [
+        line[line.index("{") :] for line in out.decode(errors="replace").splitlines() if "{" in line
+    ]
     for line in reversed(lines):
         with contextlib.suppress(orjson.JSONDecodeError):
             result: dict[str, Any] = orjson.loads(line)

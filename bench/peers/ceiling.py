@@ -22,10 +22,14 @@ BATCH_MAX_EVENTS = 5000
 
 async def consume(bootstrap: str, topic: str, events: int) -> dict[str, Any]:
     consumer = AIOKafkaConsumer(
-        topic, bootstrap_servers=bootstrap, group_id=f"ceiling-{uuid.uuid4().hex[:8]}",
-        enable_auto_commit=False, auto_offset_reset="earliest",
-        max_partition_fetch_bytes=4 * 1024 * 1024, fetch_max_wait_ms=50,
-    )  # fmt: skip
+        topic,
+        bootstrap_servers=bootstrap,
+        group_id=f"ceiling-{uuid.uuid4().hex[:8]}",
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        max_partition_fetch_bytes=4 * 1024 * 1024,
+        fetch_max_wait_ms=50,
+    )
     await consumer.start()
     decoded = 0
     first_s = cpu_first_s = 0.0
@@ -43,10 +47,13 @@ async def consume(bootstrap: str, topic: str, events: int) -> dict[str, Any]:
         cpu_s = time.process_time() - cpu_first_s
         await consumer.stop()
     return {
-        "peer": "ceiling", "events": decoded, "seconds": round(seconds, 3),
-        "events_per_s": round(decoded / seconds), "cpu_s": round(cpu_s, 2),
+        "peer": "ceiling",
+        "events": decoded,
+        "seconds": round(seconds, 3),
+        "events_per_s": round(decoded / seconds),
+        "cpu_s": round(cpu_s, 2),
         "events_per_cpu_s": round(decoded / max(cpu_s, 1e-9)),
-    }  # fmt: skip
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

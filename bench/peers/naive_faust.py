@@ -95,12 +95,16 @@ class Progress:
             now_s = time.perf_counter()
             if not self.seen and now_s - started_s >= stall_s:
                 self.fail(f"faust delivered no event within {stall_s:.0f} s of start")
-            if self.seen and (now_s - self.last_s >= stall_s or now_s - started_s >= self.timeout_s):
+            if self.seen and (
+                now_s - self.last_s >= stall_s or now_s - started_s >= self.timeout_s
+            ):
                 self.finish(complete=False)
 
     def fail(self, message: str) -> None:
         with self.lock:
-            sys.stdout.write("\n" + orjson.dumps({"peer": "naive_faust", "error": message}).decode() + "\n")
+            sys.stdout.write(
+                "\n" + orjson.dumps({"peer": "naive_faust", "error": message}).decode() + "\n"
+            )
             sys.stdout.flush()
             os._exit(3)
 
@@ -109,11 +113,17 @@ class Progress:
         seconds = max(self.last_s - self.first_s, 1e-9)
         cpu_s = time.process_time() - self.cpu_first_s
         result: dict[str, Any] = {
-            "peer": "naive_faust", "complete": complete, "events": self.count,
-            "events_seen": self.seen, "events_counted": self.count, "seconds": round(seconds, 3),
-            "events_per_s": round(self.count / seconds), "cpu_s": round(cpu_s, 2),
-            "events_per_cpu_s": round(self.count / max(cpu_s, 1e-9)), "settings": self.config,
-        }  # fmt: skip
+            "peer": "naive_faust",
+            "complete": complete,
+            "events": self.count,
+            "events_seen": self.seen,
+            "events_counted": self.count,
+            "seconds": round(seconds, 3),
+            "events_per_s": round(self.count / seconds),
+            "cpu_s": round(cpu_s, 2),
+            "events_per_cpu_s": round(self.count / max(cpu_s, 1e-9)),
+            "settings": self.config,
+        }
         sys.stdout.write("\n" + orjson.dumps(result).decode() + "\n")
         sys.stdout.flush()
         os._exit(0)
@@ -123,14 +133,29 @@ def build_app(bootstrap: str, topic_name: str, state_dir: str, progress: Progres
     config = dict(progress.config)
     buffer_max = config.pop("producer_buffer_max_messages")
     app = faust.App(
-        f"naive-faust-{uuid.uuid4().hex[:8]}", broker=f"kafka://{bootstrap}", store="memory://",
-        topic_partitions=PARTITIONS, consumer_auto_offset_reset="earliest", web_enabled=False,
-        datadir=state_dir, loghandlers=[], table_standby_replicas=0, **config,
-    )  # fmt: skip
+        f"naive-faust-{uuid.uuid4().hex[:8]}",
+        broker=f"kafka://{bootstrap}",
+        store="memory://",
+        topic_partitions=PARTITIONS,
+        consumer_auto_offset_reset="earliest",
+        web_enabled=False,
+        datadir=state_dir,
+        loghandlers=[],
+        table_standby_replicas=0,
+        **config,
+    )
     topic = app.topic(topic_name, key_serializer="raw", value_serializer="raw")
     table: dict[str, Any] = {"default": int, "partitions": PARTITIONS}
-    pairs = app.Table(TABLES[0], **table).tumbling(WINDOW, expires=timedelta(hours=1)).relative_to_stream()
-    accounts = app.Table(TABLES[1], **table).tumbling(WINDOW, expires=timedelta(hours=1)).relative_to_stream()
+    pairs = (
+        app.Table(TABLES[0], **table)
+        .tumbling(WINDOW, expires=timedelta(hours=1))
+        .relative_to_stream()
+    )
+    accounts = (
+        app.Table(TABLES[1], **table)
+        .tumbling(WINDOW, expires=timedelta(hours=1))
+        .relative_to_stream()
+    )
 
     @app.agent(topic)
     async def count(stream: Any) -> None:
@@ -160,9 +185,14 @@ def main(argv: list[str] | None = None) -> int:
     bootstrap, topic, events, state_dir, timeout_s = args[:5]
     stall_s = float(args[5]) if len(args) > 5 else 60.0
     config, buffer_max = settings()
-    progress = Progress(int(events), float(timeout_s), {**config, "producer_buffer_max_messages": buffer_max})
+    progress = Progress(
+        int(events), float(timeout_s), {**config, "producer_buffer_max_messages": buffer_max}
+    )
     app = build_app(bootstrap, topic, state_dir, progress)
-    specs = [TopicSpec(f"{app.conf.id}-{name}-changelog", PARTITIONS, CHANGELOG_CONFIG) for name in TABLES]
+    specs = [
+        TopicSpec(f"{app.conf.id}-{name}-changelog", PARTITIONS, CHANGELOG_CONFIG)
+        for name in TABLES
+    ]
     asyncio.run(ensure_topics(bootstrap, specs))
     threading.Thread(target=progress.watch, args=(stall_s,), daemon=True).start()
     worker = faust.Worker(app, loglevel="WARNING", quiet=True, redirect_stdouts=False)

@@ -37,8 +37,9 @@ def ensure_env() -> Path:
     subprocess.run([sys.executable, "-m", "venv", str(VENV_DIR)], check=True)
     subprocess.run(
         [str(env_python()), "-m", "pip", "install", "--quiet", REQUIREMENT],
-        check=True, stdout=subprocess.DEVNULL,
-    )  # fmt: skip
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
     (VENV_DIR / ".authpipe-requirement").write_text(REQUIREMENT + "\n")
     return env_python()
 
@@ -46,4 +47,12 @@ def ensure_env() -> Path:
 def command(
     python: Path, bootstrap: str, topic: str, events: int, state_dir: Path, budget_s: float
 ) -> list[str]:
-    return [str(python), str(PEER_SCRIPT), bootstrap, topic, str(events), str(state_dir), str(budget_s)]
+    return [
+        str(python),
+        str(PEER_SCRIPT),
+        bootstrap,
+        topic,
+        str(events),
+        str(state_dir),
+        str(budget_s),
+    ]

@@ -65,11 +65,16 @@ class Progress:
         seconds = max(self.last_s - self.first_s, 1e-9)
         cpu_s = self.cpu_last_s - self.cpu_first_s
         self.result = {
-            "peer": "quix", "complete": complete, "events": self.counted,
-            "events_seen": self.seen, "events_counted": self.counted,
-            "seconds": round(seconds, 3), "events_per_s": round(self.counted / seconds),
-            "cpu_s": round(cpu_s, 2), "events_per_cpu_s": round(self.counted / max(cpu_s, 1e-9)),
-        }  # fmt: skip
+            "peer": "quix",
+            "complete": complete,
+            "events": self.counted,
+            "events_seen": self.seen,
+            "events_counted": self.counted,
+            "seconds": round(seconds, 3),
+            "events_per_s": round(self.counted / seconds),
+            "cpu_s": round(cpu_s, 2),
+            "events_per_cpu_s": round(self.counted / max(cpu_s, 1e-9)),
+        }
         if self.app is not None:
             self.app.stop()
 
@@ -89,10 +94,14 @@ def main(argv: list[str] | None = None) -> int:
     progress = Progress(int(events), float(timeout_s))
     # Quix's defaults (commit_interval=5.0, commit_every=0, at-least-once), a fresh group
     app = Application(
-        broker_address=bootstrap, consumer_group=f"quix-{uuid.uuid4().hex[:8]}",
-        auto_offset_reset="earliest", state_dir=state_dir, loglevel="WARNING",
-        auto_create_topics=True, use_changelog_topics=True,
-    )  # fmt: skip
+        broker_address=bootstrap,
+        consumer_group=f"quix-{uuid.uuid4().hex[:8]}",
+        auto_offset_reset="earliest",
+        state_dir=state_dir,
+        loglevel="WARNING",
+        auto_create_topics=True,
+        use_changelog_topics=True,
+    )
     progress.app = app
     topic = app.topic(topic_name, value_deserializer="json", key_deserializer="bytes")
     sdf = app.dataframe(topic)
@@ -104,8 +113,12 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("quixstreams").setLevel(logging.WARNING)
     threading.Thread(target=progress.watch, daemon=True).start()
     app.run()
-    result = progress.result or {"peer": "quix", "error": "stopped early", "events_seen": progress.seen,
-                                 "events_counted": progress.counted}  # fmt: skip
+    result = progress.result or {
+        "peer": "quix",
+        "error": "stopped early",
+        "events_seen": progress.seen,
+        "events_counted": progress.counted,
+    }
     result["version"] = quixstreams.__version__
     sys.stdout.write("\n" + orjson.dumps(result).decode() + "\n")
     sys.stdout.flush()

@@ -30,6 +30,7 @@ def valid_tenant(tenant: object) -> bool:
     backslash, separator or control character can pass."""
     return isinstance(tenant, str) and _TENANT.fullmatch(tenant) is not None
 
+
 Flow = Literal["login", "uia", "mfa", "recovery", "token"]
 Outcome = Literal["success", "failure"]
 FailureReason = Literal["bad_password", "unknown_account", "bad_second_factor", "refused", "other"]
@@ -93,15 +94,22 @@ class LoginAttempt(_Input):
     event_id: str = Field(min_length=1, max_length=128, description="unique per attempt")
     occurred_at: AwareDatetime = Field(description="event time, RFC 3339 with offset")
     tenant: str = Field(
-        "default", min_length=1, max_length=64, description="realm",
+        "default",
+        min_length=1,
+        max_length=64,
+        description="realm",
         json_schema_extra={"pattern": f"^{TENANT_PATTERN}$"},  # checked by valid_tenant
-    )  # fmt: skip
+    )
     service: str = Field(min_length=1, max_length=128, description="emitting login service")
     flow: Flow = Field("login", description="uia = password re-check inside a session")
     account: str = Field(min_length=1, max_length=320, description="identifier as typed")
     peer_ip: str = Field(min_length=2, max_length=64, description="TCP peer, IPv4 or IPv6")
-    forwarded_for: tuple[str, ...] = Field((), max_length=64, description="XFF chain, left to right")
-    device_id: str | None = Field(None, min_length=1, max_length=256, description="device cookie id")
+    forwarded_for: tuple[str, ...] = Field(
+        (), max_length=64, description="XFF chain, left to right"
+    )
+    device_id: str | None = Field(
+        None, min_length=1, max_length=256, description="device cookie id"
+    )
     device_trusted: bool = Field(False, description="cookie verified trusted for this account")
     session_id: str | None = Field(None, min_length=1, max_length=256, description="for uia")
     outcome: Outcome
@@ -149,7 +157,10 @@ class Decision(_Output):
     policy_version: str
     # Only operators' decisions (rule ``manual``) carry these; the rules' omit them.
     operator: str | None = Field(
-        None, max_length=128, description="who decided (rule manual)", exclude_if=lambda v: v is None
+        None,
+        max_length=128,
+        description="who decided (rule manual)",
+        exclude_if=lambda v: v is None,
     )
     reason: str | None = Field(
         None, max_length=512, description="why (rule manual)", exclude_if=lambda v: v is None
@@ -223,7 +234,23 @@ class AuditRow(_Output):
 # Each row holds AuditRow's fields in this order, except that ``ts`` is epoch milliseconds
 # (``ts_ms``): positional rows cost a fraction of objects to encode and decode.
 AUDIT_COLUMNS: tuple[str, ...] = (
-    "ts_ms", "tenant", "service", "flow", "account_digest", "account", "source", "device_id",
-    "trusted", "outcome", "failure_reason", "decision", "weight", "summary", "policy_version",
-    "event_id", "kafka_topic", "kafka_partition", "kafka_offset",
-)  # fmt: skip
+    "ts_ms",
+    "tenant",
+    "service",
+    "flow",
+    "account_digest",
+    "account",
+    "source",
+    "device_id",
+    "trusted",
+    "outcome",
+    "failure_reason",
+    "decision",
+    "weight",
+    "summary",
+    "policy_version",
+    "event_id",
+    "kafka_topic",
+    "kafka_partition",
+    "kafka_offset",
+)

@@ -48,7 +48,11 @@ def _audit_batch() -> dict[str, Any]:
             "columns": {"const": list(AUDIT_COLUMNS)},
             "rows": {
                 "type": "array",
-                "items": {"type": "array", "minItems": len(AUDIT_COLUMNS), "maxItems": len(AUDIT_COLUMNS)},
+                "items": {
+                    "type": "array",
+                    "minItems": len(AUDIT_COLUMNS),
+                    "maxItems": len(AUDIT_COLUMNS),
+                },
             },
         },
         "required": ["v", "columns", "rows"],

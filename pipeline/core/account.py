@@ -96,9 +96,10 @@ class AccountShard(Shard):
             key: Key = ("lock", tenant, account, None, None)
             streak = rules.streaks.mapping.get(key)
             if streak is not None and (
-                not (attempt.trusted and attempt.device) or rules.policy.lockout.trusted_success_clears
+                not (attempt.trusted and attempt.device)
+                or rules.policy.lockout.trusted_success_clears
                 or (streak.rule == "lifetime_bound" and streak.blocked_until_ms > wm)
-            ):  # fmt: skip
+            ):
                 clear_streak(self, key, streak, out, seq)
             key = ("account_source", tenant, account, attempt.source, None)
             entry = rules.pair_rule.entries.get(key)
@@ -175,7 +176,9 @@ class AccountShard(Shard):
         elif flow == "uia":
             handle = attempt.session or attempt.device
             key = uia_key(tenant, account, attempt.source, attempt.session, attempt.device)
-            self._count(attempt, rules.uia, key, None if handle else attempt.source, handle, out, seq)
+            self._count(
+                attempt, rules.uia, key, None if handle else attempt.source, handle, out, seq
+            )
             device_key = uia_device_key(tenant, account, attempt.session, attempt.device)
             if device_key is not None:
                 self._count(attempt, rules.uia, device_key, None, attempt.device, out, seq)
@@ -183,36 +186,64 @@ class AccountShard(Shard):
             handle = attempt.device or attempt.session
             key = mfa_key(tenant, account, attempt.source, attempt.device, attempt.session)
             if rules.mfa_curve:
-                mfa_failure(self, attempt, rules, key, None if handle else attempt.source, handle, out, seq)
+                mfa_failure(
+                    self, attempt, rules, key, None if handle else attempt.source, handle, out, seq
+                )
             else:
-                self._count(attempt, rules.mfa, key, None if handle else attempt.source, handle, out, seq)
+                self._count(
+                    attempt, rules.mfa, key, None if handle else attempt.source, handle, out, seq
+                )
         if fresh:
             self._mark(acct_rule, acct_key, acct, seq)
 
     def _lifetime_bound(self, attempt: Attempt, acct: KeyState, out: Outbox) -> None:
         """Rule 7: the streak of consecutive failures reached the bound: alert once."""
         acct.lifetime_alerted = True
-        out.alerts.append(build_alert(
-            "lifetime_bound", attempt.tenant, None, attempt.account, acct.streak, 0,
-            attempt.occurred_ms, attempt.occurred_ms, self.version,
-        ))  # fmt: skip
+        out.alerts.append(
+            build_alert(
+                "lifetime_bound",
+                attempt.tenant,
+                None,
+                attempt.account,
+                acct.streak,
+                0,
+                attempt.occurred_ms,
+                attempt.occurred_ms,
+                self.version,
+            )
+        )
         self.metrics.alerts += 1
 
-    def _under_attack(self, attempt: Attempt, rules: TenantRules, acct: KeyState, out: Outbox) -> None:
+    def _under_attack(
+        self, attempt: Attempt, rules: TenantRules, acct: KeyState, out: Outbox
+    ) -> None:
         """The ceiling tripped: raise ``account_under_attack`` (and the owner's notice
         when the ceiling enforces)."""
         if rules.acct.cfg.mode == "enforce":
             key = lock_key(attempt.tenant, attempt.account)
             streak = streak_entry(rules, key)
-            notify_owner(self, attempt, rules, streak, "account_ceiling", acct.blocked_until_ms, out)
+            notify_owner(
+                self, attempt, rules, streak, "account_ceiling", acct.blocked_until_ms, out
+            )
             mark_streak(self, key, streak, -1)
-        out.alerts.append(build_alert(
-            "account_under_attack", attempt.tenant, None, attempt.account, acct.total,
-            0, attempt.occurred_ms - rules.acct.cfg.window_ms, attempt.occurred_ms, self.version,
-        ))  # fmt: skip
+        out.alerts.append(
+            build_alert(
+                "account_under_attack",
+                attempt.tenant,
+                None,
+                attempt.account,
+                acct.total,
+                0,
+                attempt.occurred_ms - rules.acct.cfg.window_ms,
+                attempt.occurred_ms,
+                self.version,
+            )
+        )
         self.metrics.alerts += 1
 
-    def _tenant_share(self, attempt: Attempt, rules: TenantRules, acct: KeyState, out: Outbox) -> None:
+    def _tenant_share(
+        self, attempt: Attempt, rules: TenantRules, acct: KeyState, out: Outbox
+    ) -> None:
         """Count the account once per tumbling window in this shard's share of rule 8
         (the caller checked it is not counted in this window yet)."""
         window = self.add_tenant_share(attempt, rules, out)
@@ -221,9 +252,15 @@ class AccountShard(Shard):
         acct.keep_until_ms = max(acct.keep_until_ms, (window + 1) * rules.tenant_window_ms)
 
     def _count(
-        self, attempt: Attempt, rule: CounterRule, key: Key, source: str | None,
-        device: str | None, out: Outbox, seq: int,
-    ) -> None:  # fmt: skip
+        self,
+        attempt: Attempt,
+        rule: CounterRule,
+        key: Key,
+        source: str | None,
+        device: str | None,
+        out: Outbox,
+        seq: int,
+    ) -> None:
         """Touch, count and mark one failure of ``rule`` (once per ``seq``)."""
         entry = rule.table.touch(key, rule.factory, self.watermark_ms)
         if seq >= 0 and entry.seq >= seq:
@@ -232,9 +269,15 @@ class AccountShard(Shard):
         self._mark(rule, key, entry, seq)
 
     def _count_entry(
-        self, attempt: Attempt, rule: CounterRule, key: Key, entry: KeyState,
-        source: str | None, device: str | None, out: Outbox,
-    ) -> bool:  # fmt: skip
+        self,
+        attempt: Attempt,
+        rule: CounterRule,
+        key: Key,
+        entry: KeyState,
+        source: str | None,
+        device: str | None,
+        out: Outbox,
+    ) -> bool:
         """Count one failure; trip (issue a decision) when the threshold is reached with
         no decision active. Returns True on a trip."""
         now = attempt.occurred_ms
@@ -249,9 +292,15 @@ class AccountShard(Shard):
         return True
 
     def _trip(
-        self, attempt: Attempt, rule: CounterRule, key: Key, entry: KeyState,
-        source: str | None, device: str | None, out: Outbox,
-    ) -> None:  # fmt: skip
+        self,
+        attempt: Attempt,
+        rule: CounterRule,
+        key: Key,
+        entry: KeyState,
+        source: str | None,
+        device: str | None,
+        out: Outbox,
+    ) -> None:
         """Escalate (rule 6) and issue the decision."""
         rules = self.tenants[attempt.tenant]
         now = attempt.occurred_ms
@@ -259,9 +308,19 @@ class AccountShard(Shard):
         expires = now + rules.policy.backoff.block_ms(entry.level)
         entry.blocked_until_ms = expires
         entry.decision_id = self.issue(
-            out, rule.name, rule.name, key, attempt.tenant, attempt.account, source, device, rule.cfg,
-            entry.total, now, expires,
-        )  # fmt: skip
+            out,
+            rule.name,
+            rule.name,
+            key,
+            attempt.tenant,
+            attempt.account,
+            source,
+            device,
+            rule.cfg,
+            entry.total,
+            now,
+            expires,
+        )
         entry.keep_until_ms = max(entry.keep_until_ms, expires, now + rules.streak_memory_ms)
 
     def _mark(self, rule: CounterRule, key: Key, entry: KeyState, seq: int) -> None:

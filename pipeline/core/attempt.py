@@ -121,11 +121,18 @@ class Normaliser:
         device = self._device(tenant, event.device_id) if event.device_id else None
         session = self.digester.session(tenant, event.session_id) if event.session_id else None
         return Attempt(
-            event.event_id, datetime_to_ms(event.occurred_at), tenant,
-            self._account(tenant, event.account), self._source(event.peer_ip, event.forwarded_for),
-            device, session, bool(event.device_trusted and device is not None), event.flow,
-            event.outcome == "success", event.failure_reason,
-        )  # fmt: skip
+            event.event_id,
+            datetime_to_ms(event.occurred_at),
+            tenant,
+            self._account(tenant, event.account),
+            self._source(event.peer_ip, event.forwarded_for),
+            device,
+            session,
+            bool(event.device_trusted and device is not None),
+            event.flow,
+            event.outcome == "success",
+            event.failure_reason,
+        )
 
     def _account(self, tenant: str, account: str) -> str:
         key = (tenant, account)

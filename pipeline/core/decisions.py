@@ -40,7 +40,9 @@ def uia_key(tenant: str, account: str, source: str, session: str | None, device:
     return decision_key("uia", tenant, account, source, None)
 
 
-def uia_device_key(tenant: str, account: str, session: str | None, device: str | None) -> Key | None:
+def uia_device_key(
+    tenant: str, account: str, session: str | None, device: str | None
+) -> Key | None:
     """The re-auth bucket of the device when the attempt also has a session (else None:
     ``uia_key`` is already the device's bucket or there is no device)."""
     if session and device:
@@ -77,7 +79,12 @@ def applicable_keys(
     manual_account: Key = ("account", tenant, account, None, MANUAL)
     if flow in PASSWORD_FLOWS:
         if trusted and device:
-            return (source_key, ("device", tenant, account, None, device), manual_source, manual_account)
+            return (
+                source_key,
+                ("device", tenant, account, None, device),
+                manual_source,
+                manual_account,
+            )
         return (
             source_key,
             ("account_source", tenant, account, source, None),
@@ -89,16 +96,32 @@ def applicable_keys(
     if flow == "uia":
         uia = uia_key(tenant, account, source, session, device)
         if session and device:
-            return (source_key, uia, ("uia", tenant, account, None, device), manual_source, manual_account)
+            return (
+                source_key,
+                uia,
+                ("uia", tenant, account, None, device),
+                manual_source,
+                manual_account,
+            )
         return (source_key, uia, manual_source, manual_account)
-    return (source_key, mfa_key(tenant, account, source, device, session), manual_source, manual_account)
+    return (
+        source_key,
+        mfa_key(tenant, account, source, device, session),
+        manual_source,
+        manual_account,
+    )
 
 
 def keys_for(attempt: Attempt) -> tuple[Key, ...]:
     return applicable_keys(
-        attempt.tenant, attempt.account, attempt.source, attempt.device,
-        attempt.session, attempt.trusted, attempt.flow,
-    )  # fmt: skip
+        attempt.tenant,
+        attempt.account,
+        attempt.source,
+        attempt.device,
+        attempt.session,
+        attempt.trusted,
+        attempt.flow,
+    )
 
 
 class Active(NamedTuple):

@@ -24,9 +24,16 @@ class Deduper:
     """
 
     __slots__ = (
-        "_current", "_current_ids", "_half", "_previous", "_previous_ids", "_rotate_at_ms",
-        "capacity", "duplicates", "horizon_ms",
-    )  # fmt: skip
+        "_current",
+        "_current_ids",
+        "_half",
+        "_previous",
+        "_previous_ids",
+        "_rotate_at_ms",
+        "capacity",
+        "duplicates",
+        "horizon_ms",
+    )
 
     def __init__(self, horizon_ms: int, capacity: int) -> None:
         self._current: dict[str, set[str]] = {}

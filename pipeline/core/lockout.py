@@ -48,7 +48,15 @@ class StreakState:
     ``seq`` makes a replayed event idempotent for this key (see ``state``).
     """
 
-    __slots__ = ("blocked_until_ms", "count", "decision_id", "keep_until_ms", "notice_until_ms", "rule", "seq")
+    __slots__ = (
+        "blocked_until_ms",
+        "count",
+        "decision_id",
+        "keep_until_ms",
+        "notice_until_ms",
+        "rule",
+        "seq",
+    )
 
     def __init__(self) -> None:
         self.count = 0
@@ -61,15 +69,25 @@ class StreakState:
 
     def dump(self) -> list[object]:
         return [
-            self.count, self.blocked_until_ms, self.decision_id, self.rule,
-            self.notice_until_ms, self.keep_until_ms, self.seq,
-        ]  # fmt: skip
+            self.count,
+            self.blocked_until_ms,
+            self.decision_id,
+            self.rule,
+            self.notice_until_ms,
+            self.keep_until_ms,
+            self.seq,
+        ]
 
     @classmethod
     def load(cls, data: list[object]) -> StreakState:
         state = cls()
         (
-            state.count, state.blocked_until_ms, state.decision_id, state.rule,
-            state.notice_until_ms, state.keep_until_ms, state.seq,
-        ) = data  # type: ignore[assignment]  # fmt: skip
+            state.count,
+            state.blocked_until_ms,
+            state.decision_id,
+            state.rule,
+            state.notice_until_ms,
+            state.keep_until_ms,
+            state.seq,
+        ) = data  # type: ignore[assignment]
         return state

@@ -20,10 +20,22 @@ APPLIES_TO = {
 
 
 def build_decision(
-    decision_id: str, wire_key: str, scope: str, action: str, rule: str, tenant: str,
-    account: str | None, source: str | None, device: str | None, count: int, threshold: int,
-    window_ms: int, issued_ms: int, expires_ms: int, version: str,
-) -> Decision:  # fmt: skip
+    decision_id: str,
+    wire_key: str,
+    scope: str,
+    action: str,
+    rule: str,
+    tenant: str,
+    account: str | None,
+    source: str | None,
+    device: str | None,
+    count: int,
+    threshold: int,
+    window_ms: int,
+    issued_ms: int,
+    expires_ms: int,
+    version: str,
+) -> Decision:
     """The decision a rule issues on ``wire_key`` (its id is the caller's: it is also
     kept in the decision index)."""
     return Decision(
@@ -47,9 +59,16 @@ def build_decision(
 
 
 def build_alert(
-    kind: str, tenant: str, source: str | None, account: str | None,
-    count: int, distinct: int, start_ms: int, end_ms: int, version: str,
-) -> Alert:  # fmt: skip
+    kind: str,
+    tenant: str,
+    source: str | None,
+    account: str | None,
+    count: int,
+    distinct: int,
+    start_ms: int,
+    end_ms: int,
+    version: str,
+) -> Alert:
     """An alert of ``kind`` over ``[start_ms, end_ms]``; one id per (subject, start)."""
     return Alert(
         alert_id=stable_id(kind, tenant, source or "-", account or "-", start_ms, version),
@@ -66,9 +85,14 @@ def build_alert(
 
 
 def build_notice(
-    tenant: str, account: str, reason: str, now_ms: int, expires_ms: int, window_ms: int,
+    tenant: str,
+    account: str,
+    reason: str,
+    now_ms: int,
+    expires_ms: int,
+    window_ms: int,
     version: str,
-) -> AccountNotice:  # fmt: skip
+) -> AccountNotice:
     """The owner's notice (seed 001's unlock mail) for one notice window from ``now_ms``."""
     return AccountNotice(
         notice_id=stable_id("notice", tenant, account, now_ms, version),

@@ -112,9 +112,16 @@ class TenantRollup:
         self.fired.add(slot)
         start = window * cfg.window_ms
         return build_alert(
-            "spray_tenant", tenant, None, None, accounts, accounts, start,
-            start + cfg.window_ms, self.policy.policy_version,
-        )  # fmt: skip
+            "spray_tenant",
+            tenant,
+            None,
+            None,
+            accounts,
+            accounts,
+            start,
+            start + cfg.window_ms,
+            self.policy.policy_version,
+        )
 
     def _stuffing(self, tenant: str, window: int) -> Alert | None:
         cfg = self.policy.for_tenant(tenant).stuffing
@@ -125,15 +132,24 @@ class TenantRollup:
             return None
         start = window * cfg.tenant_window_ms
         alert = build_alert(
-            "stuffing_tenant", tenant, None, None, total, total, start,
-            start + cfg.tenant_window_ms, self.policy.policy_version,
-        )  # fmt: skip
+            "stuffing_tenant",
+            tenant,
+            None,
+            None,
+            total,
+            total,
+            start,
+            start + cfg.tenant_window_ms,
+            self.policy.policy_version,
+        )
         # A window fires again when its total doubles: each firing has its own id.
         alert_id = stable_id(alert.alert_id, total)
         return alert.model_copy(update={"alert_id": alert_id})
 
     def _new_window(self, tenant: str, window: int, baseline_windows: int) -> float:
-        previous = [self.accounts.get((tenant, w), 0) for w in range(window - baseline_windows, window)]
+        previous = [
+            self.accounts.get((tenant, w), 0) for w in range(window - baseline_windows, window)
+        ]
         baseline = sum(previous) / baseline_windows
         self.baselines[(tenant, window)] = baseline
         # Forget windows older than the baseline needs (bounded memory).

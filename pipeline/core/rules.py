@@ -28,9 +28,7 @@ Dirty = dict[tuple[str, Key], None]
 not a set: its order is the order of first change, so the changelog (and a restore from
 it) does not depend on string hash randomisation."""
 
-AnyTable: TypeAlias = (
-    "BoundedTable[KeyState] | BoundedTable[SourceState] | BoundedTable[PairState] | BoundedTable[StreakState]"
-)
+AnyTable: TypeAlias = "BoundedTable[KeyState] | BoundedTable[SourceState] | BoundedTable[PairState] | BoundedTable[StreakState]"
 
 
 def _factory(ring_size: int) -> Callable[[], KeyState]:
@@ -54,7 +52,9 @@ class CounterRule:
 
     __slots__ = ("cfg", "entries", "factory", "name", "ring_size", "sub_ms", "table", "threshold")
 
-    def __init__(self, name: str, cfg: RuleConfig, spec: WindowSpec, table: BoundedTable[KeyState]) -> None:
+    def __init__(
+        self, name: str, cfg: RuleConfig, spec: WindowSpec, table: BoundedTable[KeyState]
+    ) -> None:
         self.name = name
         self.cfg = cfg
         self.threshold = cfg.threshold
@@ -91,11 +91,17 @@ class TenantRules:
         self.device = self.rules["device"]
         self.uia = self.rules["uia"]
         self.mfa = self.rules["mfa"]
-        self.sources: BoundedTable[SourceState] = BoundedTable(policy.entry_cap, _marker(dirty, "sources"))
-        self.pairs: BoundedTable[PairState] = BoundedTable(policy.entry_cap, _marker(dirty, "pairs"))
+        self.sources: BoundedTable[SourceState] = BoundedTable(
+            policy.entry_cap, _marker(dirty, "sources")
+        )
+        self.pairs: BoundedTable[PairState] = BoundedTable(
+            policy.entry_cap, _marker(dirty, "pairs")
+        )
         # Consecutive-failure records (seed 002's lock, seed 004's mfa curve): no decay,
         # bounded by the cap.
-        self.streaks: BoundedTable[StreakState] = BoundedTable(policy.entry_cap, _marker(dirty, "streaks"))
+        self.streaks: BoundedTable[StreakState] = BoundedTable(
+            policy.entry_cap, _marker(dirty, "streaks")
+        )
         self.max_span_ms = max(spec.span_ms for spec in self.specs.values())
         self.tenant_window_ms = policy.tenant_spray.window_ms
         self.shares_bound = 4 * policy.tenant_spray.baseline_windows + 64
@@ -107,8 +113,12 @@ class TenantRules:
         window 0 (no window)."""
         lockout, lifetime, curve = policy.lockout, policy.lifetime, policy.mfa_curve
         self.streak_cfg: dict[str, RuleConfig] = {
-            "lockout": RuleConfig.model_construct(threshold=lockout.threshold, window_ms=0, mode=lockout.mode),
-            "lifetime_bound": RuleConfig.model_construct(threshold=lifetime.threshold, window_ms=0, mode=lifetime.mode),
+            "lockout": RuleConfig.model_construct(
+                threshold=lockout.threshold, window_ms=0, mode=lockout.mode
+            ),
+            "lifetime_bound": RuleConfig.model_construct(
+                threshold=lifetime.threshold, window_ms=0, mode=lifetime.mode
+            ),
             "mfa_curve": RuleConfig.model_construct(threshold=1, window_ms=0, mode=curve.mode),
         }
         self.lifetime_block_ms = lifetime.block_ms
@@ -138,9 +148,10 @@ class TenantRules:
         self.stuffing_tenant_window_ms = stuffing_cfg.tenant_window_ms
         self.unknown_shares_bound = 4 * stuffing_cfg.tenant_baseline_windows + 64
         self.stuffing_rule = RuleConfig(
-            threshold=stuffing_cfg.block_min_unknown, window_ms=stuffing_cfg.window_ms,
+            threshold=stuffing_cfg.block_min_unknown,
+            window_ms=stuffing_cfg.window_ms,
             mode=stuffing_cfg.mode,
-        )  # fmt: skip
+        )
         self.allowlist = policy.allowlist_set if policy.allowlist else None
         self._allowed: dict[str, bool] = {}
 

@@ -28,9 +28,13 @@ class Shard:
     """Policy, tables per tenant, the decision index, dedupe and the change record."""
 
     def __init__(
-        self, policy: Policy = DEFAULT_POLICY, *, part: int = 0,
-        dedupe_horizon_ms: int = DEDUPE_HORIZON_MS, dedupe_capacity: int = DEDUPE_CAPACITY,
-    ) -> None:  # fmt: skip
+        self,
+        policy: Policy = DEFAULT_POLICY,
+        *,
+        part: int = 0,
+        dedupe_horizon_ms: int = DEDUPE_HORIZON_MS,
+        dedupe_capacity: int = DEDUPE_CAPACITY,
+    ) -> None:
         self.policy = policy
         self.part = part
         self.version = policy.policy_version
@@ -58,18 +62,41 @@ class Shard:
         return tables
 
     def issue(
-        self, out: Outbox, rule: str, scope: str, key: Key, tenant: str, account: str | None,
-        source: str | None, device: str | None, cfg: RuleConfig, count: int,
-        issued_ms: int, expires_ms: int,
-    ) -> str:  # fmt: skip
+        self,
+        out: Outbox,
+        rule: str,
+        scope: str,
+        key: Key,
+        tenant: str,
+        account: str | None,
+        source: str | None,
+        device: str | None,
+        cfg: RuleConfig,
+        count: int,
+        issued_ms: int,
+        expires_ms: int,
+    ) -> str:
         """Publish a decision of ``rule`` on ``key`` and index it; returns its id."""
         action = _action(cfg.mode)
         wire_key = format_key(key)
         decision_id = stable_id(wire_key, issued_ms, expires_ms, self.version)
         decision = build_decision(
-            decision_id, wire_key, scope, action, rule, tenant, account, source, device,
-            count, cfg.threshold, cfg.window_ms, issued_ms, expires_ms, self.version,
-        )  # fmt: skip
+            decision_id,
+            wire_key,
+            scope,
+            action,
+            rule,
+            tenant,
+            account,
+            source,
+            device,
+            count,
+            cfg.threshold,
+            cfg.window_ms,
+            issued_ms,
+            expires_ms,
+            self.version,
+        )
         self.index.put(key, Active(decision_id, action, expires_ms, rule))
         out.decisions.append((wire_key, decision))
         self.metrics.decisions += 1
@@ -138,7 +165,9 @@ class Shard:
         if value is None:
             self._table(name, entry_key[1]).pop(entry_key)
             return
-        loader: Any = {"sources": SourceState, "pairs": PairState, "streaks": StreakState}.get(name, KeyState)
+        loader: Any = {"sources": SourceState, "pairs": PairState, "streaks": StreakState}.get(
+            name, KeyState
+        )
         self._table(name, entry_key[1]).put(entry_key, loader.load(value))
 
     def finish_restore(self, out: Outbox) -> None:
@@ -152,12 +181,18 @@ class Shard:
             for key, streak in tables.streaks.items():
                 if streak.blocked_until_ms > self.watermark_ms and streak.decision_id:
                     action = _action(tables.streak_cfg[streak.rule].mode)
-                    self.index.put(key, Active(streak.decision_id, action, streak.blocked_until_ms, streak.rule))
+                    self.index.put(
+                        key,
+                        Active(streak.decision_id, action, streak.blocked_until_ms, streak.rule),
+                    )
         self.advance(self.watermark_ms, out)
 
     def _reindex_counters(self, tables: TenantRules) -> None:
         """Index the active decisions of the counter and source tables."""
-        named: list[tuple[str, BoundedTable[Any]]] = [*tables.counters.items(), ("source", tables.sources)]
+        named: list[tuple[str, BoundedTable[Any]]] = [
+            *tables.counters.items(),
+            ("source", tables.sources),
+        ]
         for rule, table in named:
             mode = tables.cfg[rule].mode
             for key, entry in table.items():
@@ -165,7 +200,9 @@ class Shard:
                     name, rule_mode = rule, mode
                     if rule == "source" and entry.block_rule == "stuffing":
                         name, rule_mode = "stuffing", tables.policy.stuffing.mode
-                    active = Active(entry.decision_id, _action(rule_mode), entry.blocked_until_ms, name)
+                    active = Active(
+                        entry.decision_id, _action(rule_mode), entry.blocked_until_ms, name
+                    )
                     self.index.put(key, active)
 
     def evictions(self) -> int:

@@ -37,9 +37,13 @@ class SourceShard(Shard):
     """
 
     def __init__(
-        self, policy: Policy = DEFAULT_POLICY, *, part: int = 0,
-        dedupe_horizon_ms: int = DEDUPE_HORIZON_MS, dedupe_capacity: int = DEDUPE_CAPACITY,
-    ) -> None:  # fmt: skip
+        self,
+        policy: Policy = DEFAULT_POLICY,
+        *,
+        part: int = 0,
+        dedupe_horizon_ms: int = DEDUPE_HORIZON_MS,
+        dedupe_capacity: int = DEDUPE_CAPACITY,
+    ) -> None:
         super().__init__(
             policy, part=part, dedupe_horizon_ms=dedupe_horizon_ms, dedupe_capacity=dedupe_capacity
         )
@@ -47,7 +51,9 @@ class SourceShard(Shard):
         self.unknown_shares: Shares = {}
 
     def meta(self) -> list[Any]:
-        unknown = [[tenant, window, share] for (tenant, window), share in self.unknown_shares.items()]
+        unknown = [
+            [tenant, window, share] for (tenant, window), share in self.unknown_shares.items()
+        ]
         return [*super().meta(), unknown]
 
     def restore(self, key: list[Any], value: list[Any] | None) -> None:
@@ -58,7 +64,9 @@ class SourceShard(Shard):
     def step(self, attempt: Attempt, now_ms: int, out: Outbox, seq: int = -1) -> None:
         if now_ms > self.watermark_ms:
             self.watermark_ms = now_ms
-        if self.dedupe is not None and self.dedupe.seen(attempt.event_id, self.watermark_ms, attempt.tenant):
+        if self.dedupe is not None and self.dedupe.seen(
+            attempt.event_id, self.watermark_ms, attempt.tenant
+        ):
             self.metrics.duplicates += 1
             return
         rules = self.tenants.get(attempt.tenant) or self.tenant(attempt.tenant)
@@ -86,7 +94,9 @@ class SourceShard(Shard):
         if self.track_changes:
             self.dirty[("sources", skey)] = None
 
-    def _failure(self, attempt: Attempt, rules: TenantRules, src: SourceState, skey: Key, out: Outbox) -> None:
+    def _failure(
+        self, attempt: Attempt, rules: TenantRules, src: SourceState, skey: Key, out: Outbox
+    ) -> None:
         new_pair = self._distinct(attempt, rules, src)
         now = attempt.occurred_ms
         if src.distinct.total >= rules.spray_threshold and now >= src.spray_alerted_until_ms:
@@ -98,9 +108,14 @@ class SourceShard(Shard):
             src.keep_until_ms = max(src.keep_until_ms, (window + 1) * rules.tenant_window_ms)
 
     def _stuffing_signals(
-        self, attempt: Attempt, rules: TenantRules, src: SourceState, skey: Key, new_pair: bool,
+        self,
+        attempt: Attempt,
+        rules: TenantRules,
+        src: SourceState,
+        skey: Key,
+        new_pair: bool,
         out: Outbox,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """Credential stuffing: all failures, and unknown_account failures of accounts new
         from this source in the window (distinct unknown accounts), on aligned rings."""
         now = attempt.occurred_ms
@@ -110,19 +125,28 @@ class SourceShard(Shard):
         if new_pair and attempt.failure_reason == "unknown_account":
             unknown.add(bucket)
             add_share(
-                self.unknown_shares, attempt.tenant, now // rules.stuffing_tenant_window_ms,
-                rules.unknown_shares_bound, out.unknown_shares,
-            )  # fmt: skip
+                self.unknown_shares,
+                attempt.tenant,
+                now // rules.stuffing_tenant_window_ms,
+                rules.unknown_shares_bound,
+                out.unknown_shares,
+            )
         if unknown.head < failures.head:
             unknown.advance(failures.head)
         successes = src.successes
         if successes.head < failures.head:
             successes.advance(failures.head)
         if (src.block_rule != "stuffing" or now >= src.blocked_until_ms) and is_stuffing(
-            failures.total, unknown.total, successes.total, now < src.redeemed_until_ms,
-            rules.stuffing_block_min, rules.stuffing_ratio, rules.stuffing_block_more,
-            rules.stuffing_lower_ratio, rules.stuffing_success_factor,
-        ):  # fmt: skip
+            failures.total,
+            unknown.total,
+            successes.total,
+            now < src.redeemed_until_ms,
+            rules.stuffing_block_min,
+            rules.stuffing_ratio,
+            rules.stuffing_block_more,
+            rules.stuffing_lower_ratio,
+            rules.stuffing_success_factor,
+        ):
             self._stuffing_block(attempt, rules, src, skey, out)
         if now >= src.stuffing_alerted_until_ms and stuffing_alert_due(
             failures.total, unknown.total, rules.stuffing_min, rules.stuffing_ratio
@@ -179,17 +203,28 @@ class SourceShard(Shard):
             self.dirty[("pairs", pkey)] = None
         return new_pair
 
-    def _spray(self, attempt: Attempt, rules: TenantRules, src: SourceState, skey: Key, out: Outbox) -> None:
+    def _spray(
+        self, attempt: Attempt, rules: TenantRules, src: SourceState, skey: Key, out: Outbox
+    ) -> None:
         distinct = src.distinct.total
         cfg = rules.policy.source
         now = attempt.occurred_ms
         if distinct < cfg.threshold or now < src.spray_alerted_until_ms:
             return
         src.spray_alerted_until_ms = now + cfg.window_ms
-        out.alerts.append(build_alert(
-            "spray_source", attempt.tenant, attempt.source, None, distinct, distinct,
-            now - cfg.window_ms, now, self.version,
-        ))  # fmt: skip
+        out.alerts.append(
+            build_alert(
+                "spray_source",
+                attempt.tenant,
+                attempt.source,
+                None,
+                distinct,
+                distinct,
+                now - cfg.window_ms,
+                now,
+                self.version,
+            )
+        )
         self.metrics.alerts += 1
         # Like every rule, observe mode publishes its decision with action "observe" (the
         # refusal check never applies it); enforce mode publishes a block.
@@ -198,9 +233,19 @@ class SourceShard(Shard):
             src.blocked_until_ms = expires
             src.block_rule = "source"
             src.decision_id = self.issue(
-                out, "source", "source", skey, attempt.tenant, None, attempt.source, None, cfg,
-                distinct, now, expires,
-            )  # fmt: skip
+                out,
+                "source",
+                "source",
+                skey,
+                attempt.tenant,
+                None,
+                attempt.source,
+                None,
+                cfg,
+                distinct,
+                now,
+                expires,
+            )
         src.keep_until_ms = max(src.keep_until_ms, src.spray_alerted_until_ms, src.blocked_until_ms)
 
     def _stuffing_block(
@@ -214,21 +259,42 @@ class SourceShard(Shard):
         src.blocked_until_ms = expires
         src.block_rule = "stuffing"
         src.decision_id = self.issue(
-            out, "stuffing", "source", skey, attempt.tenant, None, attempt.source, None,
-            rules.stuffing_rule, src.unknown.total, now, expires,
-        )  # fmt: skip
+            out,
+            "stuffing",
+            "source",
+            skey,
+            attempt.tenant,
+            None,
+            attempt.source,
+            None,
+            rules.stuffing_rule,
+            src.unknown.total,
+            now,
+            expires,
+        )
         if expires > src.keep_until_ms:
             src.keep_until_ms = expires
 
-    def _stuffing(self, attempt: Attempt, rules: TenantRules, src: SourceState, out: Outbox) -> None:
+    def _stuffing(
+        self, attempt: Attempt, rules: TenantRules, src: SourceState, out: Outbox
+    ) -> None:
         """Enough failures, mostly unknown accounts, no alert this window: alert."""
         failures = src.failures.total
         cfg = rules.policy.stuffing
         now = attempt.occurred_ms
         src.stuffing_alerted_until_ms = now + cfg.window_ms
         src.keep_until_ms = max(src.keep_until_ms, src.stuffing_alerted_until_ms)
-        out.alerts.append(build_alert(
-            "credential_stuffing", attempt.tenant, attempt.source, None, failures,
-            src.distinct.total, now - cfg.window_ms, now, self.version,
-        ))  # fmt: skip
+        out.alerts.append(
+            build_alert(
+                "credential_stuffing",
+                attempt.tenant,
+                attempt.source,
+                None,
+                failures,
+                src.distinct.total,
+                now - cfg.window_ms,
+                now,
+                self.version,
+            )
+        )
         self.metrics.alerts += 1

@@ -55,9 +55,16 @@ class KeyState(Ring):
 
     def dump(self) -> list[object]:  # type: ignore[override]
         return [
-            Ring.dump(self), self.level, self.blocked_until_ms, self.decision_id,
-            self.keep_until_ms, self.seq, self.streak, self.lifetime_alerted, self.spray_window,
-        ]  # fmt: skip
+            Ring.dump(self),
+            self.level,
+            self.blocked_until_ms,
+            self.decision_id,
+            self.keep_until_ms,
+            self.seq,
+            self.streak,
+            self.lifetime_alerted,
+            self.spray_window,
+        ]
 
     @classmethod
     def load(cls, data: list[object]) -> KeyState:  # type: ignore[override]
@@ -121,11 +128,20 @@ class SourceState:
 
     def dump(self) -> list[object]:
         return [
-            self.distinct.dump(), self.failures.dump(), self.unknown.dump(),
-            self.spray_alerted_until_ms, self.stuffing_alerted_until_ms, self.blocked_until_ms,
-            self.decision_id, self.keep_until_ms, self.seq, self.tenant_window,
-            self.redeemed_until_ms, self.block_rule, self.successes.dump(),
-        ]  # fmt: skip
+            self.distinct.dump(),
+            self.failures.dump(),
+            self.unknown.dump(),
+            self.spray_alerted_until_ms,
+            self.stuffing_alerted_until_ms,
+            self.blocked_until_ms,
+            self.decision_id,
+            self.keep_until_ms,
+            self.seq,
+            self.tenant_window,
+            self.redeemed_until_ms,
+            self.block_rule,
+            self.successes.dump(),
+        ]
 
     @classmethod
     def load(cls, data: list[object]) -> SourceState:
@@ -134,10 +150,14 @@ class SourceState:
         state.failures = Ring.load(data[1])  # type: ignore[arg-type]
         state.unknown = Ring.load(data[2])  # type: ignore[arg-type]
         (
-            state.spray_alerted_until_ms, state.stuffing_alerted_until_ms,
-            state.blocked_until_ms, state.decision_id, state.keep_until_ms, state.seq,
+            state.spray_alerted_until_ms,
+            state.stuffing_alerted_until_ms,
+            state.blocked_until_ms,
+            state.decision_id,
+            state.keep_until_ms,
+            state.seq,
             state.tenant_window,
-        ) = data[3:10]  # type: ignore[assignment]  # fmt: skip
+        ) = data[3:10]  # type: ignore[assignment]
         if len(data) >= 12:  # records written before the stuffing rule have 10 fields
             state.redeemed_until_ms, state.block_rule = data[10:12]  # type: ignore[assignment]
             state.successes = Ring.load(data[12])  # type: ignore[arg-type]

@@ -27,8 +27,12 @@ def late_failure(shard: Shard, attempt: Attempt, rules: TenantRules, out: Outbox
             lock_failure(shard, attempt, rules, out, seq)
     elif flow == "mfa" and rules.mfa_curve:
         handle = attempt.device or attempt.session
-        key = mfa_key(attempt.tenant, attempt.account, attempt.source, attempt.device, attempt.session)
-        mfa_failure(shard, attempt, rules, key, None if handle else attempt.source, handle, out, seq)
+        key = mfa_key(
+            attempt.tenant, attempt.account, attempt.source, attempt.device, attempt.session
+        )
+        mfa_failure(
+            shard, attempt, rules, key, None if handle else attempt.source, handle, out, seq
+        )
 
 
 def streak_entry(rules: TenantRules, key: Key) -> StreakState:
@@ -68,15 +72,24 @@ def lock_failure(shard: Shard, attempt: Attempt, rules: TenantRules, out: Outbox
 
 
 def mfa_failure(
-    shard: Shard, attempt: Attempt, rules: TenantRules, key: Key, source: str | None,
-    device: str | None, out: Outbox, seq: int,
-) -> None:  # fmt: skip
+    shard: Shard,
+    attempt: Attempt,
+    rules: TenantRules,
+    key: Key,
+    source: str | None,
+    device: str | None,
+    out: Outbox,
+    seq: int,
+) -> None:
     """Seed 004: the n-th consecutive second-factor failure makes the next attempt
     wait ``factor * 2**(n-1)`` (capped)."""
     streak = streak_entry(rules, key)
     if seq >= 0 and streak.seq >= seq:
         return
-    if attempt.occurred_ms < streak.blocked_until_ms and rules.streak_cfg["mfa_curve"].mode == "enforce":
+    if (
+        attempt.occurred_ms < streak.blocked_until_ms
+        and rules.streak_cfg["mfa_curve"].mode == "enforce"
+    ):
         return  # refused by the wait, not a failure of the factor (seed 004)
     streak.count += 1
     curve = rules.policy.mfa_curve
@@ -87,15 +100,33 @@ def mfa_failure(
 
 
 def _hold(
-    shard: Shard, attempt: Attempt, rules: TenantRules, key: Key, streak: StreakState,
-    rule: str, expires: int, source: str | None, device: str | None, out: Outbox,
-) -> None:  # fmt: skip
+    shard: Shard,
+    attempt: Attempt,
+    rules: TenantRules,
+    key: Key,
+    streak: StreakState,
+    rule: str,
+    expires: int,
+    source: str | None,
+    device: str | None,
+    out: Outbox,
+) -> None:
     streak.rule = rule
     streak.blocked_until_ms = expires
     streak.decision_id = shard.issue(
-        out, rule, key[0], key, attempt.tenant, attempt.account, source, device,
-        rules.streak_cfg[rule], streak.count, attempt.occurred_ms, expires,
-    )  # fmt: skip
+        out,
+        rule,
+        key[0],
+        key,
+        attempt.tenant,
+        attempt.account,
+        source,
+        device,
+        rules.streak_cfg[rule],
+        streak.count,
+        attempt.occurred_ms,
+        expires,
+    )
 
 
 def clear_streak(shard: Shard, key: Key, streak: StreakState, out: Outbox, seq: int) -> None:
@@ -117,9 +148,14 @@ def mark_streak(shard: Shard, key: Key, streak: StreakState, seq: int) -> None:
 
 
 def notify_owner(
-    shard: Shard, attempt: Attempt, rules: TenantRules, streak: StreakState, reason: str,
-    expires: int, out: Outbox,
-) -> None:  # fmt: skip
+    shard: Shard,
+    attempt: Attempt,
+    rules: TenantRules,
+    streak: StreakState,
+    reason: str,
+    expires: int,
+    out: Outbox,
+) -> None:
     """Seed 001's unlock mail: at most one notice per account per notice window."""
     now = attempt.occurred_ms
     window_ms = rules.notice_window_ms
@@ -127,5 +163,7 @@ def notify_owner(
         return
     streak.notice_until_ms = now + window_ms
     out.notices.append(
-        build_notice(attempt.tenant, attempt.account, reason, now, expires, window_ms, shard.version)
+        build_notice(
+            attempt.tenant, attempt.account, reason, now, expires, window_ms, shard.version
+        )
     )

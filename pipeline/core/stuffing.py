@@ -25,9 +25,16 @@ from __future__ import annotations
 
 
 def is_stuffing(
-    failures: int, unknown: int, successes: int, redeemed: bool, min_unknown: int,
-    unknown_ratio: float, more_unknown: int, lower_ratio: float, success_factor: float,
-) -> bool:  # fmt: skip
+    failures: int,
+    unknown: int,
+    successes: int,
+    redeemed: bool,
+    min_unknown: int,
+    unknown_ratio: float,
+    more_unknown: int,
+    lower_ratio: float,
+    success_factor: float,
+) -> bool:
     """Whether a source's window reads as credential stuffing: no redemption, unknown
     accounts above ``success_factor`` times its untrusted successes, and at least
     ``min_unknown`` distinct unknown accounts making at least ``unknown_ratio`` of its
@@ -39,7 +46,9 @@ def is_stuffing(
     return unknown >= more_unknown and unknown >= lower_ratio * failures
 
 
-def stuffing_alert_due(failures: int, unknown: int, min_attempts: int, unknown_ratio: float) -> bool:
+def stuffing_alert_due(
+    failures: int, unknown: int, min_attempts: int, unknown_ratio: float
+) -> bool:
     """Whether the ``credential_stuffing`` alert is due: enough failures, mostly unknown."""
     return failures >= min_attempts and unknown >= unknown_ratio * failures
 
@@ -81,7 +90,9 @@ class TenantStuffing:
         self.totals[slot] = self.totals.get(slot, 0) + share - old
         return True
 
-    def evaluate(self, tenant: str, window: int, min_unknown: int, factor: float, baseline_windows: int) -> int:
+    def evaluate(
+        self, tenant: str, window: int, min_unknown: int, factor: float, baseline_windows: int
+    ) -> int:
         """The window's total when it fires now, else 0 (called at second boundaries of
         event time, like rule 8, so the answer does not depend on how shares were cut)."""
         slot = (tenant, window)

@@ -59,14 +59,20 @@ def add_sasl_listener(properties: str, sasl_port: int) -> str:
         elif key == "listener.security.protocol.map":
             line = f"{key}={value},SASL_PLAINTEXT:SASL_PLAINTEXT"
         lines.append(line)
-    lines += ["", "# --- SASL/SCRAM listener (LocalKafka sasl_port); users added at format time",
-              f"sasl.enabled.mechanisms={','.join(SCRAM_MECHANISMS)}",
-              "# ACLs decide what each SASL user may do; the loopback plaintext and controller",
-              "# listeners (principal ANONYMOUS) stay the local administrator's.",
-              "authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer",
-              "super.users=User:ANONYMOUS",
-              "allow.everyone.if.no.acl.found=false"]  # fmt: skip
-    lines += [f"listener.name.sasl_plaintext.{m.lower()}.sasl.jaas.config={_SCRAM_LOGIN}" for m in SCRAM_MECHANISMS]
+    lines += [
+        "",
+        "# --- SASL/SCRAM listener (LocalKafka sasl_port); users added at format time",
+        f"sasl.enabled.mechanisms={','.join(SCRAM_MECHANISMS)}",
+        "# ACLs decide what each SASL user may do; the loopback plaintext and controller",
+        "# listeners (principal ANONYMOUS) stay the local administrator's.",
+        "authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+        "super.users=User:ANONYMOUS",
+        "allow.everyone.if.no.acl.found=false",
+    ]
+    lines += [
+        f"listener.name.sasl_plaintext.{m.lower()}.sasl.jaas.config={_SCRAM_LOGIN}"
+        for m in SCRAM_MECHANISMS
+    ]
     return "\n".join(lines) + "\n"
 
 

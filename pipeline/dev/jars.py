@@ -68,9 +68,14 @@ def fetch_libs(libs_dir: Path, pom_path: Path = POM_PATH) -> Path:
         )
         started = time.monotonic()
         command = [
-            mvn, "-q", "-B", "-f", str(pom_path),
-            "dependency:copy-dependencies", f"-DoutputDirectory={staging}",
-        ]  # fmt: skip
+            mvn,
+            "-q",
+            "-B",
+            "-f",
+            str(pom_path),
+            "dependency:copy-dependencies",
+            f"-DoutputDirectory={staging}",
+        ]
         try:
             result = subprocess.run(
                 command, capture_output=True, text=True, timeout=_MAVEN_TIMEOUT_S, check=False

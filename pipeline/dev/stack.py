@@ -96,7 +96,9 @@ class LocalKafka:
     ) -> None:
         ports = [p for p in (port, controller_port, sasl_port) if p is not None]
         if len(set(ports)) < len(ports):
-            raise StackError(f"port, controller_port and sasl_port must all differ ({ports}); use distinct ports")
+            raise StackError(
+                f"port, controller_port and sasl_port must all differ ({ports}); use distinct ports"
+            )
         if scram_users and sasl_port is None:
             raise StackError("scram_users need a sasl_port (the SASL/SCRAM listener)")
         self.sasl_port = sasl_port
@@ -244,10 +246,16 @@ class LocalKafka:
         if (self.data_dir / "meta.properties").exists():
             return
         command = [
-            *self._jvm(java), "kafka.tools.StorageTool", "format",
-            "-t", self._cluster_id(), "-c", str(self.properties_path), "--ignore-formatted",
+            *self._jvm(java),
+            "kafka.tools.StorageTool",
+            "format",
+            "-t",
+            self._cluster_id(),
+            "-c",
+            str(self.properties_path),
+            "--ignore-formatted",
             *scram_format_args(self.scram_users),
-        ]  # fmt: skip
+        ]
         result = subprocess.run(
             command, capture_output=True, text=True, timeout=_FORMAT_TIMEOUT_S, check=False
         )

@@ -54,8 +54,12 @@ def decode_key(raw: bytes | None, ipv4_prefix: int = 32, ipv6_prefix: int = 64) 
 
 # The contracts decoder's reasons as the edge has always counted them (its metrics and
 # logs); every field fault is ``bad_value``.
-_EDGE_REASON = {"empty": "not_json", "not_json": "not_json", "not_object": "not_json",
-                "key_mismatch": "key_mismatch"}  # fmt: skip
+_EDGE_REASON = {
+    "empty": "not_json",
+    "not_json": "not_json",
+    "not_object": "not_json",
+    "key_mismatch": "key_mismatch",
+}
 
 
 def decode_decision(wire_key: str, raw: bytes, source_ok: Callable[[str], bool]) -> Active:

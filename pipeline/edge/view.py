@@ -166,8 +166,8 @@ class DecisionView:
         """The grouping check of a value's source: the key's own source passed it already
         (``decode_key``), so only a value naming another source is checked again."""
         rules = self.normaliser.sources
-        return lambda source: source == decision_key[3] or valid_source(
-            source, rules.ipv4_prefix, rules.ipv6_prefix
+        return lambda source: (
+            source == decision_key[3] or valid_source(source, rules.ipv4_prefix, rules.ipv6_prefix)
         )
 
     def _count(self, outcome: str) -> str:

@@ -60,11 +60,20 @@ def _paced(rng: random.Random, t0: int, t1: int, n: int) -> list[int]:
     return [int(t0 + (i + rng.random()) * step) for i in range(n)]
 
 
-def _failure(tenant: str, account: str, ip: str, ua: str, reason: str = "bad_password",
-             **extra: Any) -> dict[str, Any]:  # fmt: skip
-    return {"tenant": tenant, "service": "web-login", "flow": "login", "account": account,
-            "peer_ip": ip, "outcome": "failure", "failure_reason": reason, "user_agent": ua,
-            **extra}  # fmt: skip
+def _failure(
+    tenant: str, account: str, ip: str, ua: str, reason: str = "bad_password", **extra: Any
+) -> dict[str, Any]:
+    return {
+        "tenant": tenant,
+        "service": "web-login",
+        "flow": "login",
+        "account": account,
+        "peer_ip": ip,
+        "outcome": "failure",
+        "failure_reason": reason,
+        "user_agent": ua,
+        **extra,
+    }
 
 
 def _owner_logins(
@@ -72,14 +81,26 @@ def _owner_logins(
 ) -> list[Draft]:
     """The victim signing in from a trusted device (one typo before login ``typo_at``)."""
     label = Label(scenario, "owner", f"owner:{scenario}", "owner_trusted_device")
-    base = {"tenant": user.tenant, "service": "web-login", "flow": "login",
-            "account": user.account, "peer_ip": user.home_v4, "device_id": device.device_id,
-            "device_trusted": True, "user_agent": device.user_agent}  # fmt: skip
+    base = {
+        "tenant": user.tenant,
+        "service": "web-login",
+        "flow": "login",
+        "account": user.account,
+        "peer_ip": user.home_v4,
+        "device_id": device.device_id,
+        "device_trusted": True,
+        "user_agent": device.user_agent,
+    }
     out: list[Draft] = []
     for i, t in enumerate(times):
         if i == typo_at:
-            out.append(Draft(t - 9_000, {**base, "outcome": "failure",
-                                         "failure_reason": "bad_password"}, label))  # fmt: skip
+            out.append(
+                Draft(
+                    t - 9_000,
+                    {**base, "outcome": "failure", "failure_reason": "bad_password"},
+                    label,
+                )
+            )
         out.append(Draft(t, {**base, "outcome": "success"}, label))
     return out
 
@@ -87,10 +108,14 @@ def _owner_logins(
 def _victim(cfg: SimConfig, scenario: str) -> User:
     user = make_user(cfg.seed, MAIN_TENANT, f"victim-{scenario}", 0)
     return User(
-        tenant=user.tenant, account=f"victim.{scenario}@example.com", actor=f"owner:{scenario}",
-        cohort="owner_trusted_device", home_v4=user.home_v4, v6_prefix=None,
+        tenant=user.tenant,
+        account=f"victim.{scenario}@example.com",
+        actor=f"owner:{scenario}",
+        cohort="owner_trusted_device",
+        home_v4=user.home_v4,
+        v6_prefix=None,
         devices=user.devices,
-    )  # fmt: skip
+    )
 
 
 def brute_force(cfg: SimConfig, rng: random.Random) -> list[Draft]:
@@ -118,9 +143,14 @@ def distributed_brute_force(cfg: SimConfig, rng: random.Random) -> list[Draft]:
     return out
 
 
-def _spray_targets(rng: random.Random, population: int, count: int,
-                   account: Callable[[int], str], unknown_share: float, domain: str,
-                   ) -> list[tuple[str, str]]:  # fmt: skip
+def _spray_targets(
+    rng: random.Random,
+    population: int,
+    count: int,
+    account: Callable[[int], str],
+    unknown_share: float,
+    domain: str,
+) -> list[tuple[str, str]]:
     """(account, failure reason): a harvested list, partly of accounts that do not exist."""
     known = min(round(count * (1 - unknown_share)), population)
     targets = [(account(i), "bad_password") for i in rng.sample(range(population), known)]
@@ -132,8 +162,32 @@ def _spray_targets(rng: random.Random, population: int, count: int,
     return targets
 
 
-_SYLLABLES = ("an", "bel", "cor", "da", "el", "fin", "gar", "hol", "in", "jo", "ka", "lin",
-              "mar", "no", "or", "pet", "ra", "sam", "tor", "ul", "vin", "wes", "yan", "zo")  # fmt: skip
+_SYLLABLES = (
+    "an",
+    "bel",
+    "cor",
+    "da",
+    "el",
+    "fin",
+    "gar",
+    "hol",
+    "in",
+    "jo",
+    "ka",
+    "lin",
+    "mar",
+    "no",
+    "or",
+    "pet",
+    "ra",
+    "sam",
+    "tor",
+    "ul",
+    "vin",
+    "wes",
+    "yan",
+    "zo",
+)
 
 
 def _word(rng: random.Random) -> str:
@@ -213,8 +267,15 @@ def lockout_dos(cfg: SimConfig, rng: random.Random) -> list[Draft]:
     owner = Label(
         "lockout_dos", "owner", "owner:lockout_dos:untrusted", "owner_without_trusted_device"
     )
-    base = {"tenant": MAIN_TENANT, "service": "web-login", "flow": "login", "account": account,
-            "peer_ip": other.home_v4, "user_agent": BROWSER_UAS[1], "outcome": "success"}  # fmt: skip
+    base = {
+        "tenant": MAIN_TENANT,
+        "service": "web-login",
+        "flow": "login",
+        "account": account,
+        "peer_ip": other.home_v4,
+        "user_agent": BROWSER_UAS[1],
+        "outcome": "success",
+    }
     out.extend(Draft(t, base, owner) for t in _paced(rng, t0, t1, 10))
     return out
 
@@ -227,7 +288,9 @@ def low_and_slow_bruteforce(cfg: SimConfig, rng: random.Random) -> list[Draft]:
     """One address guessing one account every 4 minutes: under every window's threshold."""
     t0, t1 = _span(cfg, "low_and_slow_bruteforce")
     account = "victim.low_and_slow_bruteforce@example.com"
-    label = Label("low_and_slow_bruteforce", "attacker", "attacker:low_and_slow_bruteforce", "attacker")
+    label = Label(
+        "low_and_slow_bruteforce", "attacker", "attacker:low_and_slow_bruteforce", "attacker"
+    )
     fields = _failure(MAIN_TENANT, account, "203.0.113.24", "python-requests/2.31.0")
     return [Draft(t, fields, label) for t in _every(t0, t1, SLOW_SINGLE_EVERY_MS)]
 
@@ -253,18 +316,37 @@ def uia_bruteforce(cfg: SimConfig, rng: random.Random) -> list[Draft]:
     stolen = f"sess-{rng.getrandbits(64):016x}"
     thief = Label("uia_bruteforce", "attacker", "attacker:uia_bruteforce", "attacker")
     out = [
-        Draft(t, {"tenant": MAIN_TENANT, "service": "web-login", "flow": "uia",
-                  "account": victim.account, "peer_ip": "203.0.113.99", "device_id": laptop.device_id,
-                  "device_trusted": True, "session_id": stolen, "outcome": "failure",
-                  "failure_reason": "bad_password", "user_agent": laptop.user_agent}, thief)
+        Draft(
+            t,
+            {
+                "tenant": MAIN_TENANT,
+                "service": "web-login",
+                "flow": "uia",
+                "account": victim.account,
+                "peer_ip": "203.0.113.99",
+                "device_id": laptop.device_id,
+                "device_trusted": True,
+                "session_id": stolen,
+                "outcome": "failure",
+                "failure_reason": "bad_password",
+                "user_agent": laptop.user_agent,
+            },
+            thief,
+        )
         for t in _paced(rng, t0, t1, 60)
-    ]  # fmt: skip
+    ]
     phone = Device(f"{laptop.device_id[:-2]}-1", "phone", PHONE_UAS[0])
     owner = Label("uia_bruteforce", "owner", "owner:uia_bruteforce", "owner_trusted_device")
     own_session = f"sess-{rng.getrandbits(64):016x}"
-    base = {"tenant": MAIN_TENANT, "service": "mobile-api", "account": victim.account,
-            "peer_ip": ipv4(MOBILE_V4_BASE + rng.randrange(MOBILE_V4_SIZE)),
-            "device_id": phone.device_id, "device_trusted": True, "user_agent": phone.user_agent}  # fmt: skip
+    base = {
+        "tenant": MAIN_TENANT,
+        "service": "mobile-api",
+        "account": victim.account,
+        "peer_ip": ipv4(MOBILE_V4_BASE + rng.randrange(MOBILE_V4_SIZE)),
+        "device_id": phone.device_id,
+        "device_trusted": True,
+        "user_agent": phone.user_agent,
+    }
     out.append(Draft(t0, {**base, "flow": "login", "outcome": "success"}, owner))
     for t in _paced(rng, t0 + 1, t1, 8):
         out.append(

@@ -48,11 +48,16 @@ def load_source_decisions(path: Path) -> list[SourceDecision]:
                 continue
             if value is None:
                 if key in last:
-                    last[key] = SourceDecision(last[key].source, last[key].action,
-                                               last[key].expires_ms, True)  # fmt: skip
+                    last[key] = SourceDecision(
+                        last[key].source, last[key].action, last[key].expires_ms, True
+                    )
                 continue
-            expires = datetime_to_ms(datetime.fromisoformat(value["expires_at"].replace("Z", "+00:00")))
-            last[key] = SourceDecision(str(value.get("source")), str(value["action"]), expires, False)
+            expires = datetime_to_ms(
+                datetime.fromisoformat(value["expires_at"].replace("Z", "+00:00"))
+            )
+            last[key] = SourceDecision(
+                str(value.get("source")), str(value["action"]), expires, False
+            )
     return list(last.values())
 
 
@@ -66,8 +71,10 @@ def blocklist_note(decisions: Iterable[SourceDecision], listed: int, now_ms: int
     worker tombstones a decision when its expires_at passes on the wall clock, or when a
     success lifts it)."""
     decisions = list(decisions)
-    production = ("In production events arrive in real time, and the feed lists each source "
-                  "for as long as its decision is active (until its expires_at).")  # fmt: skip
+    production = (
+        "In production events arrive in real time, and the feed lists each source "
+        "for as long as its decision is active (until its expires_at)."
+    )
     if not decisions:
         return [
             "why: this run made no source-level decision. The feed lists only source-scope "
@@ -78,8 +85,10 @@ def blocklist_note(decisions: Iterable[SourceDecision], listed: int, now_ms: int
         ]
     blocks = sum(d.action == "block" for d in decisions)
     ended = [d for d in decisions if d.lifted or d.expires_ms <= now_ms]
-    made = (f"this run made {len(decisions)} source-level decision(s) ({blocks} block, "
-            f"{len(decisions) - blocks} observe-only)")  # fmt: skip
+    made = (
+        f"this run made {len(decisions)} source-level decision(s) ({blocks} block, "
+        f"{len(decisions) - blocks} observe-only)"
+    )
     if not ended:
         return [f"{made}; all active."]
     last = max(d.expires_ms for d in ended)

@@ -49,7 +49,6 @@ class Draft:
     label: Label
 
 
-
 @dataclass(frozen=True, slots=True)
 class SimConfig:
     """What to simulate. ``scenarios`` are names from ``SCENARIOS``."""

@@ -104,10 +104,15 @@ def make_user(seed: int, tenant: str, population: str, index: int) -> User:
     if population != "office" and d[15] < 38:  # 15 % a tablet
         devices.append(Device(f"dev-{d[9:13].hex()}-2", "tablet", BROWSER_UAS[1]))
     return User(
-        tenant=tenant, account=account, actor=actor, cohort=cohort, home_v4=home_v4,
-        v6_prefix=v6_prefix, devices=tuple(devices),
+        tenant=tenant,
+        account=account,
+        actor=actor,
+        cohort=cohort,
+        home_v4=home_v4,
+        v6_prefix=v6_prefix,
+        devices=tuple(devices),
         behind_nat=OFFICE_NAT if population == "office" else None,
-    )  # fmt: skip
+    )
 
 
 # -- baseline -----------------------------------------------------------------------------
@@ -173,8 +178,19 @@ class _SessionWriter:
             out.append(Draft(at, {**base, "account": typed, **fields}, label))
 
         if rng.random() < shape.username_typo:
-            out.append(Draft(t, {**base, "account": _mistype(typed, rng), "flow": "login",
-                                 "outcome": "failure", "failure_reason": "unknown_account"}, label))  # fmt: skip
+            out.append(
+                Draft(
+                    t,
+                    {
+                        **base,
+                        "account": _mistype(typed, rng),
+                        "flow": "login",
+                        "outcome": "failure",
+                        "failure_reason": "unknown_account",
+                    },
+                    label,
+                )
+            )
             t += rng.randrange(4_000, 12_000)
         failures = 0
         if rng.random() < shape.forgot_password:
@@ -225,17 +241,28 @@ class _SessionWriter:
         if not phones or rng.random() >= shape.stale_app_after_reset:
             return []
         app = phones[0]
-        base = {"tenant": user.tenant, "service": "mobile-api", "flow": "token",
-                "account": user.account, "device_id": f"{app.device_id}-app",
-                "device_trusted": False, "user_agent": app.user_agent}  # fmt: skip
+        base = {
+            "tenant": user.tenant,
+            "service": "mobile-api",
+            "flow": "token",
+            "account": user.account,
+            "device_id": f"{app.device_id}-app",
+            "device_trusted": False,
+            "user_agent": app.user_agent,
+        }
         label = Label(label.scenario, label.role, label.actor, "stale_app")
         out = []
         t += rng.randrange(30_000, 120_000)
         until = t + rng.randrange(600_000, 1_800_000)
         while t < until:
             ip = ipv4(MOBILE_V4_BASE + rng.randrange(MOBILE_V4_SIZE))
-            out.append(Draft(t, {**base, "peer_ip": ip, "outcome": "failure",
-                                 "failure_reason": "bad_password"}, label))  # fmt: skip
+            out.append(
+                Draft(
+                    t,
+                    {**base, "peer_ip": ip, "outcome": "failure", "failure_reason": "bad_password"},
+                    label,
+                )
+            )
             t += rng.randrange(40_000, 90_000)
         ip = ipv4(MOBILE_V4_BASE + rng.randrange(MOBILE_V4_SIZE))
         out.append(Draft(t, {**base, "peer_ip": ip, "outcome": "success"}, label))
@@ -296,11 +323,19 @@ def baseline(cfg: SimConfig, shape: BaselineShape = SHAPE) -> Iterator[Draft]:
     per_session = shape.events_per_session
     populations = [
         ("main", MAIN_TENANT, main_population(cfg.rate_per_s, shape), cfg.rate_per_s / per_session),
-        ("office", MAIN_TENANT, shape.office_users,
-         shape.office_users * shape.office_logins_per_user_hour / 3600),
-        ("acme", SMALL_TENANT, shape.small_tenant_users,
-         shape.small_tenant_users * shape.logins_per_user_hour / 3600),
-    ]  # fmt: skip
+        (
+            "office",
+            MAIN_TENANT,
+            shape.office_users,
+            shape.office_users * shape.office_logins_per_user_hour / 3600,
+        ),
+        (
+            "acme",
+            SMALL_TENANT,
+            shape.small_tenant_users,
+            shape.small_tenant_users * shape.logins_per_user_hour / 3600,
+        ),
+    ]
     starts = heapq.merge(*(_population_sessions(cfg, *p) for p in populations))
     writer = _SessionWriter(random.Random(f"{cfg.seed}/baseline/sessions"), shape, cfg.end_ms)
     users: dict[tuple[str, int], User] = {}

@@ -67,10 +67,20 @@ from pipeline.sim.drafts import BASELINE, SECOND_MS, Draft, Label, SimConfig
 from pipeline.sim.population import baseline
 
 __all__ = [
-    "ATTACKS", "BASELINE", "MIXED", "MIXED_SCENARIOS", "SCENARIOS", "SLOW_ATTACKS",
-    "ScenarioError", "SimConfig", "SimEvent", "check_config", "generate", "parse_scenarios",
+    "ATTACKS",
+    "BASELINE",
+    "MIXED",
+    "MIXED_SCENARIOS",
+    "SCENARIOS",
+    "SLOW_ATTACKS",
+    "ScenarioError",
+    "SimConfig",
+    "SimEvent",
+    "check_config",
+    "generate",
+    "parse_scenarios",
     "stamp",
-]  # fmt: skip
+]
 
 ATTACKS = (
     "brute_force",

@@ -158,25 +158,33 @@ async def produce(options: SimulateOptions, settings: Settings) -> Summary:
 
     from pipeline.kafka_admin import ensure_topics, wait_for_broker
     from pipeline.kafka_client import client_kwargs, security_kwargs
+
     kafka = settings.kafka
     security = security_kwargs(kafka)
     await wait_for_broker(kafka.bootstrap_servers, 30.0, security=security)
     specs = Topics.from_settings(kafka).specs(kafka.partitions)
     await ensure_topics(
-        kafka.bootstrap_servers, specs, replication_factor=kafka.replication_factor, security=security
+        kafka.bootstrap_servers,
+        specs,
+        replication_factor=kafka.replication_factor,
+        security=security,
     )
     producer = AIOKafkaProducer(
-        **client_kwargs(kafka), acks="all", linger_ms=20,
-        max_batch_size=512 * 1024, max_request_size=4 * 1024 * 1024,
-    )  # fmt: skip
+        **client_kwargs(kafka),
+        acks="all",
+        linger_ms=20,
+        max_batch_size=512 * 1024,
+        max_request_size=4 * 1024 * 1024,
+    )
     summary = Summary()
     options.truth_path.parent.mkdir(parents=True, exist_ok=True)
     await producer.start()
     try:
         with options.truth_path.open("wb") as truth:
             started = time.perf_counter()
-            events = _with_progress(_tee_truth(generate(options.config), truth, summary),
-                                    options.config)  # fmt: skip
+            events = _with_progress(
+                _tee_truth(generate(options.config), truth, summary), options.config
+            )
             await _send_paced(producer, kafka.input_topic, events, options, started)
             await producer.flush()
             summary.wall_s = time.perf_counter() - started
@@ -186,9 +194,12 @@ async def produce(options: SimulateOptions, settings: Settings) -> Summary:
 
 
 async def _send_paced(
-    producer: object, topic: str, events: Iterable[SimEvent], options: SimulateOptions,
+    producer: object,
+    topic: str,
+    events: Iterable[SimEvent],
+    options: SimulateOptions,
     started: float,
-) -> None:  # fmt: skip
+) -> None:
     from aiokafka import AIOKafkaProducer
 
     assert isinstance(producer, AIOKafkaProducer)
@@ -200,10 +211,14 @@ async def _send_paced(
             ahead_s = due_s - (time.perf_counter() - started)
             if ahead_s > 0.005:
                 await asyncio.sleep(ahead_s)
-        in_flight.append(await producer.send(
-            topic, value=orjson.dumps(event.wire), key=event.wire["account"].encode(),
-            timestamp_ms=event.occurred_ms,
-        ))  # fmt: skip
+        in_flight.append(
+            await producer.send(
+                topic,
+                value=orjson.dumps(event.wire),
+                key=event.wire["account"].encode(),
+                timestamp_ms=event.occurred_ms,
+            )
+        )
         if len(in_flight) >= SEND_WINDOW:
             await asyncio.gather(*in_flight)
             in_flight.clear()
@@ -214,16 +229,28 @@ def run_simulate(options: SimulateOptions, settings: Settings) -> Summary:
     """The CLI entry: dry run to files, or produce to Kafka; logs and returns the summary."""
     config = options.config
     check_config(config)
-    log.info("simulate_started", scenarios=",".join(config.scenarios), rate_per_s=config.rate_per_s,
-             duration_ms=config.duration_ms, seed=config.seed, start=format_utc_ms(ms_to_datetime(config.start_ms)),
-             speedup=options.speedup, dry_run=options.out_path is not None)  # fmt: skip
+    log.info(
+        "simulate_started",
+        scenarios=",".join(config.scenarios),
+        rate_per_s=config.rate_per_s,
+        duration_ms=config.duration_ms,
+        seed=config.seed,
+        start=format_utc_ms(ms_to_datetime(config.start_ms)),
+        speedup=options.speedup,
+        dry_run=options.out_path is not None,
+    )
     if options.out_path is not None:
         summary = dry_run(options)
     else:
         check_start(config, options.speedup, now_ms())
         summary = asyncio.run(produce(options, settings))
-    log.info("simulate_finished", events=summary.events, wall_s=round(summary.wall_s, 2),
-             events_per_s=round(summary.events_per_s), truth=str(options.truth_path))  # fmt: skip
+    log.info(
+        "simulate_finished",
+        events=summary.events,
+        wall_s=round(summary.wall_s, 2),
+        events_per_s=round(summary.events_per_s),
+        truth=str(options.truth_path),
+    )
     return summary
 
 
@@ -235,9 +262,17 @@ def now_ms() -> int:
 
 
 def run_simulate_command(
-    settings: Settings, *, scenarios: tuple[str, ...], rate_per_s: float, duration_s: float,
-    seed: int, speedup: float, start_ms: int | None, truth: Path | None, out: Path | None,
-) -> int:  # fmt: skip
+    settings: Settings,
+    *,
+    scenarios: tuple[str, ...],
+    rate_per_s: float,
+    duration_s: float,
+    seed: int,
+    speedup: float,
+    start_ms: int | None,
+    truth: Path | None,
+    out: Path | None,
+) -> int:
     """``authpipe simulate``: resolve defaults, run, print the summary."""
     duration_ms = round(duration_s * 1000)
     if start_ms is None:

@@ -60,13 +60,28 @@ log = get_logger("alerts")
 RULES_DIR: Final = Path(__file__).resolve().parents[2] / "dashboards" / "alerts"
 FIRINGS_TABLE: Final = "alert_firings"
 RULE_COLUMNS: Final = (
-    "tenant", "subject", "source", "account_digest", "count", "distinct_accounts",
-    "window_start", "window_end", "period",
-)  # fmt: skip
+    "tenant",
+    "subject",
+    "source",
+    "account_digest",
+    "count",
+    "distinct_accounts",
+    "window_start",
+    "window_end",
+    "period",
+)
 FIRING_COLUMNS: Final = (
-    "alert_id", "rule", "tenant", "subject", "period", "window_start", "window_end",
-    "count", "distinct_accounts", "fired_at",
-)  # fmt: skip
+    "alert_id",
+    "rule",
+    "tenant",
+    "subject",
+    "period",
+    "window_start",
+    "window_end",
+    "count",
+    "distinct_accounts",
+    "fired_at",
+)
 WEBHOOK_TIMEOUT_S: Final = 10.0
 BROKER_WAIT_S: Final = 30.0
 _RULE_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
@@ -243,6 +258,7 @@ class AlertRunner:
 
         from pipeline.kafka_admin import ensure_topics, wait_for_broker
         from pipeline.kafka_client import client_kwargs, security_kwargs
+
         kafka = self.settings.kafka
         bootstrap = kafka.bootstrap_servers
         security = security_kwargs(kafka)
@@ -305,14 +321,20 @@ class AlertRunner:
         await asyncio.to_thread(record_firings, ch, new, wall_ms())
         for firing in new:
             log.info(
-                "alerts_fired", rule=firing.rule, tenant=firing.alert.tenant,
-                subject=firing.subject, alert_id=firing.alert.alert_id,
+                "alerts_fired",
+                rule=firing.rule,
+                tenant=firing.alert.tenant,
+                subject=firing.subject,
+                alert_id=firing.alert.alert_id,
                 count=firing.alert.count,
-            )  # fmt: skip
+            )
         log.info(
-            "alerts_evaluated", rules=len(self.rules), firing=len(unique),
-            new=len(new), already_fired=len(unique) - len(new),
-        )  # fmt: skip
+            "alerts_evaluated",
+            rules=len(self.rules),
+            firing=len(unique),
+            new=len(new),
+            already_fired=len(unique) - len(new),
+        )
         return [f.alert for f in new]
 
     async def _side_channels(self, alert: Alert) -> None:
@@ -327,9 +349,10 @@ class AlertRunner:
                 ) as response:
                     if response.status >= 300:
                         log.warning(
-                            "alerts_webhook_failed", status=response.status,
+                            "alerts_webhook_failed",
+                            status=response.status,
                             alert_id=alert.alert_id,
-                        )  # fmt: skip
+                        )
             except Exception as exc:  # the webhook is best effort: never stop the runner
                 log.warning("alerts_webhook_failed", error=str(exc)[:300], alert_id=alert.alert_id)
 

@@ -104,7 +104,9 @@ def _table(sql: str, match: re.Match[str], cluster: str) -> list[str]:
             "write migrations for a single server"
         )
     path = f"'/clickhouse/tables/{{shard}}/{database}/{local}', '{{replica}}'"
-    replicated = f"ENGINE = Replicated{variant}MergeTree({path}{', ' if arguments else ''}{arguments})"
+    replicated = (
+        f"ENGINE = Replicated{variant}MergeTree({path}{', ' if arguments else ''}{arguments})"
+    )
     body = sql[match.end() :]
     body = body[: engine.start() - match.end()] + replicated + body[engine.end() - match.end() :]
     body = _DEDUP_WINDOW.sub("replicated_deduplication_window", body)

@@ -52,4 +52,3 @@ def split_by_day(
     for row in rows:
         parts[group[row[index] // DAY_MS]].append(row)
     return [(f"{token}#{k}/{count}", part) for k, part in enumerate(parts, start=1)]
-

@@ -44,8 +44,13 @@ MAX_ROWS_PER_MESSAGE: Final = 500  # about 200 KB of JSON per message for attemp
 STAGE: Final = "sink"
 UINT16_MAX: Final = 65_535
 DEAD_LETTERS_COLUMNS: Final = (
-    "ts", "reason", "stage", "kafka_topic", "kafka_partition", "kafka_offset",
-)  # fmt: skip
+    "ts",
+    "reason",
+    "stage",
+    "kafka_topic",
+    "kafka_partition",
+    "kafka_offset",
+)
 
 Headers = list[tuple[str, bytes]]
 
@@ -123,19 +128,26 @@ class DeadLetterProducer:
             from aiokafka import AIOKafkaProducer
 
             producer = AIOKafkaProducer(
-                **self.client, acks="all", enable_idempotence=True,
+                **self.client,
+                acks="all",
+                enable_idempotence=True,
                 max_request_size=4 * 1024 * 1024,
-            )  # fmt: skip
+            )
             await producer.start()
             self._producer = producer
         for key, value, headers in quarantined.messages():
             await self._producer.send_and_wait(self.topic, value=value, key=key, headers=headers)
         log.error(
-            "sink_quarantined", reason=quarantined.reason, table=quarantined.table,
-            rows=len(quarantined.rows), topic=quarantined.topic,
-            partition=quarantined.partition, offset=quarantined.offset,
-            token=quarantined.token, detail=quarantined.detail[:300],
-        )  # fmt: skip
+            "sink_quarantined",
+            reason=quarantined.reason,
+            table=quarantined.table,
+            rows=len(quarantined.rows),
+            topic=quarantined.topic,
+            partition=quarantined.partition,
+            offset=quarantined.offset,
+            token=quarantined.token,
+            detail=quarantined.detail[:300],
+        )
 
     async def stop(self) -> None:
         if self._producer is not None:
@@ -147,7 +159,11 @@ class Quarantine:
     """The sink's quarantine: rejects waiting to be set aside, and the two writes."""
 
     def __init__(
-        self, client: Mapping[str, Any], topic: str, *, insert_settings: Mapping[str, Any] | None = None
+        self,
+        client: Mapping[str, Any],
+        topic: str,
+        *,
+        insert_settings: Mapping[str, Any] | None = None,
     ) -> None:
         self.producer = DeadLetterProducer(client, topic)
         self.insert_settings = insert_settings
@@ -163,11 +179,16 @@ class Quarantine:
             by_reason.setdefault(reason, []).append(row)
         for reason, rows in sorted(by_reason.items()):
             rejected = Quarantined(
-                reason=reason, detail=f"{len(rows)} audit rows no attempts column can hold",
-                table="attempts", columns=AUDIT_COLUMNS, rows=rows, topic=topic,
-                partition=partition, offset=offset,
+                reason=reason,
+                detail=f"{len(rows)} audit rows no attempts column can hold",
+                table="attempts",
+                columns=AUDIT_COLUMNS,
+                rows=rows,
+                topic=topic,
+                partition=partition,
+                offset=offset,
                 token=f"rejects:{topic}:{partition}:{offset}:{reason}",
-            )  # fmt: skip
+            )
             self.pending.append(rejected)
 
     async def put(self, quarantined: Quarantined, ch: ClickHouse) -> None:
@@ -175,9 +196,13 @@ class Quarantine:
         await self.producer.send(quarantined)
         rows = quarantined.dead_letter_rows(int(time.time() * 1000))
         await asyncio.to_thread(
-            ch.insert, "dead_letters", DEAD_LETTERS_COLUMNS, rows,
-            dedup_token=f"dead_letters:{quarantined.token}", settings=self.insert_settings,
-        )  # fmt: skip
+            ch.insert,
+            "dead_letters",
+            DEAD_LETTERS_COLUMNS,
+            rows,
+            dedup_token=f"dead_letters:{quarantined.token}",
+            settings=self.insert_settings,
+        )
         self.rows += len(rows)
 
     async def put_pending(self, handle: Callable[[], Awaitable[ClickHouse]]) -> None:

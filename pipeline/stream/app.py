@@ -56,7 +56,7 @@ from pipeline.stream.stages import (
     StageOutput,
     account_envelopes,
     latest_shares,
-)  # fmt: skip
+)
 from pipeline.stream.undecodable import DECODE_ERRORS, salvage
 from pipeline.topics import Topics
 from pipeline.wiring import build_normaliser
@@ -64,7 +64,6 @@ from pipeline.wiring import build_normaliser
 log = get_logger("worker")
 
 RAW: dict[str, Any] = {"key_serializer": "raw", "value_serializer": "raw"}
-
 
 
 class RereadLast(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -87,6 +86,7 @@ class RereadLast(ConsumerRebalanceListener):  # type: ignore[misc]
             committed = await self.consumer.committed(tp)
             if committed:
                 self.consumer.seek(tp, committed - 1)
+
 
 def broker_credentials(kafka: KafkaSettings) -> Any:
     """faust's form of ``security_kwargs``: None for PLAINTEXT, else SSL or SASL credentials
@@ -120,14 +120,17 @@ class Worker:
             max_event_bytes=settings.ingest.max_event_bytes,
             max_future_skew_ms=settings.ingest.max_future_skew_ms,
             max_past_skew_ms=settings.ingest.max_past_skew_ms,
-            tenants=frozenset(settings.ingest.tenants), max_tenants=settings.ingest.max_tenants,
+            tenants=frozenset(settings.ingest.tenants),
+            max_tenants=settings.ingest.max_tenants,
             keep_plain_account=settings.clickhouse.store_plain_account,
         )
         dedupe = {
             "dedupe_horizon_ms": settings.ingest.dedupe_horizon_ms,
             "dedupe_capacity": settings.ingest.dedupe_capacity,
         }
-        self.accounts = AccountStage(policy, kafka.partitions, input_topic=kafka.input_topic, **dedupe)
+        self.accounts = AccountStage(
+            policy, kafka.partitions, input_topic=kafka.input_topic, **dedupe
+        )
         self.sources = SourceStage(policy, kafka.partitions)
         self.rollup = RollupStage(policy, kafka.partitions)
         # Event-time marks of the input partitions ingest reads (pipeline.stream.marks).
@@ -140,9 +143,15 @@ class Worker:
         self.chains = ChangelogChains()
         # Forwards and tenant shares of several envelopes go out together (batching.py).
         linger_ms = settings.worker.forward_linger_ms
-        self.forwarder = Batcher(self._send_forwards, linger_ms=linger_ms, max_rows=MAX_ROWS_PER_MESSAGE)
-        self.sharer = Batcher(self._send_shares, linger_ms=linger_ms, max_rows=MAX_ROWS_PER_MESSAGE,
-                              merge=latest_shares)  # fmt: skip
+        self.forwarder = Batcher(
+            self._send_forwards, linger_ms=linger_ms, max_rows=MAX_ROWS_PER_MESSAGE
+        )
+        self.sharer = Batcher(
+            self._send_shares,
+            linger_ms=linger_ms,
+            max_rows=MAX_ROWS_PER_MESSAGE,
+            merge=latest_shares,
+        )
         self.channels: dict[str, Any] = {}
         self.busy: dict[str, bool] = {}
         t = self.topics
@@ -152,7 +161,9 @@ class Worker:
             t.by_source: t.changelog("source-state"),
             t.shares: t.changelog("rollup-state"),
         }
-        self.restore = ChangelogRestore(kafka.bootstrap_servers, self._install, security_kwargs(kafka))
+        self.restore = ChangelogRestore(
+            kafka.bootstrap_servers, self._install, security_kwargs(kafka)
+        )
         self.app = self._build_app()
 
     # -- the faust app ------------------------------------------------------------------
@@ -274,7 +285,10 @@ class Worker:
         into thousands of tiny envelopes a second, at a bounded cost in latency."""
         worker = self.settings.worker
         batch = await self._getmany(
-            consumer, undecodable, timeout_ms=worker.batch_max_wait_ms, max_records=worker.batch_max_events
+            consumer,
+            undecodable,
+            timeout_ms=worker.batch_max_wait_ms,
+            max_records=worker.batch_max_events,
         )
         count = sum(len(messages) for messages in batch.values())
         if not count or undecodable:
@@ -285,7 +299,10 @@ class Worker:
             if left_ms <= 0:
                 break
             more = await self._getmany(
-                consumer, undecodable, timeout_ms=left_ms, max_records=worker.batch_max_events - count
+                consumer,
+                undecodable,
+                timeout_ms=left_ms,
+                max_records=worker.batch_max_events - count,
             )
             for tp, messages in more.items():
                 batch.setdefault(tp, []).extend(messages)
@@ -295,12 +312,19 @@ class Worker:
         return batch
 
     async def _getmany(
-        self, consumer: AIOKafkaConsumer, undecodable: list[DeadLetter], *, timeout_ms: int, max_records: int
+        self,
+        consumer: AIOKafkaConsumer,
+        undecodable: list[DeadLetter],
+        *,
+        timeout_ms: int,
+        max_records: int,
     ) -> dict[Any, list[Any]]:
         """``consumer.getmany``; a batch it cannot decode goes to ``undecodable`` (and the
         consumer past it), the records it had drained are kept (pipeline.stream.undecodable)."""
         try:
-            got: dict[Any, list[Any]] = await consumer.getmany(timeout_ms=timeout_ms, max_records=max_records)
+            got: dict[Any, list[Any]] = await consumer.getmany(
+                timeout_ms=timeout_ms, max_records=max_records
+            )
             return got
         except DECODE_ERRORS as exc:
             found = salvage(exc)
@@ -311,9 +335,15 @@ class Worker:
             consumer.seek(found.tp, found.next_offset)
             dead = found.dead_letter(exc)
             undecodable.append(dead)
-            log.error("ingest_undecodable_batch", topic=found.tp.topic, partition=found.tp.partition,
-                      first_offset=found.first_offset, last_offset=found.next_offset - 1,
-                      codec=found.codec, error=dead.detail)  # fmt: skip
+            log.error(
+                "ingest_undecodable_batch",
+                topic=found.tp.topic,
+                partition=found.tp.partition,
+                first_offset=found.first_offset,
+                last_offset=found.next_offset - 1,
+                codec=found.codec,
+                error=dead.detail,
+            )
             return found.records
 
     async def _marks(self, consumer: AIOKafkaConsumer, now_ms: int) -> tuple[list[list[int]], int]:
@@ -355,13 +385,23 @@ class Worker:
             return
         self.sent_marks = marks
         pending: list[Awaitable[Any]] = []
-        for partition, rows, envelope_marks in account_envelopes(result.rows, marks, self.partitions):
+        for partition, rows, envelope_marks in account_envelopes(
+            result.rows, marks, self.partitions
+        ):
             envelope = dumps({"v": 1, "rows": rows, "marks": envelope_marks, "inputs": inputs})
-            pending.append(await self.by_account.send(key=str(partition).encode(), value=envelope, partition=partition))
+            pending.append(
+                await self.by_account.send(
+                    key=str(partition).encode(), value=envelope, partition=partition
+                )
+            )
         for dead in result.dead:
-            pending.append(await self.dlq.send(
-                key=dead.record.key, value=dead.record.value, headers=dead.headers(),
-            ))  # fmt: skip
+            pending.append(
+                await self.dlq.send(
+                    key=dead.record.key,
+                    value=dead.record.value,
+                    headers=dead.headers(),
+                )
+            )
         # Offsets are committed only once every envelope and dead letter is acknowledged:
         # a crash before that re-reads the batch, and the account stage skips what it
         # already applied (it remembers the highest input offset per input partition).
@@ -384,9 +424,18 @@ class Worker:
         if changelog.topic == self.changelogs[self.topics.shares]:
             self.rollup.rebuild(partition, live.items())
             return
-        stage = self.accounts if changelog.topic == self.changelogs[self.topics.by_account] else self.sources
+        stage = (
+            self.accounts
+            if changelog.topic == self.changelogs[self.topics.by_account]
+            else self.sources
+        )
         rebuilt = stage.rebuild(partition, live.items())
-        await self._emit(rebuilt, changelog.topic, partition, ACCOUNT_SHARE if stage is self.accounts else SOURCE_SHARE)
+        await self._emit(
+            rebuilt,
+            changelog.topic,
+            partition,
+            ACCOUNT_SHARE if stage is self.accounts else SOURCE_SHARE,
+        )
 
     async def _restored(self, topic: str, partition: int) -> None:
         """Until the stage of ``topic`` holds ``partition``'s state, or the partition is
@@ -394,10 +443,14 @@ class Worker:
         await self.restore.wait(TopicPartition(self.changelogs[topic], partition))
 
     async def _account_agent(self, stream: Any) -> None:
-        await self._run_stage(stream, "account", self.accounts, self.changelogs[self.topics.by_account])
+        await self._run_stage(
+            stream, "account", self.accounts, self.changelogs[self.topics.by_account]
+        )
 
     async def _source_agent(self, stream: Any) -> None:
-        await self._run_stage(stream, "source", self.sources, self.changelogs[self.topics.by_source])
+        await self._run_stage(
+            stream, "source", self.sources, self.changelogs[self.topics.by_source]
+        )
 
     async def _run_stage(
         self, stream: Any, name: str, stage: AccountStage | SourceStage, changelog: str
@@ -423,7 +476,9 @@ class Worker:
             await self._emit(result, changelog, partition, name[0])
             self.metrics.stage(name, len(rows), result, time.perf_counter() - started)
 
-    async def _in_order(self, stage: AccountStage | SourceStage | RollupStage, message: Any) -> bool:
+    async def _in_order(
+        self, stage: AccountStage | SourceStage | RollupStage, message: Any
+    ) -> bool:
         """True if ``message`` is the envelope ``stage`` expects next on its partition; an
         out-of-order one is skipped and its partition sought back (pipeline.stream.progress)."""
         tp, partition = message.tp, message.partition
@@ -442,8 +497,14 @@ class Worker:
         return False
 
     async def _seek_back(self, tp: Any, offset: int, seen: int, reason: str) -> None:
-        log.warning("stream_seek_back", topic=tp.topic, partition=tp.partition, offset=offset, seen=seen,
-                    reason=reason)  # fmt: skip
+        log.warning(
+            "stream_seek_back",
+            topic=tp.topic,
+            partition=tp.partition,
+            offset=offset,
+            seen=seen,
+            reason=reason,
+        )
         self.metrics.seek_backs_total.labels(topic=tp.topic).inc()
         # seek_wait seeks in faust's consumer thread, which owns the aiokafka consumer;
         # ``consumer.seek`` calls into it from this thread, and a fetch in flight there
@@ -475,7 +536,9 @@ class Worker:
             finally:
                 self.busy[topic] = False
 
-    async def _emit(self, result: StageOutput, changelog: str, partition: int, kind: str = "r") -> None:
+    async def _emit(
+        self, result: StageOutput, changelog: str, partition: int, kind: str = "r"
+    ) -> None:
         """Send a stage's outputs; once they are acknowledged, its changelog. A new mark of
         the account (``kind`` ACCOUNT_SHARE) or source (SOURCE_SHARE) stage goes to every downstream
         partition, with rows or alone."""
@@ -487,7 +550,9 @@ class Worker:
         for key, notice in result.notices:
             pending.append(await self.notices.send(key=key, value=notice))
         for audit in result.audit_messages():
-            pending.append(await self.audit.send(key=str(partition).encode(), value=audit, partition=partition))
+            pending.append(
+                await self.audit.send(key=str(partition).encode(), value=audit, partition=partition)
+            )
         gathering = {self.forwarder.add(target, rows) for target, rows in result.forwards.items()}
         for share in result.shares:
             gathering.add(self.sharer.add(hash_tenant(share[0], self.partitions), [share]))
@@ -507,9 +572,10 @@ class Worker:
         if result.changelog:
             records = result.changelog
             await self.chains.add(
-                (changelog, partition), pending,
+                (changelog, partition),
+                pending,
                 lambda: self._send_changelog(changelog, partition, records),
-            )  # fmt: skip
+            )
         self.metrics.emitted(result)
 
     async def _send_forwards(self, target: int, rows: list[list[Any]]) -> Awaitable[Any]:
@@ -517,7 +583,9 @@ class Worker:
         return await self.by_source.send(key=str(target).encode(), value=envelope, partition=target)
 
     async def _send_shares(self, target: int, shares: list[list[Any]]) -> Awaitable[Any]:
-        return await self.shares.send(key=str(target).encode(), value=dumps(shares), partition=target)
+        return await self.shares.send(
+            key=str(target).encode(), value=dumps(shares), partition=target
+        )
 
     async def _send_changelog(
         self, topic: str, partition: int, records: list[tuple[bytes, bytes | None]]
@@ -551,9 +619,10 @@ class Worker:
     def _unrestored(self, assigned: Iterable[TopicPartition]) -> list[TopicPartition]:
         """The changelog partitions of ``assigned`` whose stage does not hold them yet."""
         owners = {
-            self.topics.by_account: self.accounts.owns, self.topics.by_source: self.sources.owns,
+            self.topics.by_account: self.accounts.owns,
+            self.topics.by_source: self.sources.owns,
             self.topics.shares: self.rollup.owns,
-        }  # fmt: skip
+        }
         return [
             TopicPartition(self.changelogs[tp.topic], tp.partition)
             for tp in assigned
@@ -583,7 +652,11 @@ class Worker:
             self.topics.by_source: self.sources,
             self.topics.shares: self.rollup,
         }
-        names = {self.topics.by_account: "account", self.topics.by_source: "source", self.topics.shares: "rollup"}
+        names = {
+            self.topics.by_account: "account",
+            self.topics.by_source: "source",
+            self.topics.shares: "rollup",
+        }
         behind = dict.fromkeys(names.values(), 0)
         for tp in consumer.assignment():
             stage = stages.get(tp.topic)
@@ -595,7 +668,9 @@ class Worker:
             highwater = consumer.highwater(tp)
             if highwater is not None and highwater > expected:
                 behind[names[tp.topic]] += highwater - expected
-            if self.order.stranded(tp, expected=expected, highwater=highwater, idle=idle, now_s=now_s):
+            if self.order.stranded(
+                tp, expected=expected, highwater=highwater, idle=idle, now_s=now_s
+            ):
                 await self._seek_back(tp, expected, highwater, "stranded")
         for name, messages in behind.items():
             self.metrics.stage_behind.labels(stage=name).set(messages)
@@ -618,7 +693,11 @@ class Worker:
         revoked: Iterable[TopicPartition] = args[0] if args else kwargs.get("revoked", ())
         # The next owner rebuilds from the changelog: write what is waiting first.
         revoked = list(revoked)
-        changelogs = [(self.changelogs[tp.topic], tp.partition) for tp in revoked if tp.topic in self.changelogs]
+        changelogs = [
+            (self.changelogs[tp.topic], tp.partition)
+            for tp in revoked
+            if tp.topic in self.changelogs
+        ]
         await self._drain_chains(changelogs)
         self.restore.cancel([TopicPartition(topic, partition) for topic, partition in changelogs])
         for tp in revoked:

@@ -42,8 +42,13 @@ class Batcher:
     the timer that flushes them ``linger_ms`` after the first one arrived."""
 
     def __init__(
-        self, send: Send, *, linger_ms: int, max_rows: int, merge: Merge = _keep,
-    ) -> None:  # fmt: skip
+        self,
+        send: Send,
+        *,
+        linger_ms: int,
+        max_rows: int,
+        merge: Merge = _keep,
+    ) -> None:
         self.send = send
         self.linger_s = linger_ms / 1000
         self.max_rows = max_rows
@@ -93,7 +98,10 @@ class Batcher:
     async def _flush(self, target: int, rows: list[Any], ack: asyncio.Future[None]) -> None:
         try:
             async with self.locks.setdefault(target, asyncio.Lock()):
-                sent = [await self.send(target, part) for part in chunks(self.merge(rows), self.max_rows)]
+                sent = [
+                    await self.send(target, part)
+                    for part in chunks(self.merge(rows), self.max_rows)
+                ]
             await asyncio.gather(*sent)
         except BaseException as exc:  # the envelopes waiting on ``ack`` fail with it
             if not ack.done():

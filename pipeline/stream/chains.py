@@ -57,7 +57,9 @@ class ChangelogChains:
         return sum(len(queue) for queue in self.tails.values())
 
 
-async def _after(previous: asyncio.Future[None] | None, pending: list[Awaitable[Any]], write: Write) -> None:
+async def _after(
+    previous: asyncio.Future[None] | None, pending: list[Awaitable[Any]], write: Write
+) -> None:
     if previous is not None:
         await previous
     if pending:

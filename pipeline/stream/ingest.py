@@ -141,9 +141,10 @@ class Ingest:
                 if attempt.occurred_ms < oldest_ms:
                     raise DecodeError(
                         "past_timestamp",
-                        "occurred_at is before 1970" if attempt.occurred_ms < 0
+                        "occurred_at is before 1970"
+                        if attempt.occurred_ms < 0
                         else "occurred_at is older than ingest.max_past_skew_ms",
-                    )  # fmt: skip
+                    )
             except (DecodeError, InvalidAttempt) as exc:
                 result.dead.append(DeadLetter(record, exc.reason, exc.detail))
                 result.reasons[exc.reason] += 1

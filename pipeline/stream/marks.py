@@ -69,7 +69,9 @@ class InputMarks:
         else:
             recent.append((wall_ms, occurred_ms))
 
-    def marks(self, assigned: Iterable[int], caught_up: Iterable[int], wall_ms: int) -> list[list[int]]:
+    def marks(
+        self, assigned: Iterable[int], caught_up: Iterable[int], wall_ms: int
+    ) -> list[list[int]]:
         """``[partition, mark_ms]`` for every assigned partition that has one."""
         parts = sorted(assigned)
         done = set(caught_up)
@@ -82,9 +84,11 @@ class InputMarks:
             return []
         top = max(self.latest.values())
         idle = {
-            p for p in parts
-            if p in done and wall_ms - max(self.caught_up_ms[p], self.arrived_ms.get(p, NO_MARK)) >= self.idle_ms
-        }  # fmt: skip
+            p
+            for p in parts
+            if p in done
+            and wall_ms - max(self.caught_up_ms[p], self.arrived_ms.get(p, NO_MARK)) >= self.idle_ms
+        }
         if len(idle) == len(parts):
             # Past the newest event this ingest read, and while live no lower than the wall
             # clock less the slack: what another worker's ingest (or this one before a

@@ -59,26 +59,36 @@ class MemoryPipeline:
     ``envelope_rows`` rows each, as the worker sends them."""
 
     def __init__(
-        self, settings: Settings, policy: Policy, rng: random.Random | None = None,
-        input_partitions: int | None = None, envelope_rows: int = MAX_ROWS_PER_MESSAGE,
-    ) -> None:  # fmt: skip
+        self,
+        settings: Settings,
+        policy: Policy,
+        rng: random.Random | None = None,
+        input_partitions: int | None = None,
+        envelope_rows: int = MAX_ROWS_PER_MESSAGE,
+    ) -> None:
         kafka = settings.kafka
         self.partitions = kafka.partitions
         self.input_partitions = input_partitions or kafka.partitions
         self.ingest = Ingest(
-            normaliser=build_normaliser(settings, policy), partitions=kafka.partitions,
+            normaliser=build_normaliser(settings, policy),
+            partitions=kafka.partitions,
             max_event_bytes=settings.ingest.max_event_bytes,
             max_future_skew_ms=settings.ingest.max_future_skew_ms,
             max_past_skew_ms=settings.ingest.max_past_skew_ms,
-            tenants=frozenset(settings.ingest.tenants), max_tenants=settings.ingest.max_tenants,
-        )  # fmt: skip
+            tenants=frozenset(settings.ingest.tenants),
+            max_tenants=settings.ingest.max_tenants,
+        )
         self.accounts = AccountStage(policy, kafka.partitions, input_topic=kafka.input_topic)
         self.sources = SourceStage(policy, kafka.partitions)
         self.rollup = RollupStage(policy, kafka.partitions)
         self.marks = InputMarks()
         self.rng = rng
         self.envelope_rows = envelope_rows
-        self.changelog: dict[str, dict[bytes, bytes | None]] = {_ACCOUNTS: {}, _SOURCES: {}, _ROLLUP: {}}
+        self.changelog: dict[str, dict[bytes, bytes | None]] = {
+            _ACCOUNTS: {},
+            _SOURCES: {},
+            _ROLLUP: {},
+        }
         self.offsets: dict[tuple[str, int], int] = {}
         self.queues: dict[tuple[str, int], deque[Any]] = {}
         self.out = MemoryOutputs()
@@ -89,7 +99,9 @@ class MemoryPipeline:
         return offset
 
     def _send(self, stage: str, partition: int, message: Any) -> None:
-        self.queues.setdefault((stage, partition), deque()).append((self._offset(stage, partition), message))
+        self.queues.setdefault((stage, partition), deque()).append(
+            (self._offset(stage, partition), message)
+        )
 
     def feed(self, records: list[Record], now_ms: int, *, pump: bool = True) -> None:
         """Ingest one batch: an envelope with ingest's marks to every account partition."""
@@ -112,7 +124,9 @@ class MemoryPipeline:
         self.pump()
 
     def _envelopes(self, rows: dict[int, list[list[Any]]], marks: list[list[int]]) -> None:
-        for partition, part, part_marks in account_envelopes(rows, marks, self.partitions, self.envelope_rows):
+        for partition, part, part_marks in account_envelopes(
+            rows, marks, self.partitions, self.envelope_rows
+        ):
             self._send(_ACCOUNTS, partition, (part, part_marks))
 
     def pump(self) -> None:
@@ -130,9 +144,13 @@ class MemoryPipeline:
             else:
                 self._rollup(partition, message)
 
-    def _account(self, partition: int, offset: int, rows: list[list[Any]], marks: list[list[int]]) -> None:
+    def _account(
+        self, partition: int, offset: int, rows: list[list[Any]], marks: list[list[int]]
+    ) -> None:
         if not self.accounts.owns(partition):
-            self._collect(self.accounts.rebuild(partition, self._records(_ACCOUNTS, partition)), _ACCOUNTS)
+            self._collect(
+                self.accounts.rebuild(partition, self._records(_ACCOUNTS, partition)), _ACCOUNTS
+            )
         result = self.accounts.process(partition, offset, rows, marks, self.input_partitions)
         self._collect(result, _ACCOUNTS)
         for target in range(self.partitions):
@@ -145,7 +163,9 @@ class MemoryPipeline:
 
     def _source(self, partition: int, offset: int, rows: list[list[Any]]) -> None:
         if not self.sources.owns(partition):
-            self._collect(self.sources.rebuild(partition, self._records(_SOURCES, partition)), _SOURCES)
+            self._collect(
+                self.sources.rebuild(partition, self._records(_SOURCES, partition)), _SOURCES
+            )
         result = self.sources.process(partition, offset, rows)
         self._collect(result, _SOURCES)
         self._shares(result, SOURCE_SHARE, partition)
@@ -168,9 +188,10 @@ class MemoryPipeline:
 
     def _records(self, stage: str, partition: int) -> list[tuple[bytes, bytes]]:
         return [
-            (k, v) for k, v in self.changelog[stage].items()
+            (k, v)
+            for k, v in self.changelog[stage].items()
             if v is not None and loads(k)[0] == partition
-        ]  # fmt: skip
+        ]
 
     def _collect(self, result: StageOutput, stage: str) -> None:
         self.out.decisions.extend(result.decisions)

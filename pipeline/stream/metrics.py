@@ -23,7 +23,9 @@ class WorkerMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.events_total = Counter("authpipe_events_total", "valid input events ingested", registry=r)
+        self.events_total = Counter(
+            "authpipe_events_total", "valid input events ingested", registry=r
+        )
         self.dead_letters_total = Counter(
             "authpipe_dead_letters_total", "input events dead-lettered", ["reason"], registry=r
         )
@@ -58,27 +60,33 @@ class WorkerMetrics:
         self.seek_backs_total = Counter(
             "authpipe_stream_seek_backs_total",
             "partitions sought back to the envelope their stage expects (faust dropped it)",
-            ["topic"], registry=r,
-        )  # fmt: skip
+            ["topic"],
+            registry=r,
+        )
         self.replayed_envelopes_total = Counter(
             "authpipe_stream_replayed_envelopes_total",
             "envelopes skipped because their stage had already applied them",
-            ["topic"], registry=r,
-        )  # fmt: skip
+            ["topic"],
+            registry=r,
+        )
         self.held_rows = Gauge(
             "authpipe_reorder_held_rows",
-            "rows held until every upstream partition marks a later event time", ["stage"], registry=r,
-        )  # fmt: skip
+            "rows held until every upstream partition marks a later event time",
+            ["stage"],
+            registry=r,
+        )
         self.reorder_late = Gauge(
             "authpipe_reorder_late_rows",
             "rows that arrived below their stage's released watermark (applied out of order)",
-            ["stage"], registry=r,
-        )  # fmt: skip
+            ["stage"],
+            registry=r,
+        )
         self.reorder_forced = Gauge(
             "authpipe_reorder_forced_rows",
             "rows released before the watermark because the reorder buffer reached its cap",
-            ["stage"], registry=r,
-        )  # fmt: skip
+            ["stage"],
+            registry=r,
+        )
         self.stage_behind = Gauge(
             "authpipe_stage_behind_messages",
             "messages of a stage's input past the one it applied last (what it still has to "

@@ -54,10 +54,15 @@ async def read_changelogs(
     # would leave the reader at the end, reading nothing (seen on this broker: an empty
     # restore of a full changelog). The explicit seek below sets the position at once.
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap_servers, group_id=None, enable_auto_commit=False,
-        auto_offset_reset="earliest", max_partition_fetch_bytes=FETCH_PARTITION_BYTES,
-        fetch_max_bytes=FETCH_TOTAL_BYTES, fetch_max_wait_ms=100, **security,
-    )  # fmt: skip
+        bootstrap_servers=bootstrap_servers,
+        group_id=None,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        max_partition_fetch_bytes=FETCH_PARTITION_BYTES,
+        fetch_max_bytes=FETCH_TOTAL_BYTES,
+        fetch_max_wait_ms=100,
+        **security,
+    )
     try:
         await consumer.start()
     except Exception as exc:
@@ -180,7 +185,8 @@ class ChangelogRestore:
                     future.set_exception(exc)
             return
         log.info(
-            "changelog_restored", partitions=len(tps), live_records=records,
+            "changelog_restored",
+            partitions=len(tps),
+            live_records=records,
             seconds=round(asyncio.get_running_loop().time() - started_s, 3),
-        )  # fmt: skip
-
+        )

@@ -56,9 +56,11 @@ def chunks(rows: list[Any], size: int = MAX_ROWS_PER_MESSAGE) -> list[list[Any]]
 
 
 def account_envelopes(
-    rows: dict[int, list[list[Any]]], marks: list[list[int]], partitions: int,
+    rows: dict[int, list[list[Any]]],
+    marks: list[list[int]],
+    partitions: int,
     size: int = MAX_ROWS_PER_MESSAGE,
-) -> list[tuple[int, list[list[Any]], list[list[int]]]]:  # fmt: skip
+) -> list[tuple[int, list[list[Any]], list[list[int]]]]:
     """``(account partition, rows, marks)`` of one ingest batch: every partition gets the
     marks, rows or not (its watermark is the minimum over every input partition), in
     messages of at most ``size`` rows. The marks ride on each partition's last message
@@ -103,7 +105,16 @@ def _share_rows(
     for shares, share_kind in ((out.tenant_shares, kind), (out.unknown_shares, UNKNOWN_SHARE)):
         for (tenant, window), share in shares.items():
             result.shares.append(
-                [tenant, window, share_kind, partition, share, attempt.occurred_ms, attempt.event_id, seq]
+                [
+                    tenant,
+                    window,
+                    share_kind,
+                    partition,
+                    share,
+                    attempt.occurred_ms,
+                    attempt.event_id,
+                    seq,
+                ]
             )
         shares.clear()
 
@@ -136,7 +147,9 @@ class StageOutput:
         """The audit rows as batch messages of at most MAX_ROWS_PER_MESSAGE rows."""
         if not self.audit:
             return []
-        return [dumps({"v": 1, "columns": AUDIT_COLUMNS, "rows": rows}) for rows in chunks(self.audit)]
+        return [
+            dumps({"v": 1, "columns": AUDIT_COLUMNS, "rows": rows}) for rows in chunks(self.audit)
+        ]
 
 
 def _collect(out: Outbox, result: StageOutput) -> None:
@@ -161,10 +174,12 @@ def partition_share(policy: Policy, partitions: int) -> Policy:
     def share(rules: TenantPolicy) -> TenantPolicy:
         return rules.model_copy(update={"entry_cap": max(1, rules.entry_cap // partitions)})
 
-    return policy.model_copy(update={
-        "defaults": share(policy.defaults),
-        "tenants": {name: share(rules) for name, rules in policy.tenants.items()},
-    })  # fmt: skip
+    return policy.model_copy(
+        update={
+            "defaults": share(policy.defaults),
+            "tenants": {name: share(rules) for name, rules in policy.tenants.items()},
+        }
+    )
 
 
 def _changelog_key(partition: int, key: list[Any]) -> bytes:
@@ -177,9 +192,12 @@ class _Stage:
     shard_type: type[AccountShard] | type[SourceShard]
 
     def __init__(
-        self, policy: Policy, partitions: int, dedupe_horizon_ms: int = DEDUPE_HORIZON_MS,
+        self,
+        policy: Policy,
+        partitions: int,
+        dedupe_horizon_ms: int = DEDUPE_HORIZON_MS,
         dedupe_capacity: int = DEDUPE_CAPACITY,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.policy = policy
         self.partitions = partitions
         self.shard_policy = partition_share(policy, partitions)
@@ -204,9 +222,11 @@ class _Stage:
     def rebuild(self, partition: int, records: Iterable[tuple[bytes, bytes]]) -> StageOutput:
         """Build the shard of ``partition`` from its changelog records (key, value)."""
         shard = self.shard_type(
-            self.shard_policy, part=partition, dedupe_horizon_ms=self.dedupe_horizon_ms,
+            self.shard_policy,
+            part=partition,
+            dedupe_horizon_ms=self.dedupe_horizon_ms,
             dedupe_capacity=self.dedupe_capacity,
-        )  # fmt: skip
+        )
         inputs: dict[int, int] = {}
         next_envelope: int | None = None
         sequencer = Sequencer(self.upstreams)
@@ -286,7 +306,9 @@ class _Stage:
             )
         added, removed = sequencer.take_changes()
         for (upstream, position), held in added:
-            result.changelog.append((_changelog_key(partition, ["held", upstream, position]), dumps(held)))
+            result.changelog.append(
+                (_changelog_key(partition, ["held", upstream, position]), dumps(held))
+            )
         positions = {str(p): o for p, o in self.inputs[partition].items()}
         progress = {"positions": positions, "order": sequencer.meta()}
         result.changelog.append((_changelog_key(partition, ["inputs"]), dumps(progress)))
@@ -310,18 +332,27 @@ class AccountStage(_Stage):
     shard_type = AccountShard
 
     def __init__(
-        self, policy: Policy, partitions: int, *, input_topic: str,
-        dedupe_horizon_ms: int = DEDUPE_HORIZON_MS, dedupe_capacity: int = DEDUPE_CAPACITY,
-    ) -> None:  # fmt: skip
+        self,
+        policy: Policy,
+        partitions: int,
+        *,
+        input_topic: str,
+        dedupe_horizon_ms: int = DEDUPE_HORIZON_MS,
+        dedupe_capacity: int = DEDUPE_CAPACITY,
+    ) -> None:
         super().__init__(policy, partitions, dedupe_horizon_ms, dedupe_capacity)
         self.input_topic = input_topic
         self.version = policy.policy_version
         self.upstreams = partitions  # input partitions: the envelopes say how many
 
     def process(
-        self, partition: int, offset: int, rows: list[list[Any]],
-        marks: list[list[int]] | None = None, inputs: int | None = None,
-    ) -> StageOutput:  # fmt: skip
+        self,
+        partition: int,
+        offset: int,
+        rows: list[list[Any]],
+        marks: list[list[int]] | None = None,
+        inputs: int | None = None,
+    ) -> StageOutput:
         """Apply one envelope: hold its rows, take ingest's marks (``[input partition,
         watermark_ms]``; ``inputs`` is the input topic's partition count) and apply every
         row the watermark now passes, in event-time order."""
@@ -354,17 +385,35 @@ class AccountStage(_Stage):
             if verdict is None:
                 continue
             result.counted += 1
-            result.audit.append([
-                attempt.occurred_ms, attempt.tenant, service, attempt.flow, attempt.account,
-                plain, attempt.source, attempt.device or "", attempt.trusted,
-                "success" if attempt.success else "failure", attempt.failure_reason or "",
-                verdict.applied, 1, False, self.version, attempt.event_id, self.input_topic,
-                in_part, in_off,
-            ])  # fmt: skip
+            result.audit.append(
+                [
+                    attempt.occurred_ms,
+                    attempt.tenant,
+                    service,
+                    attempt.flow,
+                    attempt.account,
+                    plain,
+                    attempt.source,
+                    attempt.device or "",
+                    attempt.trusted,
+                    "success" if attempt.success else "failure",
+                    attempt.failure_reason or "",
+                    verdict.applied,
+                    1,
+                    False,
+                    self.version,
+                    attempt.event_id,
+                    self.input_topic,
+                    in_part,
+                    in_off,
+                ]
+            )
         self._finish(partition, offset, shard, out, result)
         return result
 
-    def _forward(self, forwards: list[Attempt], seq: int, partition: int, result: StageOutput) -> None:
+    def _forward(
+        self, forwards: list[Attempt], seq: int, partition: int, result: StageOutput
+    ) -> None:
         for attempt in forwards:
             target = source_partition(attempt.tenant, attempt.source, self.partitions)
             result.forwards.setdefault(target, []).append([partition, seq, *attempt.to_row()])
@@ -474,7 +523,9 @@ class RollupStage:
             rollup.tick_ms = tick_ms
             rollup.touched.update(((tenant, window), None) for tenant, window in touched)
             touched_unknown = meta[3] if len(meta) > 3 else ()
-            rollup.touched_unknown.update(((tenant, window), None) for tenant, window in touched_unknown)
+            rollup.touched_unknown.update(
+                ((tenant, window), None) for tenant, window in touched_unknown
+            )
             sequencer.restore_meta(order)
         sequencer.finish_restore()
         self.rollups[partition] = rollup
@@ -514,16 +565,26 @@ class RollupStage:
         for alert in alerts:
             result.alerts.append(encode(alert))
             window = _window(alert)
-            if alert.type == "stuffing_tenant":  # what TenantStuffing.fired holds (it may fire once more)
+            if (
+                alert.type == "stuffing_tenant"
+            ):  # what TenantStuffing.fired holds (it may fire once more)
                 state = rollup.stuffing.fired[(alert.tenant, window)]
-                result.changelog.append((dumps([partition, "fired", alert.tenant, window, UNKNOWN_SHARE]), dumps(state)))
+                result.changelog.append(
+                    (dumps([partition, "fired", alert.tenant, window, UNKNOWN_SHARE]), dumps(state))
+                )
             else:
                 result.changelog.append((dumps([partition, "fired", alert.tenant, window]), b"1"))
         added, removed = sequencer.take_changes()  # in the order _Stage._finish explains
         for (upstream, position), held in added:
-            result.changelog.append((_changelog_key(partition, ["held", upstream, position]), dumps(held)))
-        meta = [rollup.tick_ms, [list(slot) for slot in rollup.touched], sequencer.meta(),
-                [list(slot) for slot in rollup.touched_unknown]]  # fmt: skip
+            result.changelog.append(
+                (_changelog_key(partition, ["held", upstream, position]), dumps(held))
+            )
+        meta = [
+            rollup.tick_ms,
+            [list(slot) for slot in rollup.touched],
+            sequencer.meta(),
+            [list(slot) for slot in rollup.touched_unknown],
+        ]
         result.changelog.append((_changelog_key(partition, ["order"]), dumps(meta)))
         if offset is not None:
             self.next_envelope[partition] = offset + 1

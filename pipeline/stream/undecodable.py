@@ -54,7 +54,9 @@ class Salvage:
         message = str(error)
         if type(error).__name__ not in message:
             message = f"{type(error).__name__}: {message}"
-        detail = f"offsets {self.first_offset}..{self.next_offset - 1} (codec {self.codec}): {message}"
+        detail = (
+            f"offsets {self.first_offset}..{self.next_offset - 1} (codec {self.codec}): {message}"
+        )
         record = Record(self.tp.topic, self.tp.partition, self.first_offset, None, b"")
         return DeadLetter(record, REASON, detail, last_offset=self.next_offset - 1)
 

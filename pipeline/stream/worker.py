@@ -22,7 +22,10 @@ async def prepare_topics(settings: Settings, timeout_s: float = 30.0) -> None:
     await wait_for_broker(kafka.bootstrap_servers, timeout_s, security=security)
     specs = Topics.from_settings(kafka).specs(kafka.partitions)
     await ensure_topics(
-        kafka.bootstrap_servers, specs, replication_factor=kafka.replication_factor, security=security
+        kafka.bootstrap_servers,
+        specs,
+        replication_factor=kafka.replication_factor,
+        security=security,
     )
 
 
@@ -38,12 +41,20 @@ def run_worker(settings: Settings) -> int:
     asyncio.run(prepare_topics(settings))
     (settings.state_dir / "faust").mkdir(parents=True, exist_ok=True)
     worker = Worker(settings, policy)
-    log.info("worker_starting", policy_version=policy.policy_version, allocator=allocator,
-             partitions=settings.kafka.partitions, web_port=settings.worker.web_port)  # fmt: skip
+    log.info(
+        "worker_starting",
+        policy_version=policy.policy_version,
+        allocator=allocator,
+        partitions=settings.kafka.partitions,
+        web_port=settings.worker.web_port,
+    )
     faust_worker = FaustWorker(
-        worker.app, loglevel="WARNING", quiet=True, redirect_stdouts=False,
+        worker.app,
+        loglevel="WARNING",
+        quiet=True,
+        redirect_stdouts=False,
         logging_config=stdlib_logging_config(settings.log.level, settings.log.format),
-    )  # fmt: skip
+    )
     if not sys.stdout.isatty():
         # faust's startup spinner writes cursor escape codes even into a log file.
         faust_worker.spinner = None

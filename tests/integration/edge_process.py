@@ -40,9 +40,13 @@ def env_for(config: Path) -> dict[str, str]:
 def authpipe(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """Run ``authpipe <args>`` to completion with the test's configuration."""
     return subprocess.run(
-        [sys.executable, "-m", "pipeline.cli", *args], cwd=REPO_ROOT, env=env_for(config),
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [sys.executable, "-m", "pipeline.cli", *args],
+        cwd=REPO_ROOT,
+        env=env_for(config),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def get(url: str) -> tuple[int, bytes]:
@@ -62,12 +66,19 @@ def edge_serving(config: Path, port: int, log_path: Path) -> Iterator[str]:
     with log_path.open("wb") as log:
         process = subprocess.Popen(
             [sys.executable, "-m", "pipeline.cli", "edge", "serve", "--port", str(port)],
-            cwd=REPO_ROOT, env=env_for(config), stdout=log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+            cwd=REPO_ROOT,
+            env=env_for(config),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
         base = f"http://127.0.0.1:{port}"
         try:
-            wait_until(lambda: process.poll() is not None or get(f"{base}/readyz")[0] == 200,
-                       START_TIMEOUT_S, interval_s=0.2, description="the edge to be ready")  # fmt: skip
+            wait_until(
+                lambda: process.poll() is not None or get(f"{base}/readyz")[0] == 200,
+                START_TIMEOUT_S,
+                interval_s=0.2,
+                description="the edge to be ready",
+            )
             assert process.poll() is None, log_path.read_text(errors="replace")[-2000:]
             yield base
         finally:

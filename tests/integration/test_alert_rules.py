@@ -67,18 +67,28 @@ def failures(
 ) -> list[list[Any]]:
     """One attempts row per account, all from ``source`` at ``ts``."""
     return [
-        attempt_row(ts, f"{tenant}-{source}-{a}-{outcome}", tenant=tenant, account_digest=a,
-                    source=source, outcome=outcome)
+        attempt_row(
+            ts,
+            f"{tenant}-{source}-{a}-{outcome}",
+            tenant=tenant,
+            account_digest=a,
+            source=source,
+            outcome=outcome,
+        )
         for a in accounts
-    ]  # fmt: skip
+    ]
 
 
 def weighted(ts: datetime, tenant: str, outcome: str, weight: int, account: str) -> list[Any]:
     """One (summary-like) row standing for ``weight`` attempts."""
     return attempt_row(
-        ts, f"{tenant}-{outcome}-{weight}-{ts.isoformat()}", tenant=tenant, account_digest=account,
-        outcome=outcome, weight=weight,
-    )  # fmt: skip
+        ts,
+        f"{tenant}-{outcome}-{weight}-{ts.isoformat()}",
+        tenant=tenant,
+        account_digest=account,
+        outcome=outcome,
+        weight=weight,
+    )
 
 
 def decision_rows(
@@ -147,14 +157,16 @@ def test_distributed_spray_fires_for_many_low_rate_sources(ch: ClickHouse) -> No
     """acme (25 sources, 3 each) fires; one loud source and 20-per-source sprays do not."""
     seed_spray(ch, END - timedelta(minutes=30))
     old = failures(END - timedelta(minutes=61), "acme", "10.9.9.9", ["old-1", "old-2"])
-    loud = failures(END - timedelta(minutes=5), "globex", "10.1.1.1",
-                    [f"g-{j}" for j in range(100)])  # fmt: skip
+    loud = failures(
+        END - timedelta(minutes=5), "globex", "10.1.1.1", [f"g-{j}" for j in range(100)]
+    )
     busy = []
     for i in range(30):  # 30 sources, 60 accounts, 20 failures per source: not low-rate
         accounts = [f"i-{i}-0", f"i-{i}-1"]
         for k in range(10):
-            busy += failures(END - timedelta(minutes=20, seconds=k), "initech", f"10.2.0.{i}",
-                             accounts)  # fmt: skip
+            busy += failures(
+                END - timedelta(minutes=20, seconds=k), "initech", f"10.2.0.{i}", accounts
+            )
     ch.insert("attempts", ATTEMPT_COLUMNS, old + loud)
     ch.insert("attempts", ATTEMPT_COLUMNS, busy)
     assert fired(ch, "distributed_spray") == [("acme", "acme", 75, 75)]
@@ -182,8 +194,14 @@ def test_failure_ratio_spike_is_against_the_tenants_own_baseline(ch: ClickHouse)
     ch.insert("attempts", ATTEMPT_COLUMNS, rows)
     assert fired(ch, "failure_ratio_spike") == [("acme", "acme", 120, 2)]
     # hooli's 900 failures 15 minutes ago are its baseline (90%): 40% is no spike.
-    ch.insert("attempts", ATTEMPT_COLUMNS, [weighted(recent, "umbrella", "success", 60, "u1"),
-                                           weighted(recent, "umbrella", "failure", 40, "u2")])  # fmt: skip
+    ch.insert(
+        "attempts",
+        ATTEMPT_COLUMNS,
+        [
+            weighted(recent, "umbrella", "success", 60, "u1"),
+            weighted(recent, "umbrella", "failure", 40, "u2"),
+        ],
+    )
     assert fired(ch, "failure_ratio_spike") == [
         ("acme", "acme", 120, 2),
         ("umbrella", "umbrella", 40, 2),
@@ -362,15 +380,17 @@ async def test_alerts_run_once_command(
     }
     env.pop("AUTHPIPE_CONFIG", None)
     command = [str(AUTHPIPE), "alerts", "run", "--once", "--stdout"]
-    first = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True,
-                           timeout=120, check=False)  # fmt: skip
+    first = subprocess.run(
+        command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False
+    )
     assert first.returncode == 0, first.stderr + first.stdout
     alerts = [json.loads(line) for line in first.stdout.splitlines() if line.startswith(ALERT_LINE)]
     assert [(a["type"], a["tenant"], a["count"]) for a in alerts] == [
         ("distributed_spray", "acme", 75)
     ]
-    second = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True,
-                            timeout=120, check=False)  # fmt: skip
+    second = subprocess.run(
+        command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False
+    )
     assert second.returncode == 0, second.stderr
     assert [line for line in second.stdout.splitlines() if line.startswith(ALERT_LINE)] == []
     assert len(await read_topic(kafka_bootstrap, topic)) == 1

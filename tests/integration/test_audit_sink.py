@@ -299,8 +299,15 @@ def test_tombstone_row_comes_from_the_key() -> None:
         "t", 1, 5, 1_790_000_000_000, b"account_source|acme|abc|203.0.113.9|-", None
     )
     (row,) = message.rows
-    assert row[:7] == ["", "account_source|acme|abc|203.0.113.9|-", "acme", "account_source",
-                       "abc", "203.0.113.9", None]  # fmt: skip
+    assert row[:7] == [
+        "",
+        "account_source|acme|abc|203.0.113.9|-",
+        "acme",
+        "account_source",
+        "abc",
+        "203.0.113.9",
+        None,
+    ]
     assert row[13:] == [1_790_000_000_000, 1_790_000_000_000, "", True, None, None, "t", 1, 5]
     with pytest.raises(BadMessage, match="bad_key"):
         decode_decision("t", 1, 5, 0, b"garbage", None)
@@ -309,10 +316,13 @@ def test_tombstone_row_comes_from_the_key() -> None:
 def test_dead_letter_headers_locate_the_original() -> None:
     """DLQ headers give reason, stage and the original coordinates; without them, defaults."""
     headers = [
-        ("error", b"not_json"), ("error_detail", b"x"), ("stage", b"ingest"),
-        ("source_topic", b"auth.login-attempts"), ("source_partition", b"3"),
+        ("error", b"not_json"),
+        ("error_detail", b"x"),
+        ("stage", b"ingest"),
+        ("source_topic", b"auth.login-attempts"),
+        ("source_partition", b"3"),
         ("source_offset", b"42"),
-    ]  # fmt: skip
+    ]
     located = decode_dead_letter("dlq", 0, 9, 1_000, headers)
     assert located.rows == [[1_000, "not_json", "ingest", "auth.login-attempts", 3, 42]]
     assert located.bad_reason is None
@@ -403,7 +413,8 @@ def test_plan_never_outgrows_kafka_commit_metadata() -> None:
     assert calls > 3
     assert weight == 3000
     assert lane.commit_value() == (
-        3000, "ap1:|auth.login-attempts=0:2996,1:2997,2:2998,3:2999,4:2993,5:2994,6:2995"
+        3000,
+        "ap1:|auth.login-attempts=0:2996,1:2997,2:2998,3:2999,4:2993,5:2994,6:2995",
     )
 
 
@@ -454,10 +465,15 @@ def _replay_workload(minute: datetime) -> list[bytes]:
         for i in range(100)
     ]
     successes = [
-        audit_row(i, minute + timedelta(seconds=2), outcome="success", account=f"acct-{i}",
-                  source=f"198.51.100.{i % 200}")
+        audit_row(
+            i,
+            minute + timedelta(seconds=2),
+            outcome="success",
+            account=f"acct-{i}",
+            source=f"198.51.100.{i % 200}",
+        )
         for i in range(100, 150)
-    ]  # fmt: skip
+    ]
     new = [
         audit_row(i, minute + timedelta(seconds=3), account="victim", source="192.0.2.1")
         for i in range(150, 160)
@@ -490,9 +506,7 @@ def test_lane_drops_upstream_replays_before_the_cap() -> None:
     assert sum(row[12] for row in rows) == REPLAY_ATTEMPTS
     assert len(rows) == REPLAY_ROWS
     assert (lane.dropped_rows, lane.dropped_weight) == (70, 70)
-    assert sorted(row[18] for row in rows if not row[13]) == sorted(
-        [*range(60), *range(100, 160)]
-    )
+    assert sorted(row[18] for row in rows if not row[13]) == sorted([*range(60), *range(100, 160)])
 
 
 def test_replayed_audit_batch_after_a_sink_restart_is_counted_once_in_clickhouse(
@@ -511,9 +525,14 @@ def test_replayed_audit_batch_after_a_sink_restart_is_counted_once_in_clickhouse
 
     offset, metadata = committed
     again = Lane.start(
-        "auth.audit", 0, "audit", offset, decode_plan(metadata), RateCapConfig(),
+        "auth.audit",
+        0,
+        "audit",
+        offset,
+        decode_plan(metadata),
+        RateCapConfig(),
         decode_marks(metadata),
-    )  # fmt: skip
+    )
     again.add(decode_audit(2, messages[2]), now_ms=0)
     _insert_items(ch, again.plan_items(flush_rows=1000, now_ms=0, closing=True))
     assert (again.dropped_rows, again.dropped_weight) == (70, 70)
@@ -543,29 +562,48 @@ def _workload(topics: Topics, minute: datetime) -> list[tuple[str, int, Any, Any
         for i in range(100)
     ]
     p0_successes = [
-        audit_row(1000 + i, minute + timedelta(seconds=2), outcome="success",
-                  account=f"acct-{i}", source=f"198.51.100.{i}")
+        audit_row(
+            1000 + i,
+            minute + timedelta(seconds=2),
+            outcome="success",
+            account=f"acct-{i}",
+            source=f"198.51.100.{i}",
+        )
         for i in range(20)
-    ]  # fmt: skip
+    ]
     mixed = [audit_row(2000, minute + timedelta(seconds=3), outcome="success")]
     bad_row = list(mixed[0])
     bad_row[0] = "later"
     p1_victim = [
-        audit_row(3000 + i, minute + timedelta(milliseconds=5 * i), account="victim",
-                  source=f"192.0.2.{i}")
+        audit_row(
+            3000 + i,
+            minute + timedelta(milliseconds=5 * i),
+            account="victim",
+            source=f"192.0.2.{i}",
+        )
         for i in range(70)
-    ]  # fmt: skip
+    ]
     block = decision("account|acme|victim|-|-", minute, 50)
     pair = decision(f"account_source|acme|acct-1|{SOURCE}|-", minute, 5)
     alert = Alert(
-        alert_id="al-1", type="spray_source", tenant="acme", source=SOURCE,
-        account_digest=None, count=100, distinct_accounts=100, window_start=minute,
-        window_end=minute + timedelta(minutes=15), policy_version="p1",
-    )  # fmt: skip
+        alert_id="al-1",
+        type="spray_source",
+        tenant="acme",
+        source=SOURCE,
+        account_digest=None,
+        count=100,
+        distinct_accounts=100,
+        window_start=minute,
+        window_end=minute + timedelta(minutes=15),
+        policy_version="p1",
+    )
     dlq_headers = [
-        ("error", b"not_json"), ("error_detail", b"bad"), ("stage", b"ingest"),
-        ("source_topic", b"auth.login-attempts"), ("source_partition", b"1"),
-    ]  # fmt: skip
+        ("error", b"not_json"),
+        ("error_detail", b"bad"),
+        ("stage", b"ingest"),
+        ("source_topic", b"auth.login-attempts"),
+        ("source_partition", b"1"),
+    ]
     return [
         (topics.audit, 0, b"0", audit_batch(p0_failures[:50]), None),
         (topics.audit, 0, b"0", audit_batch(p0_failures[50:] + p0_successes), None),
@@ -596,9 +634,13 @@ async def test_sink_writes_every_topic_exactly(
     await produce(kafka_bootstrap, _workload(topics, minute))
     sink.start()
     wait_until(
-        lambda: totals(ch)[0] == WORKLOAD_ATTEMPTS and scalar(ch, "SELECT countIf(summary) FROM attempts") == 2,
-        SINK_TIMEOUT_S, description="every attempt and both summaries in ClickHouse",
-    )  # fmt: skip
+        lambda: (
+            totals(ch)[0] == WORKLOAD_ATTEMPTS
+            and scalar(ch, "SELECT countIf(summary) FROM attempts") == 2
+        ),
+        SINK_TIMEOUT_S,
+        description="every attempt and both summaries in ClickHouse",
+    )
     wait_until(
         lambda: (
             scalar(ch, "SELECT count() FROM dead_letters") == 4
@@ -624,11 +666,25 @@ async def test_sink_writes_every_topic_exactly(
         "FROM decisions ORDER BY kafka_partition, kafka_offset"
     ) == [
         ("account|acme|victim|-|-", False, "account", "acme", "victim", None, "block"),
-        (f"account_source|acme|acct-1|{SOURCE}|-", False, "account_source", "acme", "acct-1",
-         SOURCE, "block"),
-        (f"account_source|acme|acct-1|{SOURCE}|-", True, "account_source", "acme", "acct-1",
-         SOURCE, ""),
-    ]  # fmt: skip
+        (
+            f"account_source|acme|acct-1|{SOURCE}|-",
+            False,
+            "account_source",
+            "acme",
+            "acct-1",
+            SOURCE,
+            "block",
+        ),
+        (
+            f"account_source|acme|acct-1|{SOURCE}|-",
+            True,
+            "account_source",
+            "acme",
+            "acct-1",
+            SOURCE,
+            "",
+        ),
+    ]
     assert ch.query("SELECT alert_id, type, source, count FROM alerts") == [
         ("al-1", "spray_source", SOURCE, 100)
     ]
@@ -674,10 +730,14 @@ async def test_sigkill_between_insert_and_commit_writes_nothing_twice(
     weight, rows, distinct = totals(ch)
     assert (weight, rows, distinct) == (191, 143, 143), sink.tail()
     for table in ("decisions", "alerts", "dead_letters"):
-        assert scalar(
-            ch, f"SELECT count() - uniqExact(kafka_topic, kafka_partition, kafka_offset) "
-            f"FROM {table}"
-        ) == 0, table  # fmt: skip
+        assert (
+            scalar(
+                ch,
+                f"SELECT count() - uniqExact(kafka_topic, kafka_partition, kafka_offset) "
+                f"FROM {table}",
+            )
+            == 0
+        ), table
     assert scalar(ch, "SELECT sum(attempts) FROM attempts_by_flow_minute") == 191
 
 
@@ -689,17 +749,16 @@ async def test_upstream_replay_after_a_sink_restart_is_written_once(
     messages = _replay_workload(recent_minute())
     await produce(kafka_bootstrap, [(topics.audit, 0, b"0", m, None) for m in messages[:2]])
     sink.start()
-    wait_until(
-        lambda: totals(ch)[0] == 150, SINK_TIMEOUT_S, description="the first 150 attempts"
-    )
+    wait_until(lambda: totals(ch)[0] == 150, SINK_TIMEOUT_S, description="the first 150 attempts")
     assert sink.stop() == 0
 
     await produce(kafka_bootstrap, [(topics.audit, 0, b"0", messages[2], None)])
     sink.start()
     wait_until(
-        lambda: totals(ch)[0] >= REPLAY_ATTEMPTS, SINK_TIMEOUT_S,
+        lambda: totals(ch)[0] >= REPLAY_ATTEMPTS,
+        SINK_TIMEOUT_S,
         description="the 10 new attempts",
-    )  # fmt: skip
+    )
     assert sink.stop() == 0
     assert totals(ch) == (REPLAY_ATTEMPTS, REPLAY_ROWS, REPLAY_ROWS), sink.tail()
     assert scalar(ch, "SELECT sum(attempts) FROM attempts_by_flow_minute") == REPLAY_ATTEMPTS
@@ -731,9 +790,10 @@ async def test_clickhouse_outage_mid_stream_loses_nothing(
     chhttp.stop()
     await produce(kafka_bootstrap, _workload(topics, minute + timedelta(minutes=1)))
     wait_until(
-        lambda: sink.events("sink_insert_failed"), SINK_TIMEOUT_S,
+        lambda: sink.events("sink_insert_failed"),
+        SINK_TIMEOUT_S,
         description="the sink to hit the outage",
-    )  # fmt: skip
+    )
     assert sink.process is not None and sink.process.poll() is None, "the sink exited"
     chhttp.start()
 
@@ -806,8 +866,7 @@ async def test_a_batch_clickhouse_refuses_for_good_is_quarantined_and_the_sink_g
     goes to the DLQ and dead_letters with its reason, and the next batch is written."""
     ch.command("DROP TABLE attempts SYNC")
     (create,) = [
-        statement
-        for statement in split_statements((SCHEMA_DIR / "001_attempts.sql").read_text())
+        statement for statement in split_statements((SCHEMA_DIR / "001_attempts.sql").read_text())
     ]
     ch.command(
         render(create, ClickHouseSettings()).replace(
@@ -819,9 +878,10 @@ async def test_a_batch_clickhouse_refuses_for_good_is_quarantined_and_the_sink_g
     await produce(kafka_bootstrap, [(topics.audit, 1, b"1", audit_batch(hourly), None)])
     sink.start()
     wait_until(
-        lambda: scalar(ch, "SELECT count() FROM dead_letters") == 150, SINK_TIMEOUT_S,
+        lambda: scalar(ch, "SELECT count() FROM dead_letters") == 150,
+        SINK_TIMEOUT_S,
         description="the refused batch in dead_letters",
-    )  # fmt: skip
+    )
     later = [audit_row(1000 + i, recent_minute(), outcome="success") for i in range(5)]
     await produce(kafka_bootstrap, [(topics.audit, 1, b"1", audit_batch(later), None)])
     wait_until(lambda: totals(ch)[0] == 5, SINK_TIMEOUT_S, description="the next batch")
@@ -836,8 +896,10 @@ async def test_a_batch_clickhouse_refuses_for_good_is_quarantined_and_the_sink_g
     headers = dict(dead.headers)
     assert (headers["error"], headers["stage"]) == (b"too_many_partitions", b"sink")
     assert (headers["source_topic"], headers["source_partition"], headers["source_offset"]) == (
-        topics.audit.encode(), b"1", b"0",
-    )  # fmt: skip
+        topics.audit.encode(),
+        b"1",
+        b"0",
+    )
     body = json.loads(dead.value)
     assert (body["table"], len(body["rows"])) == ("attempts", 150)
     assert [row[-1] for row in body["rows"]] == list(range(150))
@@ -857,8 +919,9 @@ async def test_audit_rows_before_1970_are_quarantined_not_dropped(
     sink.start()
     wait_until(
         lambda: totals(ch)[0] == 3 and scalar(ch, "SELECT count() FROM dead_letters") == 1,
-        SINK_TIMEOUT_S, description="3 attempts and 1 dead letter",
-    )  # fmt: skip
+        SINK_TIMEOUT_S,
+        description="3 attempts and 1 dead letter",
+    )
     assert sink.stop() == 0
     assert ch.query(
         "SELECT reason, stage, kafka_topic, kafka_partition, kafka_offset FROM dead_letters"
@@ -871,7 +934,10 @@ def test_authpipe_sink_is_a_subcommand() -> None:
     """`authpipe sink --help` describes the sink."""
     result = subprocess.run(
         [sys.executable, "-m", "pipeline.cli", "sink", "--help"],
-        cwd=REPO_ROOT, capture_output=True, text=True, check=False,
-    )  # fmt: skip
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert result.returncode == 0
     assert "usage: authpipe sink" in result.stdout

@@ -26,16 +26,34 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 def test_quick_run_writes_json_and_markdown(kafka_bootstrap: str, tmp_path: Path) -> None:
     out = tmp_path / "results"
     command = [
-        sys.executable, "-m", "bench.run", "--quick", "--bootstrap", kafka_bootstrap,
-        "--out", str(out), "--parts", "ceiling,b1,naive", "--events", "20000",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "bench.run",
+        "--quick",
+        "--bootstrap",
+        kafka_bootstrap,
+        "--out",
+        str(out),
+        "--parts",
+        "ceiling,b1,naive",
+        "--events",
+        "20000",
+    ]
     # About 35 s here; a loaded CI machine is slower.
     done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
 
     (json_path,) = out.glob("*-quick.json")
     report = orjson.loads(json_path.read_bytes())
-    assert {"date", "machine", "load_before", "load_after", "versions", "results", "summary"} <= set(report)
+    assert {
+        "date",
+        "machine",
+        "load_before",
+        "load_after",
+        "versions",
+        "results",
+        "summary",
+    } <= set(report)
     assert {"nproc", "memory_mb", "cpu_model"} <= set(report["machine"])
     assert report["versions"]["faust-streaming"] and report["versions"]["kafka_broker"]
     results = report["results"]
@@ -46,14 +64,27 @@ def test_quick_run_writes_json_and_markdown(kafka_bootstrap: str, tmp_path: Path
     # the peer ran to completion on the same topic: every event seen and counted
     assert (results["naive"]["events_seen"], results["naive"]["events_counted"]) == (20_000, 20_000)
     assert results["naive"]["complete"] is True
-    assert summary_peer(report, "naive") == {"seen": 20_000, "counted": 20_000, "complete": True, "agree": True}
+    assert summary_peer(report, "naive") == {
+        "seen": 20_000,
+        "counted": 20_000,
+        "complete": True,
+        "agree": True,
+    }
     summary = report["summary"]
     assert summary["b1_vs_ceiling"] is not None and summary["b1_vs_naive"] is not None
     assert set(summary["met"]) >= {"b1_events_per_s", "b1_vs_naive", "b2_p99_ms", "b6_s"}
 
     markdown = json_path.with_suffix(".md").read_text()
-    for needle in ("| B1 |", "| B6 |", "ceiling:", "naive faust:", "## Versions", "load average",
-                   "events seen / counted", "| 20,000 / 20,000 |"):  # fmt: skip
+    for needle in (
+        "| B1 |",
+        "| B6 |",
+        "ceiling:",
+        "naive faust:",
+        "## Versions",
+        "load average",
+        "events seen / counted",
+        "| 20,000 / 20,000 |",
+    ):
         assert needle in markdown
     assert "peer naive: events seen 20000, counted 20000, complete True, agree True" in done.stdout
 

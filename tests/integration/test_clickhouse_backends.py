@@ -319,25 +319,79 @@ def test_decisions_and_alerts_round_trip(clickhouse: ClickHouse) -> None:
     """A decision (with NULL parts and a tombstone flag) and an alert read back exactly."""
     issued = recent_minute().replace(microsecond=5000)
     decision = [
-        "d-1", "acme|source|203.0.113.7", "acme", "source", None, "203.0.113.7", None,
-        "untrusted", "block", "source_failures", 120, 100, 60_000, issued,
-        issued + timedelta(minutes=15), "policy-1", False, "auth.throttle-decisions", 2, 9,
-    ]  # fmt: skip
+        "d-1",
+        "acme|source|203.0.113.7",
+        "acme",
+        "source",
+        None,
+        "203.0.113.7",
+        None,
+        "untrusted",
+        "block",
+        "source_failures",
+        120,
+        100,
+        60_000,
+        issued,
+        issued + timedelta(minutes=15),
+        "policy-1",
+        False,
+        "auth.throttle-decisions",
+        2,
+        9,
+    ]
     decision_columns = [
-        "decision_id", "key", "tenant", "scope", "account_digest", "source", "device_id",
-        "applies_to", "action", "rule", "count", "threshold", "window_ms", "issued_at",
-        "expires_at", "policy_version", "tombstone", "kafka_topic", "kafka_partition",
+        "decision_id",
+        "key",
+        "tenant",
+        "scope",
+        "account_digest",
+        "source",
+        "device_id",
+        "applies_to",
+        "action",
+        "rule",
+        "count",
+        "threshold",
+        "window_ms",
+        "issued_at",
+        "expires_at",
+        "policy_version",
+        "tombstone",
+        "kafka_topic",
+        "kafka_partition",
         "kafka_offset",
-    ]  # fmt: skip
+    ]
     alert = [
-        "al-1", "credential_stuffing", "acme", "203.0.113.7", None, 500, 120, issued,
-        issued + timedelta(minutes=5), "policy-1", "auth.alerts", 0, 4,
-    ]  # fmt: skip
+        "al-1",
+        "credential_stuffing",
+        "acme",
+        "203.0.113.7",
+        None,
+        500,
+        120,
+        issued,
+        issued + timedelta(minutes=5),
+        "policy-1",
+        "auth.alerts",
+        0,
+        4,
+    ]
     alert_columns = [
-        "alert_id", "type", "tenant", "source", "account_digest", "count", "distinct_accounts",
-        "window_start", "window_end", "policy_version", "kafka_topic", "kafka_partition",
+        "alert_id",
+        "type",
+        "tenant",
+        "source",
+        "account_digest",
+        "count",
+        "distinct_accounts",
+        "window_start",
+        "window_end",
+        "policy_version",
+        "kafka_topic",
+        "kafka_partition",
         "kafka_offset",
-    ]  # fmt: skip
+    ]
     clickhouse.insert("decisions", decision_columns, [decision])
     clickhouse.insert("alerts", alert_columns, [alert])
 
@@ -532,9 +586,15 @@ def test_column_oriented_insert_stores_the_same_rows(clickhouse: ClickHouse) -> 
     """column_oriented=True takes one sequence per column and stores the same rows."""
     minute = recent_minute()
     rows = [attempt_row(minute, f"ev-{i}", offset=i) for i in range(3)]
-    clickhouse.insert("attempts", ATTEMPT_COLUMNS, list(zip(*rows, strict=True)), column_oriented=True)
-    assert clickhouse.query("SELECT event_id, kafka_offset FROM attempts ORDER BY kafka_offset") == [
-        ("ev-0", 0), ("ev-1", 1), ("ev-2", 2),
-    ]  # fmt: skip
+    clickhouse.insert(
+        "attempts", ATTEMPT_COLUMNS, list(zip(*rows, strict=True)), column_oriented=True
+    )
+    assert clickhouse.query(
+        "SELECT event_id, kafka_offset FROM attempts ORDER BY kafka_offset"
+    ) == [
+        ("ev-0", 0),
+        ("ev-1", 1),
+        ("ev-2", 2),
+    ]
     with pytest.raises(ClickHouseError, match="one sequence of values per column"):
         clickhouse.insert("attempts", ATTEMPT_COLUMNS, [("x",)], column_oriented=True)

@@ -24,21 +24,34 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 CLUSTER = "authpipe_cluster"
 SETTINGS = ClickHouseSettings(cluster=CLUSTER)
 TABLES = [
-    "schema_migrations", "attempts", "decisions", "alerts", "dead_letters",
-    "attempts_by_source_minute", "attempts_by_account_minute", "attempts_by_flow_minute",
-    "dead_letters_by_minute", "decisions_by_minute", "alert_firings",
-]  # fmt: skip
+    "schema_migrations",
+    "attempts",
+    "decisions",
+    "alerts",
+    "dead_letters",
+    "attempts_by_source_minute",
+    "attempts_by_account_minute",
+    "attempts_by_flow_minute",
+    "dead_letters_by_minute",
+    "decisions_by_minute",
+    "alert_firings",
+]
 VIEWS = [
-    "attempts_by_source_minute_mv", "attempts_by_account_minute_mv",
-    "attempts_by_flow_minute_mv", "dead_letters_by_minute_mv", "decisions_by_minute_mv",
-]  # fmt: skip
+    "attempts_by_source_minute_mv",
+    "attempts_by_account_minute_mv",
+    "attempts_by_flow_minute_mv",
+    "dead_letters_by_minute_mv",
+    "decisions_by_minute_mv",
+]
 
 
 def test_every_table_is_replicated_with_a_distributed_table_in_front() -> None:
     """Per table: a Replicated*MergeTree ``_local`` and a Distributed table, all ON CLUSTER."""
     sql = plan_sql(SETTINGS)
     assert sql[0] == f"CREATE DATABASE IF NOT EXISTS authpipe ON CLUSTER {CLUSTER}"
-    created = re.findall(r"^CREATE TABLE IF NOT EXISTS authpipe\.(\w+) ON CLUSTER (\w+)", "\n".join(sql), re.M)
+    created = re.findall(
+        r"^CREATE TABLE IF NOT EXISTS authpipe\.(\w+) ON CLUSTER (\w+)", "\n".join(sql), re.M
+    )
     assert sorted(created) == sorted(
         [(t, CLUSTER) for t in TABLES] + [(f"{t}_local", CLUSTER) for t in TABLES]
     )
@@ -48,17 +61,26 @@ def test_every_table_is_replicated_with_a_distributed_table_in_front() -> None:
     engines = re.findall(r"ENGINE = (Replicated\w*MergeTree|Distributed)\(", "\n".join(sql))
     assert engines.count("Distributed") == len(TABLES)
     assert sorted(set(engines)) == [
-        "Distributed", "ReplicatedAggregatingMergeTree", "ReplicatedMergeTree",
+        "Distributed",
+        "ReplicatedAggregatingMergeTree",
+        "ReplicatedMergeTree",
         "ReplicatedReplacingMergeTree",
-    ]  # fmt: skip
-    (distributed,) = [s for s in sql if s.startswith("CREATE TABLE IF NOT EXISTS authpipe.dead_letters ")]
+    ]
+    (distributed,) = [
+        s for s in sql if s.startswith("CREATE TABLE IF NOT EXISTS authpipe.dead_letters ")
+    ]
     assert distributed == (
         f"CREATE TABLE IF NOT EXISTS authpipe.dead_letters ON CLUSTER {CLUSTER} AS "
         "authpipe.dead_letters_local\nENGINE = Distributed(authpipe_cluster, authpipe, "
         "dead_letters_local, cityHash64(kafka_topic, kafka_partition, kafka_offset))"
     )
-    (local,) = [s for s in sql if s.startswith("CREATE TABLE IF NOT EXISTS authpipe.dead_letters_local ")]
-    assert "ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/authpipe/dead_letters_local', '{replica}')" in local
+    (local,) = [
+        s for s in sql if s.startswith("CREATE TABLE IF NOT EXISTS authpipe.dead_letters_local ")
+    ]
+    assert (
+        "ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/authpipe/dead_letters_local', '{replica}')"
+        in local
+    )
     assert "SETTINGS replicated_deduplication_window = 1000, ttl_only_drop_parts = 1" in local
 
 
@@ -67,7 +89,10 @@ def test_views_run_between_the_local_tables_on_every_node() -> None:
     views = [s for s in plan_sql(SETTINGS) if s.startswith("CREATE MATERIALIZED VIEW")]
     assert len(views) == len(VIEWS)
     for view in views:
-        name, target = re.findall(r"^CREATE MATERIALIZED VIEW IF NOT EXISTS authpipe\.(\w+) ON CLUSTER \w+\nTO authpipe\.(\w+)\n", view)[0]
+        name, target = re.findall(
+            r"^CREATE MATERIALIZED VIEW IF NOT EXISTS authpipe\.(\w+) ON CLUSTER \w+\nTO authpipe\.(\w+)\n",
+            view,
+        )[0]
         assert name in VIEWS and target == name.removesuffix("_mv") + "_local"
         sources = re.findall(r"\bFROM authpipe\.(\w+)", view)
         assert len(sources) == 1 and sources[0].endswith("_local")
@@ -76,7 +101,9 @@ def test_views_run_between_the_local_tables_on_every_node() -> None:
 def test_statements_cluster_mode_cannot_rewrite_are_refused() -> None:
     """An ALTER (or anything but CREATE TABLE / VIEW) is refused with what to do."""
     with pytest.raises(ClickHouseError, match="ON CLUSTER form"):
-        for_cluster("ALTER TABLE authpipe.attempts MODIFY TTL toDateTime(ts) + INTERVAL 9 DAY", CLUSTER)
+        for_cluster(
+            "ALTER TABLE authpipe.attempts MODIFY TTL toDateTime(ts) + INTERVAL 9 DAY", CLUSTER
+        )
     with pytest.raises(ClickHouseError, match="not a plain identifier"):
         for_cluster("CREATE TABLE IF NOT EXISTS a.b (x UInt8) ENGINE = MergeTree ORDER BY x", "a-b")
 
@@ -87,11 +114,14 @@ def one_node(statement: str) -> str:
     statement = re.sub(rf" ON CLUSTER {CLUSTER}", "", statement)
     statement = re.sub(r"Replicated(\w*MergeTree)\('[^']*', '[^']*'(?:, )?", r"\1(", statement)
     statement = statement.replace("MergeTree()", "MergeTree")
-    statement = statement.replace(" replicated_deduplication_window", " non_replicated_deduplication_window")
+    statement = statement.replace(
+        " replicated_deduplication_window", " non_replicated_deduplication_window"
+    )
     return re.sub(
         r"ENGINE = Distributed\(\w+, (\w+), (\w+), [^\n]*\)$",
-        lambda m: f"ENGINE = Merge({m[1]}, '^{m[2]}$')", statement,
-    )  # fmt: skip
+        lambda m: f"ENGINE = Merge({m[1]}, '^{m[2]}$')",
+        statement,
+    )
 
 
 def test_the_cluster_schema_runs_on_one_chdb_node(tmp_path: Path) -> None:
@@ -126,11 +156,26 @@ def test_the_cluster_schema_runs_on_one_chdb_node(tmp_path: Path) -> None:
 def test_migrate_print_shows_the_cluster_ddl_without_connecting(tmp_path: Path) -> None:
     """`authpipe clickhouse migrate --cluster NAME --print` prints the DDL; no database made."""
     result = subprocess.run(
-        [sys.executable, "-m", "pipeline.cli", "clickhouse", "migrate", "--cluster", CLUSTER, "--print"],
-        cwd=tmp_path, capture_output=True, text=True, check=False,
-        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO_ROOT),
-             "AUTHPIPE_CLICKHOUSE_PATH": str(tmp_path / "chdb")},
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pipeline.cli",
+            "clickhouse",
+            "migrate",
+            "--cluster",
+            CLUSTER,
+            "--print",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=False,
+        env={
+            "PATH": "/usr/bin:/bin",
+            "PYTHONPATH": str(REPO_ROOT),
+            "AUTHPIPE_CLICKHOUSE_PATH": str(tmp_path / "chdb"),
+        },
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.count(f"ON CLUSTER {CLUSTER}") == len(plan_sql(SETTINGS))
     assert result.stdout.rstrip().endswith(";")

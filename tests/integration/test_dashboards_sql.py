@@ -351,7 +351,9 @@ def grafana_profile() -> dict[str, str]:
     assert user is not None, f"no user {match[1]} in {USERS_XML}"
     assert [q.text for q in user.findall("grants/query")] == ["GRANT SELECT ON authpipe.*"]
     password = user.find("password")
-    assert password is not None and password.get("from_env") == "AUTHPIPE_CLICKHOUSE_GRAFANA_PASSWORD"
+    assert (
+        password is not None and password.get("from_env") == "AUTHPIPE_CLICKHOUSE_GRAFANA_PASSWORD"
+    )
     profile = root.find(f"profiles/{user.findtext('profile')}")
     assert profile is not None
     return {child.tag: child.text or "" for child in profile if child.tag != "constraints"}
@@ -362,8 +364,15 @@ def test_grafana_reads_as_a_readonly_clickhouse_user() -> None:
     assert grafana_profile()["readonly"] == "1"
     assert "$AUTHPIPE_CLICKHOUSE_GRAFANA_PASSWORD" in DATASOURCE_YAML.read_text()
     compose = COMPOSE.read_text()
-    assert "./clickhouse/users.d/grafana.xml:/etc/clickhouse-server/users.d/grafana.xml:ro" in compose
-    assert compose.count("AUTHPIPE_CLICKHOUSE_GRAFANA_PASSWORD: ${AUTHPIPE_CLICKHOUSE_GRAFANA_PASSWORD") == 2
+    assert (
+        "./clickhouse/users.d/grafana.xml:/etc/clickhouse-server/users.d/grafana.xml:ro" in compose
+    )
+    assert (
+        compose.count(
+            "AUTHPIPE_CLICKHOUSE_GRAFANA_PASSWORD: ${AUTHPIPE_CLICKHOUSE_GRAFANA_PASSWORD"
+        )
+        == 2
+    )
 
 
 def test_every_panel_runs_under_the_readonly_profile_and_writes_are_refused(

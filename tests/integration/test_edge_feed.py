@@ -98,24 +98,32 @@ async def test_produced_decision_reaches_check_and_feed_and_tombstone_lifts(
             until = wall_ms() + 10 * MIN
             await upstream.send(message(account_key(), until))
             await upstream.send(message(source_key("203.0.113.77"), until))
-            await wait_until_async(lambda: refused(view), VISIBLE_TIMEOUT_S,
-                                   description="the account block at the edge")  # fmt: skip
+            await wait_until_async(
+                lambda: refused(view),
+                VISIBLE_TIMEOUT_S,
+                description="the account block at the edge",
+            )
 
             async def feed_text() -> bytes:
                 response = await client.get("/v1/blocklist?format=text")
                 return await response.read()
 
             await wait_until_async(
-                lambda: _equals(feed_text(), b"203.0.113.77\n"), VISIBLE_TIMEOUT_S,
+                lambda: _equals(feed_text(), b"203.0.113.77\n"),
+                VISIBLE_TIMEOUT_S,
                 description="the source block in the feed",
-            )  # fmt: skip
+            )
             assert refused(view, account="bob", ip="203.0.113.77")
             await upstream.send(tombstone(account_key()))
             await upstream.send(tombstone(source_key("203.0.113.77")))
-            await wait_until_async(lambda: not refused(view), VISIBLE_TIMEOUT_S,
-                                   description="the lift of the account block")  # fmt: skip
-            await wait_until_async(lambda: _equals(feed_text(), b""), VISIBLE_TIMEOUT_S,
-                                   description="an empty feed")  # fmt: skip
+            await wait_until_async(
+                lambda: not refused(view),
+                VISIBLE_TIMEOUT_S,
+                description="the lift of the account block",
+            )
+            await wait_until_async(
+                lambda: _equals(feed_text(), b""), VISIBLE_TIMEOUT_S, description="an empty feed"
+            )
             assert view.stats.outcomes["bad"] == 0
         finally:
             await client.close()
@@ -138,12 +146,14 @@ async def test_expired_decision_without_tombstone_is_not_enforced(upstream: Upst
         await upstream.send(message(account_key("late"), wall_ms() - SEC))
         short = wall_ms() + 3 * SEC
         await upstream.send(message(account_key(), short))
-        await wait_until_async(lambda: refused(view), VISIBLE_TIMEOUT_S,
-                               description="the short block")  # fmt: skip
+        await wait_until_async(
+            lambda: refused(view), VISIBLE_TIMEOUT_S, description="the short block"
+        )
         assert not refused(view, account="late")
         assert view.stats.outcomes["expired"] == 1
-        await wait_until_async(lambda: not refused(view), 10.0,
-                               description="the block to lapse at expires_at")  # fmt: skip
+        await wait_until_async(
+            lambda: not refused(view), 10.0, description="the block to lapse at expires_at"
+        )
         assert wall_ms() >= short
         await wait_until_async(lambda: len(view) == 0, 5.0, description="prune of the lapsed block")
 
@@ -197,8 +207,11 @@ async def test_view_started_during_writes_converges(upstream: Upstream) -> None:
     async with upstream.feed() as feed:
         await writer
         expected = {key for key, (_, value) in latest.items() if value is not None}
-        await wait_until_async(lambda: set(snapshot(feed.view)) == expected, VISIBLE_TIMEOUT_S,
-                               description="the view to converge")  # fmt: skip
+        await wait_until_async(
+            lambda: set(snapshot(feed.view)) == expected,
+            VISIBLE_TIMEOUT_S,
+            description="the view to converge",
+        )
         await feed.wait_ready(READY_TIMEOUT_S)
         assert feed.lag_messages() == 0
         staleness = feed.staleness_ms()
@@ -206,15 +219,20 @@ async def test_view_started_during_writes_converges(upstream: Upstream) -> None:
     assert format_key(keys[0]).startswith("account_source|default|")
 
 
-async def test_missing_topic_is_the_reason_until_it_exists(kafka_bootstrap: str, topic_name: str) -> None:
+async def test_missing_topic_is_the_reason_until_it_exists(
+    kafka_bootstrap: str, topic_name: str
+) -> None:
     """An edge pointed at a decisions topic that does not exist says so (not 'catching up'):
     the reason names the topic and AUTHPIPE_KAFKA_DECISIONS_TOPIC; once the topic is created
     the feed becomes ready and the reason clears."""
     config = FeedConfig(kafka_bootstrap, topic_name, poll_interval_ms=100, retry_backoff_s=0.2)
     feed = DecisionFeed(DecisionView(normaliser()), config)
     async with feed:
-        await wait_until_async(lambda: "does not exist" in (feed.not_ready_reason() or ""),
-                               READY_TIMEOUT_S, description="the missing-topic reason")  # fmt: skip
+        await wait_until_async(
+            lambda: "does not exist" in (feed.not_ready_reason() or ""),
+            READY_TIMEOUT_S,
+            description="the missing-topic reason",
+        )
         assert feed.not_ready_reason() == (
             f"topic {topic_name!r} does not exist on {kafka_bootstrap}: start the worker that "
             "creates it, or set AUTHPIPE_KAFKA_DECISIONS_TOPIC to the topic your worker writes "

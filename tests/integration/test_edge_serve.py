@@ -88,8 +88,9 @@ async def test_edge_serve_enforces_and_stops_on_sigterm(
             except aiohttp.ClientConnectionError:
                 return False
 
-        await wait_until_async(ready, START_TIMEOUT_S, interval_s=0.2,
-                               description="edge serve to be ready")  # fmt: skip
+        await wait_until_async(
+            ready, START_TIMEOUT_S, interval_s=0.2, description="edge serve to be ready"
+        )
         async with http.get(f"{base}/healthz") as response:
             assert response.status == 200
         url = f"{base}/v1/check?account={ACCOUNT}&ip=10.9.9.9&forwarded_for=198.51.100.7"

@@ -30,7 +30,12 @@ from tests.plugins.worker import StreamNames, produce, read_topic, start_worker
 
 pytestmark = pytest.mark.integration
 
-WORKER, GATEWAY, LOGIN, SINK = "authpipe-worker", "authpipe-gateway", "login-service", "authpipe-sink"
+WORKER, GATEWAY, LOGIN, SINK = (
+    "authpipe-worker",
+    "authpipe-gateway",
+    "login-service",
+    "authpipe-sink",
+)
 
 
 def documented_acls(names: StreamNames) -> list[Acl]:
@@ -51,23 +56,27 @@ def documented_acls(names: StreamNames) -> list[Acl]:
 
 def kafka_settings(sasl: SaslBroker, user: str, password: str | None = None) -> KafkaSettings:
     return KafkaSettings(
-        bootstrap_servers=sasl.bootstrap, security_protocol="SASL_PLAINTEXT",
-        sasl_mechanism="SCRAM-SHA-256", sasl_username=user,
+        bootstrap_servers=sasl.bootstrap,
+        security_protocol="SASL_PLAINTEXT",
+        sasl_mechanism="SCRAM-SHA-256",
+        sasl_username=user,
         sasl_password=password if password is not None else sasl.users[user],  # type: ignore[arg-type]
-    )  # fmt: skip
+    )
 
 
-def test_client_without_credentials_or_with_a_wrong_password_is_refused(kafka_sasl: SaslBroker) -> None:
+def test_client_without_credentials_or_with_a_wrong_password_is_refused(
+    kafka_sasl: SaslBroker,
+) -> None:
     """Plaintext and a wrong SCRAM password get no metadata; the right password does."""
     with pytest.raises(BrokerUnavailableError):
         asyncio.run(wait_for_broker(kafka_sasl.bootstrap, 3.0))
     wrong = kafka_settings(kafka_sasl, GATEWAY, password="not-the-password")
-    with pytest.raises(BrokerUnavailableError, match=r"check kafka\.security_protocol and the SASL user"):
+    with pytest.raises(
+        BrokerUnavailableError, match=r"check kafka\.security_protocol and the SASL user"
+    ):
         asyncio.run(wait_for_broker(wrong.bootstrap_servers, 3.0, security=security_kwargs(wrong)))
     right = kafka_settings(kafka_sasl, GATEWAY)
     asyncio.run(wait_for_broker(right.bootstrap_servers, 10.0, security=security_kwargs(right)))
-
-
 
 
 def _check(port: int, account: str, ip: str) -> dict[str, Any] | None:
@@ -82,9 +91,13 @@ def _check(port: int, account: str, ip: str) -> dict[str, Any] | None:
 
 
 def test_worker_edge_and_sink_run_through_the_sasl_listener(
-    kafka_sasl: SaslBroker, stream_names: StreamNames, workers: list[Any], tmp_path: Path,
-    chhttp: ChHttpEndpoint, chdb_path: Path,
-) -> None:  # fmt: skip
+    kafka_sasl: SaslBroker,
+    stream_names: StreamNames,
+    workers: list[Any],
+    tmp_path: Path,
+    chhttp: ChHttpEndpoint,
+    chdb_path: Path,
+) -> None:
     """Under the documented ACLs, the worker creates its topics, reads five failures from a
     login service and writes a block, the edge enforces it and the sink writes the audit rows
     and the decision to ClickHouse, each connected only to the SASL/SCRAM listener as its own
@@ -100,32 +113,47 @@ def test_worker_edge_and_sink_run_through_the_sasl_listener(
     }
     start_worker(workers, env, tmp_path).wait_ready()
     now = datetime.now(UTC)
-    attempts = [event(i, now + timedelta(milliseconds=i), "sasl-alice", "203.0.113.77") for i in range(5)]
+    attempts = [
+        event(i, now + timedelta(milliseconds=i), "sasl-alice", "203.0.113.77") for i in range(5)
+    ]
     login = security_kwargs(kafka_settings(kafka_sasl, LOGIN))
     produce(kafka_sasl.bootstrap, stream_names.input, as_messages(attempts), login)
+
     def by_scope() -> dict[str, Any] | None:
-        found = {orjson.loads(m.value)["scope"]: orjson.loads(m.value)
-                 for m in read_topic(kafka_sasl.admin_bootstrap, stream_names.decisions) if m.value}  # fmt: skip
+        found = {
+            orjson.loads(m.value)["scope"]: orjson.loads(m.value)
+            for m in read_topic(kafka_sasl.admin_bootstrap, stream_names.decisions)
+            if m.value
+        }
         return found if "account_source" in found else None
 
     scopes = wait_until(by_scope, 60, interval_s=0.5, description="a decision over SASL")
     decision = scopes["account_source"]  # with the seed 002 lock beside it
-    assert (decision["scope"], decision["action"], decision["count"]) == ("account_source", "block", 5)
+    assert (decision["scope"], decision["action"], decision["count"]) == (
+        "account_source",
+        "block",
+        5,
+    )
 
     (port,) = free_ports(1)
     edge_env = {k: v for k, v in os.environ.items() if not k.startswith("AUTHPIPE_")}
-    edge_env.update({
-        **kafka_sasl.env(GATEWAY, mechanism="SCRAM-SHA-256"),
-        "AUTHPIPE_KAFKA_DECISIONS_TOPIC": stream_names.decisions,
-        "AUTHPIPE_IDENTITY_DIGEST_KEY": os.environ["AUTHPIPE_IDENTITY_DIGEST_KEY"],
-        "AUTHPIPE_STATE_DIR": str(tmp_path / "edge-state"),
-    })  # fmt: skip
+    edge_env.update(
+        {
+            **kafka_sasl.env(GATEWAY, mechanism="SCRAM-SHA-256"),
+            "AUTHPIPE_KAFKA_DECISIONS_TOPIC": stream_names.decisions,
+            "AUTHPIPE_IDENTITY_DIGEST_KEY": os.environ["AUTHPIPE_IDENTITY_DIGEST_KEY"],
+            "AUTHPIPE_STATE_DIR": str(tmp_path / "edge-state"),
+        }
+    )
     log_path = tmp_path / "edge.log"
     with log_path.open("wb") as log:
         edge = subprocess.Popen(
             [sys.executable, "-m", "pipeline.cli", "edge", "serve", "--port", str(port)],
-            cwd=REPO_ROOT, env=edge_env, stdout=log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+            cwd=REPO_ROOT,
+            env=edge_env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     try:
 
         def refused() -> dict[str, Any] | None:
@@ -139,7 +167,12 @@ def test_worker_edge_and_sink_run_through_the_sasl_listener(
         assert other is not None and other["allowed"] is True
         gateway = security_kwargs(kafka_settings(kafka_sasl, GATEWAY))
         with pytest.raises(TopicAuthorizationFailedError):  # a tombstone would lift the block
-            produce(kafka_sasl.bootstrap, stream_names.decisions, [(decision["key"].encode(), b"")], gateway)
+            produce(
+                kafka_sasl.bootstrap,
+                stream_names.decisions,
+                [(decision["key"].encode(), b"")],
+                gateway,
+            )
         # The input is not even visible to the gateway (metadata leaves it out).
         assert len(read_topic(kafka_sasl.admin_bootstrap, stream_names.input)) == 5
         assert read_topic(kafka_sasl.bootstrap, stream_names.input, gateway) == []
@@ -150,22 +183,40 @@ def test_worker_edge_and_sink_run_through_the_sasl_listener(
     clickhouse = ClickHouseSettings(url=chhttp.url, path=chdb_path)
     with open_clickhouse(clickhouse, create_database=True) as ch:
         apply_migrations(ch, clickhouse)
-    sink_env = {**edge_env, **stream_names.env(), **kafka_sasl.env(SINK),
-                "AUTHPIPE_KAFKA_PARTITIONS": "2", "AUTHPIPE_CLICKHOUSE_URL": chhttp.url,
-                "AUTHPIPE_AUDIT_FLUSH_INTERVAL_MS": "200"}  # fmt: skip
+    sink_env = {
+        **edge_env,
+        **stream_names.env(),
+        **kafka_sasl.env(SINK),
+        "AUTHPIPE_KAFKA_PARTITIONS": "2",
+        "AUTHPIPE_CLICKHOUSE_URL": chhttp.url,
+        "AUTHPIPE_AUDIT_FLUSH_INTERVAL_MS": "200",
+    }
     with (tmp_path / "sink.log").open("wb") as log:
-        sink = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "sink"], cwd=REPO_ROOT,
-                                env=sink_env, stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+        sink = subprocess.Popen(
+            [sys.executable, "-m", "pipeline.cli", "sink"],
+            cwd=REPO_ROOT,
+            env=sink_env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     try:
+
         def written() -> tuple[int, int] | None:
             assert sink.poll() is None, (tmp_path / "sink.log").read_text()
             with open_clickhouse(clickhouse) as ch:
-                counts = (int(ch.query("SELECT count() FROM attempts")[0][0]),
-                          int(ch.query("SELECT count() FROM decisions")[0][0]))  # fmt: skip
+                counts = (
+                    int(ch.query("SELECT count() FROM attempts")[0][0]),
+                    int(ch.query("SELECT count() FROM decisions")[0][0]),
+                )
             return counts if counts == (5, 2) else None
 
         # The account_source block and the seed 002 lock beside it.
-        wait_until(written, 60, interval_s=0.5, description="5 audit rows and the 2 decisions in ClickHouse")
+        wait_until(
+            written,
+            60,
+            interval_s=0.5,
+            description="5 audit rows and the 2 decisions in ClickHouse",
+        )
     finally:
         sink.terminate()
         sink.wait(30)

@@ -162,7 +162,10 @@ async def test_stack_cli_up_twice_status_down_keeps_data(tmp_path: Path) -> None
         key = key_file.read_text()
         assert len(key.strip()) >= 32
         assert key_file.stat().st_mode & 0o777 == 0o600
-        assert f"digest key: {key_file} (identity.digest_key; give gateways the same key)" in first.stdout
+        assert (
+            f"digest key: {key_file} (identity.digest_key; give gateways the same key)"
+            in first.stdout
+        )
         pid = int((kafka_dir / "broker.pid").read_text())
         assert pid != os.getpid()
         assert "kafka: running" in first.stdout.splitlines()

@@ -41,9 +41,12 @@ def _at_least(n: int, found: list[Any]) -> list[Any] | None:
 
 
 def test_lock_run_and_notice_window_survive_sigkill(
-    kafka_bootstrap: str, stream_names: StreamNames, worker_env: dict[str, str],
-    workers: list[Any], tmp_path: Path,
-) -> None:  # fmt: skip
+    kafka_bootstrap: str,
+    stream_names: StreamNames,
+    worker_env: dict[str, str],
+    workers: list[Any],
+    tmp_path: Path,
+) -> None:
     """Before the kill: 'victim' locked at 5 and again at 6 (one notice), 'counted' at 4.
     After the restart: victim's guess inside the lock is refused, its 7th after the lock
     locks again without a second notice; counted's 5th locks it and notifies once."""
@@ -56,12 +59,24 @@ def test_lock_run_and_notice_window_survive_sigkill(
     first += [event(20, at(1000), "victim", "203.0.113.20", run="a")]
     worker = start_worker(workers, worker_env, tmp_path).wait_ready()
     produce(kafka_bootstrap, stream_names.input, as_messages(first))
-    wait_until(lambda: len(audited_ids(kafka_bootstrap, stream_names)) == 10, 60, interval_s=0.5,
-               description="10 audited attempts")  # fmt: skip
-    wait_until(lambda: len(_locks(kafka_bootstrap, stream_names)) == 2, 30, interval_s=0.5,
-               description="victim's two locks")  # fmt: skip
-    wait_until(lambda: len(read_topic(kafka_bootstrap, stream_names.notices)) == 1, 30,
-               interval_s=0.5, description="victim's notice")  # fmt: skip
+    wait_until(
+        lambda: len(audited_ids(kafka_bootstrap, stream_names)) == 10,
+        60,
+        interval_s=0.5,
+        description="10 audited attempts",
+    )
+    wait_until(
+        lambda: len(_locks(kafka_bootstrap, stream_names)) == 2,
+        30,
+        interval_s=0.5,
+        description="victim's two locks",
+    )
+    wait_until(
+        lambda: len(read_topic(kafka_bootstrap, stream_names.notices)) == 1,
+        30,
+        interval_s=0.5,
+        description="victim's notice",
+    )
     worker.kill()
 
     start_worker(workers, worker_env, tmp_path).wait_ready()
@@ -71,32 +86,54 @@ def test_lock_run_and_notice_window_survive_sigkill(
         event(102, at(2000), "counted", "198.51.100.9", run="b"),  # counted's 5th
     ]
     produce(kafka_bootstrap, stream_names.input, as_messages(second))
-    locks = wait_until(lambda: _at_least(4, _locks(kafka_bootstrap, stream_names)), 60,
-                       interval_s=0.5, description="the locks after the restart")  # fmt: skip
+    locks = wait_until(
+        lambda: _at_least(4, _locks(kafka_bootstrap, stream_names)),
+        60,
+        interval_s=0.5,
+        description="the locks after the restart",
+    )
     by_account = {(d["account_digest"], d["count"], d["rule"]) for d in locks}
     assert by_account == {
-        (victim, 5, "lockout"), (victim, 6, "lockout"), (victim, 7, "lockout"),
+        (victim, 5, "lockout"),
+        (victim, 6, "lockout"),
+        (victim, 7, "lockout"),
         (counted, 5, "lockout"),
-    }  # fmt: skip
-    assert wait_until(lambda: audit_decisions(kafka_bootstrap, stream_names).get("b-100"), 30,
-                      interval_s=0.5, description="the refused guess's audit row") == "block"  # fmt: skip
-    notices = wait_until(lambda: _at_least(2, read_topic(kafka_bootstrap, stream_names.notices)),
-                         30, interval_s=0.5, description="counted's notice")  # fmt: skip
+    }
+    assert (
+        wait_until(
+            lambda: audit_decisions(kafka_bootstrap, stream_names).get("b-100"),
+            30,
+            interval_s=0.5,
+            description="the refused guess's audit row",
+        )
+        == "block"
+    )
+    notices = wait_until(
+        lambda: _at_least(2, read_topic(kafka_bootstrap, stream_names.notices)),
+        30,
+        interval_s=0.5,
+        description="counted's notice",
+    )
     values = [orjson.loads(m.value) for m in notices]
     assert sorted((v["account_digest"], v["reason"]) for v in values) == sorted(
         [(victim, "consecutive_lock"), (counted, "consecutive_lock")]
     )
     assert {m.key.decode() for m in notices} == {victim, counted}
-    assert all("victim" not in m.value.decode() and "counted" not in m.value.decode() for m in notices)
+    assert all(
+        "victim" not in m.value.decode() and "counted" not in m.value.decode() for m in notices
+    )
     # The same events through the single-process core give exactly these decisions.
     assert_same_answer(kafka_bootstrap, stream_names, engine_answer(first + second))
 
 
 @pytest.mark.timeout(900)
 def test_patient_attackers_through_the_broker_get_what_the_core_gives(
-    kafka_bootstrap: str, stream_names: StreamNames, worker_env: dict[str, str],
-    workers: list[Any], tmp_path: Path,
-) -> None:  # fmt: skip
+    kafka_bootstrap: str,
+    stream_names: StreamNames,
+    worker_env: dict[str, str],
+    workers: list[Any],
+    tmp_path: Path,
+) -> None:
     """A day of both slow attackers and lockout_dos, produced unpaced to the real worker:
     the scorecard from the topics shows 34 and 35 guesses let through per account (the
     core's figures, whatever the interleaving of input partitions), no takeover, the
@@ -105,23 +142,48 @@ def test_patient_attackers_through_the_broker_get_what_the_core_gives(
     worker = start_worker(workers, worker_env, tmp_path).wait_ready()
     truth = tmp_path / "truth.jsonl"
     start = (datetime.now(UTC) - timedelta(hours=25)).replace(microsecond=0)
-    done = cli(env, "simulate", "--scenario", "low_and_slow_bruteforce,low_and_slow_bruteforce_rotating,lockout_dos",
-               "--rate", "1", "--duration-s", "86400", "--seed", "1", "--speedup", "0",
-               "--start", start.isoformat(), "--truth", str(truth))  # fmt: skip
+    done = cli(
+        env,
+        "simulate",
+        "--scenario",
+        "low_and_slow_bruteforce,low_and_slow_bruteforce_rotating,lockout_dos",
+        "--rate",
+        "1",
+        "--duration-s",
+        "86400",
+        "--seed",
+        "1",
+        "--speedup",
+        "0",
+        "--start",
+        start.isoformat(),
+        "--truth",
+        str(truth),
+    )
     assert done.returncode == 0, done.stderr
     produced = len(truth.read_bytes().splitlines())
     assert produced == 360 + 4320 + 800 + 21
-    wait_until(lambda: worker.metric("authpipe_events_total") >= produced, INGEST_TIMEOUT_S,
-               interval_s=1.0, description=f"the worker to ingest {produced} events")  # fmt: skip
+    wait_until(
+        lambda: worker.metric("authpipe_events_total") >= produced,
+        INGEST_TIMEOUT_S,
+        interval_s=1.0,
+        description=f"the worker to ingest {produced} events",
+    )
     outputs = [stream_names.decisions, stream_names.alerts, stream_names.notices]
-    wait_for_outputs(kafka_bootstrap, stream_names, outputs, "no internal lag and the outputs settled")
+    wait_for_outputs(
+        kafka_bootstrap, stream_names, outputs, "no internal lag and the outputs settled"
+    )
     card_path = tmp_path / "card.json"
-    done = cli(env, "scorecard", "--truth", str(truth), "--decisions-from-topic", "--out", str(card_path))
+    done = cli(
+        env, "scorecard", "--truth", str(truth), "--decisions-from-topic", "--out", str(card_path)
+    )
     assert done.returncode == 0, done.stderr
     print(done.stdout)  # the scorecard table, shown with pytest -s
     card = orjson.loads(card_path.read_bytes())
-    figures = {a["attack"]: (a["guesses_per_account_24h"], a["account_takeovers"], a["status"])
-               for a in card["attacks"]}  # fmt: skip
+    figures = {
+        a["attack"]: (a["guesses_per_account_24h"], a["account_takeovers"], a["status"])
+        for a in card["attacks"]
+    }
     # The lock has no window, so the stream's order per account is all it needs: exact.
     # lockout_dos is also held by the window rules, which skip failures that arrive after
     # the shard's watermark ran ahead on another input partition (unpaced production):

@@ -30,14 +30,20 @@ NOW_MS = 1_790_000_000_000
 
 
 def _normaliser() -> Normaliser:
-    return Normaliser(digester=Digester("k" * 32), sources=SourceRules(trusted_proxies=NetworkSet()))
+    return Normaliser(
+        digester=Digester("k" * 32), sources=SourceRules(trusted_proxies=NetworkSet())
+    )
 
 
 def _manual(source: str | None = "203.0.113.66", account: str | None = None) -> bytes:
     decision = manual_decision(
-        Target("acme", source=source, account=account), _normaliser(), ttl_ms=3_600_000,
-        reason="ticket 42", operator="alice", now_ms=NOW_MS,
-    )  # fmt: skip
+        Target("acme", source=source, account=account),
+        _normaliser(),
+        ttl_ms=3_600_000,
+        reason="ticket 42",
+        operator="alice",
+        now_ms=NOW_MS,
+    )
     return encode(decision)
 
 
@@ -54,20 +60,29 @@ def test_decode_decision_keeps_operator_and_reason_and_refuses_wide_sources() ->
 
 
 async def test_sink_audits_operator_decisions(
-    kafka_bootstrap: str, topics: Topics, ch: ClickHouse, sink: SinkProcess  # noqa: F811
+    kafka_bootstrap: str,
+    topics: Topics,  # noqa: F811
+    ch: ClickHouse,  # noqa: F811
+    sink: SinkProcess,  # noqa: F811
 ) -> None:
     """The running sink writes an operator's source and account blocks with who and why,
     and skips a deny-all source decision (0.0.0.0/0)."""
     await create_topics(kafka_bootstrap, topics)
     deny_all = _manual().replace(b'"203.0.113.66"', b'"0.0.0.0/0"')
-    await produce(kafka_bootstrap, [
-        (topics.decisions, 0, b"source|acme|-|203.0.113.66|manual", _manual(), None),
-        (topics.decisions, 0, b"source|acme|-|0.0.0.0/0|manual", deny_all, None),
-        (topics.decisions, 1, b"account-manual", _manual(None, "Victim@Example.com"), None),
-    ])  # fmt: skip
+    await produce(
+        kafka_bootstrap,
+        [
+            (topics.decisions, 0, b"source|acme|-|203.0.113.66|manual", _manual(), None),
+            (topics.decisions, 0, b"source|acme|-|0.0.0.0/0|manual", deny_all, None),
+            (topics.decisions, 1, b"account-manual", _manual(None, "Victim@Example.com"), None),
+        ],
+    )
     sink.start()
-    wait_until(lambda: scalar(ch, "SELECT count() FROM decisions") == 2, SINK_TIMEOUT_S,
-               description="the operator's decisions in ClickHouse")  # fmt: skip
+    wait_until(
+        lambda: scalar(ch, "SELECT count() FROM decisions") == 2,
+        SINK_TIMEOUT_S,
+        description="the operator's decisions in ClickHouse",
+    )
     assert sink.stop() == 0
     rows = ch.query("SELECT scope, source, rule, operator, reason FROM decisions ORDER BY scope")
     assert rows == [

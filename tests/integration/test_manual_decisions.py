@@ -38,25 +38,58 @@ def test_decisions_add_list_remove_reach_the_edge_check_and_the_feed(
     (port,) = free_ports(1)
     with edge_serving(config, port, tmp_path / "edge.log") as base:
         assert _check(base, "203.0.113.9")
-        added = authpipe(config, "decisions", "add", "--source", "203.0.113.9", "--ttl", "1h",
-                         "--reason", "stuffing proxy, ticket 42", "--by", "alice")  # fmt: skip
+        added = authpipe(
+            config,
+            "decisions",
+            "add",
+            "--source",
+            "203.0.113.9",
+            "--ttl",
+            "1h",
+            "--reason",
+            "stuffing proxy, ticket 42",
+            "--by",
+            "alice",
+        )
         assert added.returncode == 0, added.stderr
         source_id = added.stdout.split()[1].rstrip(":")
-        added = authpipe(config, "decisions", "add", "--account", "Victim@Example.COM",
-                         "--tenant", "default", "--ttl", "30m", "--reason", "compromised")  # fmt: skip
+        added = authpipe(
+            config,
+            "decisions",
+            "add",
+            "--account",
+            "Victim@Example.COM",
+            "--tenant",
+            "default",
+            "--ttl",
+            "30m",
+            "--reason",
+            "compromised",
+        )
         assert added.returncode == 0, added.stderr
 
-        wait_until(lambda: not _check(base, "203.0.113.9"), WAIT_S, interval_s=0.2,
-                   description="the source block to reach the edge")  # fmt: skip
-        wait_until(lambda: not _check(base, "198.51.100.1", "victim@example.com"), WAIT_S,
-                   interval_s=0.2, description="the account block to reach the edge")  # fmt: skip
+        wait_until(
+            lambda: not _check(base, "203.0.113.9"),
+            WAIT_S,
+            interval_s=0.2,
+            description="the source block to reach the edge",
+        )
+        wait_until(
+            lambda: not _check(base, "198.51.100.1", "victim@example.com"),
+            WAIT_S,
+            interval_s=0.2,
+            description="the account block to reach the edge",
+        )
         assert _check(base, "203.0.113.10")
         status, feed = get(f"{base}/v1/blocklist?format=json")
         assert status == 200
         (entry,) = orjson.loads(feed)["entries"]
         assert (entry["source"], entry["rule"], entry["action"], entry["decision_id"]) == (
-            "203.0.113.9", "manual", "block", source_id,
-        )  # fmt: skip
+            "203.0.113.9",
+            "manual",
+            "block",
+            source_id,
+        )
 
         listed = authpipe(config, "decisions", "list")
         assert listed.returncode == 0, listed.stderr
@@ -68,13 +101,19 @@ def test_decisions_add_list_remove_reach_the_edge_check_and_the_feed(
 
         removed = authpipe(config, "decisions", "remove", source_id)
         assert removed.returncode == 0, removed.stderr
-        wait_until(lambda: _check(base, "203.0.113.9"), WAIT_S, interval_s=0.2,
-                   description="the lifted source block to reach the edge")  # fmt: skip
+        wait_until(
+            lambda: _check(base, "203.0.113.9"),
+            WAIT_S,
+            interval_s=0.2,
+            description="the lifted source block to reach the edge",
+        )
         assert orjson.loads(get(f"{base}/v1/blocklist?format=json")[1])["entries"] == []
         assert not _check(base, "198.51.100.1", "victim@example.com")
 
     unknown = authpipe(config, "decisions", "remove", "0" * 32)
     assert unknown.returncode == 1
     assert unknown.stderr.strip().count("\n") == 0 and "no active decision" in unknown.stderr
-    wide = authpipe(config, "decisions", "add", "--source", "10.0.0.0/8", "--ttl", "1h", "--reason", "x")
+    wide = authpipe(
+        config, "decisions", "add", "--source", "10.0.0.0/8", "--ttl", "1h", "--reason", "x"
+    )
     assert wide.returncode == 2 and "wider than one source" in wide.stderr

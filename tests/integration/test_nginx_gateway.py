@@ -39,9 +39,13 @@ BLOCK_WITHIN_S = 30.0
 
 
 def nginx_binary() -> str:
-    found = shutil.which("nginx") or ("/usr/sbin/nginx" if os.access("/usr/sbin/nginx", os.X_OK) else None)
+    found = shutil.which("nginx") or (
+        "/usr/sbin/nginx" if os.access("/usr/sbin/nginx", os.X_OK) else None
+    )
     if found is None:
-        pytest.fail("nginx is not installed: run `bash scripts/setup` (as root, it installs Debian's nginx)")
+        pytest.fail(
+            "nginx is not installed: run `bash scripts/setup` (as root, it installs Debian's nginx)"
+        )
     return found
 
 
@@ -87,7 +91,9 @@ def gateway_config(directory: Path, include: Path, port: int, upstream: int) -> 
     temp = directory / "tmp"
     temp.mkdir(mode=0o777)
     temp.chmod(0o777)
-    paths = " ".join(f"{kind}_temp_path {temp}/{kind};" for kind in ("proxy", "fastcgi", "uwsgi", "scgi"))
+    paths = " ".join(
+        f"{kind}_temp_path {temp}/{kind};" for kind in ("proxy", "fastcgi", "uwsgi", "scgi")
+    )
     conf = directory / "nginx.conf"
     conf.write_text(
         f"worker_processes 1;\ndaemon off;\npid {directory}/nginx.pid;\n"
@@ -101,7 +107,9 @@ def gateway_config(directory: Path, include: Path, port: int, upstream: int) -> 
 
 def status_from(source: str, port: int) -> tuple[int, str | None]:
     """GET /login on nginx from a client socket bound to ``source``."""
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5, source_address=(source, 0))
+    connection = http.client.HTTPConnection(
+        "127.0.0.1", port, timeout=5, source_address=(source, 0)
+    )
     try:
         connection.request("GET", "/login", headers={"Host": "login.example.com"})
         response = connection.getresponse()
@@ -122,11 +130,21 @@ def nginx(tmp_path: Path, login_service: int) -> Iterator[tuple[list[str], int, 
     include = directory / "blocklist-geo.conf"
     include.write_text("")
     (port,) = free_ports(1)
-    command = [binary, "-p", str(directory), "-c", str(gateway_config(directory, include, port, login_service))]
+    command = [
+        binary,
+        "-p",
+        str(directory),
+        "-c",
+        str(gateway_config(directory, include, port, login_service)),
+    ]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        wait_until(lambda: process.poll() is not None or status_from(OTHER, port)[0] == 200, 30,
-                   interval_s=0.1, description="nginx to serve /login")  # fmt: skip
+        wait_until(
+            lambda: process.poll() is not None or status_from(OTHER, port)[0] == 200,
+            30,
+            interval_s=0.1,
+            description="nginx to serve /login",
+        )
         assert process.poll() is None, (directory / "error.log").read_text(errors="replace")
         yield command, port, include
     finally:
@@ -146,40 +164,70 @@ def sync_script(tmp_path: Path) -> Iterator[list[subprocess.Popen[bytes]]]:
 
 
 def test_nginx_refuses_the_blocked_loopback_source_within_seconds(
-    kafka_bootstrap: str, stream_names: StreamNames, worker_env: dict[str, str],
-    workers: list[Any], tmp_path: Path, nginx: tuple[list[str], int, Path],
+    kafka_bootstrap: str,
+    stream_names: StreamNames,
+    worker_env: dict[str, str],
+    workers: list[Any],
+    tmp_path: Path,
+    nginx: tuple[list[str], int, Path],
     sync_script: list[subprocess.Popen[bytes]],
-) -> None:  # fmt: skip
+) -> None:
     """Two unknown-account failures from 127.0.0.66 through the worker: nginx answers 429
     (Retry-After 60) to 127.0.0.66 within seconds, 127.0.0.77 and 127.0.0.1 pass; an
     operator's block on 127.0.0.77 reaches nginx, and its removal lets 127.0.0.77 in again."""
     command, port, include = nginx
-    start_worker(workers, worker_env, tmp_path, AUTHPIPE_IDENTITY_DIGEST_KEY=DIGEST_KEY).wait_ready()
+    start_worker(
+        workers, worker_env, tmp_path, AUTHPIPE_IDENTITY_DIGEST_KEY=DIGEST_KEY
+    ).wait_ready()
     config = write_config(tmp_path, kafka_bootstrap, stream_names.decisions)
     (edge_port,) = free_ports(1)
     with edge_serving(config, edge_port, tmp_path / "edge.log") as base:
         log = (tmp_path / "sync.log").open("wb")
-        sync_script.append(subprocess.Popen(
-            ["bash", str(EXAMPLES / "sync-blocklist.sh"), str(include), "nginx-geo"],
-            env={**os.environ, "AUTHPIPE_EDGE_URL": base, "AUTHPIPE_EDGE_TOKEN": TOKEN,
-                 "AUTHPIPE_NGINX": " ".join(command)},
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        ))  # fmt: skip
-        wait_until(lambda: include.read_text().startswith("# authpipe source block-list"), 30,
-                   interval_s=0.1, description="the first sync of the include file")  # fmt: skip
+        sync_script.append(
+            subprocess.Popen(
+                ["bash", str(EXAMPLES / "sync-blocklist.sh"), str(include), "nginx-geo"],
+                env={
+                    **os.environ,
+                    "AUTHPIPE_EDGE_URL": base,
+                    "AUTHPIPE_EDGE_TOKEN": TOKEN,
+                    "AUTHPIPE_NGINX": " ".join(command),
+                },
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        )
+        wait_until(
+            lambda: include.read_text().startswith("# authpipe source block-list"),
+            30,
+            interval_s=0.1,
+            description="the first sync of the include file",
+        )
         assert status_from(ATTACKER, port) == (200, None)
 
         now = datetime.now(UTC)
         stuffing = [
-            event(i, now + timedelta(milliseconds=i), f"leaked{i}@mail.example", ATTACKER,
-                  run="gw", reason="unknown_account")
+            event(
+                i,
+                now + timedelta(milliseconds=i),
+                f"leaked{i}@mail.example",
+                ATTACKER,
+                run="gw",
+                reason="unknown_account",
+            )
             for i in range(2)
-        ]  # fmt: skip
+        ]
         produced = time.monotonic()
         produce(kafka_bootstrap, stream_names.input, [(b"k", value) for value in stuffing])
-        wait_until(lambda: status_from(ATTACKER, port)[0] == 429, BLOCK_WITHIN_S, interval_s=0.1,
-                   description="nginx to refuse the blocked source")  # fmt: skip
-        print(f"429 from nginx {time.monotonic() - produced:.1f} s after the attempts were produced")
+        wait_until(
+            lambda: status_from(ATTACKER, port)[0] == 429,
+            BLOCK_WITHIN_S,
+            interval_s=0.1,
+            description="nginx to refuse the blocked source",
+        )
+        print(
+            f"429 from nginx {time.monotonic() - produced:.1f} s after the attempts were produced"
+        )
         assert status_from(ATTACKER, port) == (429, "60")
         assert status_from(NEIGHBOUR, port) == (200, None)
         assert status_from(OTHER, port) == (200, None)
@@ -187,13 +235,32 @@ def test_nginx_refuses_the_blocked_loopback_source_within_seconds(
         status, feed = get(f"{base}/v1/blocklist?format=text")
         assert (status, feed) == (200, f"{ATTACKER}\n".encode())
 
-        added = authpipe(config, "decisions", "add", "--source", NEIGHBOUR, "--ttl", "10m",
-                         "--reason", "seen in a phishing kit", "--by", "bob")  # fmt: skip
+        added = authpipe(
+            config,
+            "decisions",
+            "add",
+            "--source",
+            NEIGHBOUR,
+            "--ttl",
+            "10m",
+            "--reason",
+            "seen in a phishing kit",
+            "--by",
+            "bob",
+        )
         assert added.returncode == 0, added.stderr
-        wait_until(lambda: status_from(NEIGHBOUR, port)[0] == 429, BLOCK_WITHIN_S, interval_s=0.1,
-                   description="nginx to refuse the operator's block")  # fmt: skip
+        wait_until(
+            lambda: status_from(NEIGHBOUR, port)[0] == 429,
+            BLOCK_WITHIN_S,
+            interval_s=0.1,
+            description="nginx to refuse the operator's block",
+        )
         removed = authpipe(config, "decisions", "remove", added.stdout.split()[1].rstrip(":"))
         assert removed.returncode == 0, removed.stderr
-        wait_until(lambda: status_from(NEIGHBOUR, port)[0] == 200, BLOCK_WITHIN_S, interval_s=0.1,
-                   description="nginx to let the neighbour in again")  # fmt: skip
+        wait_until(
+            lambda: status_from(NEIGHBOUR, port)[0] == 200,
+            BLOCK_WITHIN_S,
+            interval_s=0.1,
+            description="nginx to let the neighbour in again",
+        )
         assert status_from(ATTACKER, port)[0] == 429

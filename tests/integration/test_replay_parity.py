@@ -10,7 +10,7 @@ import pytest
 from tests.integration.test_sim_pipeline import (
     INGEST_TIMEOUT_S,
     cli,
-)  # fmt: skip
+)
 from tests.plugins.settling import wait_for_outputs
 from tests.plugins.waiting import wait_until
 from tests.plugins.worker import StreamNames, WorkerProcess, start_worker
@@ -20,9 +20,12 @@ pytestmark = pytest.mark.integration
 
 @pytest.mark.timeout(900)
 def test_the_demo_scenario_live_equals_its_replay(
-    kafka_bootstrap: str, stream_names: StreamNames, worker_env: dict[str, str],
-    workers: list[WorkerProcess], tmp_path: Path,
-) -> None:  # fmt: skip
+    kafka_bootstrap: str,
+    stream_names: StreamNames,
+    worker_env: dict[str, str],
+    workers: list[WorkerProcess],
+    tmp_path: Path,
+) -> None:
     """The mixed scenario (2 simulated minutes, unpaced, 8 partitions) through the worker, SIGKILLed
     and restarted a third of the way: its decisions and alerts on the topics equal, record for
     record, those of `backtest` and of `scorecard --engine` over the same events, with no row
@@ -30,29 +33,65 @@ def test_the_demo_scenario_live_equals_its_replay(
     env = {**worker_env, "AUTHPIPE_LOG_LEVEL": "warning"}
     worker = start_worker(workers, worker_env, tmp_path).wait_ready()
     truth = tmp_path / "truth.jsonl"
-    done = cli(env, "simulate", "--scenario", "mixed", "--rate", "5", "--duration-s", "120",
-               "--seed", "11", "--speedup", "0", "--truth", str(truth))  # fmt: skip
+    done = cli(
+        env,
+        "simulate",
+        "--scenario",
+        "mixed",
+        "--rate",
+        "5",
+        "--duration-s",
+        "120",
+        "--seed",
+        "11",
+        "--speedup",
+        "0",
+        "--truth",
+        str(truth),
+    )
     assert done.returncode == 0, done.stderr
     produced = len(truth.read_bytes().splitlines())
     assert produced > 15_000
-    wait_until(lambda: worker.metric("authpipe_events_total") >= produced // 3, INGEST_TIMEOUT_S,
-               interval_s=0.2, description="a third of the events ingested")  # fmt: skip
+    wait_until(
+        lambda: worker.metric("authpipe_events_total") >= produced // 3,
+        INGEST_TIMEOUT_S,
+        interval_s=0.2,
+        description="a third of the events ingested",
+    )
     worker.kill()
     worker = start_worker(workers, worker_env, tmp_path).wait_ready()
     outputs = [stream_names.decisions, stream_names.alerts]
+
     # faust's commits skip holes its rebalance left, so committed offsets alone can say
     # "no lag" while a stage still has messages to apply: ask the worker itself too.
     # Held rows too: rows still waiting for a later mark are not applied yet.
     def caught_up() -> bool:
         return all(
             worker.metric(name) == 0
-            for name in ("authpipe_stage_behind_messages", "authpipe_ingest_lag_messages", "authpipe_reorder_held_rows")
+            for name in (
+                "authpipe_stage_behind_messages",
+                "authpipe_ingest_lag_messages",
+                "authpipe_reorder_held_rows",
+            )
         )
 
-    wait_for_outputs(kafka_bootstrap, stream_names, outputs,
-                     "the worker caught up, no internal lag, decisions and alerts settled", caught_up)  # fmt: skip
+    wait_for_outputs(
+        kafka_bootstrap,
+        stream_names,
+        outputs,
+        "the worker caught up, no internal lag, decisions and alerts settled",
+        caught_up,
+    )
     live = tmp_path / "live"
-    done = cli(env, "scorecard", "--truth", str(truth), "--decisions-from-topic", "--save-outputs", str(live))
+    done = cli(
+        env,
+        "scorecard",
+        "--truth",
+        str(truth),
+        "--decisions-from-topic",
+        "--save-outputs",
+        str(live),
+    )
     assert done.returncode == 0, done.stderr
     engine = tmp_path / "engine"
     done = cli(env, "scorecard", "--truth", str(truth), "--engine", "--save-outputs", str(engine))
@@ -60,14 +99,27 @@ def test_the_demo_scenario_live_equals_its_replay(
     policy = tmp_path / "same.toml"
     policy.write_text('policy_version = "default-1"\n')
     diff_path = tmp_path / "diff.json"
-    done = cli(env, "backtest", "--policy", str(policy), "--events", str(truth), "--truth", str(truth),
-               "--live", str(live), "--out", str(diff_path))  # fmt: skip
+    done = cli(
+        env,
+        "backtest",
+        "--policy",
+        str(policy),
+        "--events",
+        str(truth),
+        "--truth",
+        str(truth),
+        "--live",
+        str(live),
+        "--out",
+        str(diff_path),
+    )
     assert done.returncode == 0, done.stderr
     print(done.stdout)
     reorder = {
         (name, stage): worker.metric(f'authpipe_reorder_{name}_rows{{stage="{stage}"}}')
-        for name in ("late", "forced", "held") for stage in ("account", "source", "rollup")
-    }  # fmt: skip
+        for name in ("late", "forced", "held")
+        for stage in ("account", "source", "rollup")
+    }
     print("reorder", reorder)
     assert set(reorder.values()) == {0.0}, reorder
     diff = orjson.loads(diff_path.read_bytes())
@@ -82,7 +134,10 @@ def test_the_demo_scenario_live_equals_its_replay(
         return sorted(orjson.dumps(r["value"]) for r in rows if r["value"] is not None)
 
     # scorecard --engine and backtest run the same replay: the same records and the same card.
-    for name in ("decisions.jsonl", "alerts.jsonl"):  # live: copies re-sent after the kill are one record
+    for name in (
+        "decisions.jsonl",
+        "alerts.jsonl",
+    ):  # live: copies re-sent after the kill are one record
         assert records(engine, name) == sorted(set(records(live, name)))
     baseline = diff["scorecards"]["baseline"]
     engine_card = tmp_path / "engine.json"

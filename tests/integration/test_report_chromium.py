@@ -42,13 +42,25 @@ def chromium() -> str:
 def headless(page: Path, profile: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [
-            chromium(), "--headless", "--no-sandbox", "--disable-gpu",
-            "--disable-background-networking", "--disable-component-update", "--disable-sync",
-            "--no-first-run", f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0",
-            *extra, page.as_uri(),
+            chromium(),
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--no-first-run",
+            f"--user-data-dir={profile}",
+            "--enable-logging=stderr",
+            "--v=0",
+            *extra,
+            page.as_uri(),
         ],
-        capture_output=True, text=True, timeout=BROWSER_TIMEOUT_S, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=BROWSER_TIMEOUT_S,
+        check=False,
+    )
 
 
 @pytest.fixture(scope="module")

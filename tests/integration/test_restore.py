@@ -22,9 +22,16 @@ async def test_each_partition_folds_to_its_last_values_without_deleted_keys(
     await producer.start()
     try:
         writes: list[tuple[int, bytes, bytes | None]] = [
-            (0, b"a", b"1"), (0, b"b", b"1"), (0, b"a", b"2"), (0, b"c", b"1"), (0, b"b", None),
-            (1, b"x", b"9"), (1, b"x", None), (1, b"x", b"10"), (1, b"y", b"1"),
-        ]  # fmt: skip
+            (0, b"a", b"1"),
+            (0, b"b", b"1"),
+            (0, b"a", b"2"),
+            (0, b"c", b"1"),
+            (0, b"b", None),
+            (1, b"x", b"9"),
+            (1, b"x", None),
+            (1, b"x", b"10"),
+            (1, b"y", b"1"),
+        ]
         for partition, key, value in writes:
             await producer.send_and_wait(topic_name, key=key, value=value, partition=partition)
     finally:
@@ -33,5 +40,8 @@ async def test_each_partition_folds_to_its_last_values_without_deleted_keys(
     # Ten readers: a position reset racing the seek to the start once left a reader at
     # the end, reading nothing.
     for _ in range(10):
-        got = {tp.partition: list(live.items()) async for tp, live in read_changelogs(kafka_bootstrap, tps)}
+        got = {
+            tp.partition: list(live.items())
+            async for tp, live in read_changelogs(kafka_bootstrap, tps)
+        }
         assert got == {0: [(b"a", b"2"), (b"c", b"1")], 1: [(b"x", b"10"), (b"y", b"1")], 2: []}

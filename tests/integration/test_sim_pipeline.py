@@ -24,9 +24,14 @@ INGEST_TIMEOUT_S = 480.0  # generous: the 2-core CI machine is shared
 
 def cli(env: dict[str, str], *argv: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "pipeline.cli", *argv], cwd=REPO, env={**os.environ, **env},
-        capture_output=True, text=True, timeout=600, check=False,
-    )  # fmt: skip
+        [sys.executable, "-m", "pipeline.cli", *argv],
+        cwd=REPO,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
 
 
 def consumer_groups(bootstrap: str) -> set[str]:
@@ -43,42 +48,68 @@ def consumer_groups(bootstrap: str) -> set[str]:
 
 @pytest.mark.timeout(1200)
 def test_mixed_run_through_the_worker_catches_every_attack_and_refuses_nobody(
-    kafka_bootstrap: str, stream_names: StreamNames, worker_env: dict[str, str],
-    workers: list[WorkerProcess], tmp_path: Path,
-) -> None:  # fmt: skip
+    kafka_bootstrap: str,
+    stream_names: StreamNames,
+    worker_env: dict[str, str],
+    workers: list[WorkerProcess],
+    tmp_path: Path,
+) -> None:
     """A 5-minute mixed run produced unpaced into fresh topics, decided by the real worker: once
     its outputs settle, the scorecard from the topics shows every attack stopped or detected and
     zero legitimate attempts refused."""
     env = {**worker_env, "AUTHPIPE_LOG_LEVEL": "warning"}
     worker = start_worker(workers, worker_env, tmp_path).wait_ready()
     truth = tmp_path / "truth.jsonl"
-    done = cli(env, "simulate", "--scenario", "mixed", "--rate", "5", "--duration-s", "300",
-               "--seed", "11", "--speedup", "0", "--truth", str(truth))  # fmt: skip
+    done = cli(
+        env,
+        "simulate",
+        "--scenario",
+        "mixed",
+        "--rate",
+        "5",
+        "--duration-s",
+        "300",
+        "--seed",
+        "11",
+        "--speedup",
+        "0",
+        "--truth",
+        str(truth),
+    )
     assert done.returncode == 0, done.stderr
     produced = len(truth.read_bytes().splitlines())
     assert produced > 15_000
 
-    wait_until(lambda: worker.metric("authpipe_events_total") >= produced, INGEST_TIMEOUT_S,
-               interval_s=1.0, description=f"the worker to ingest {produced} events")  # fmt: skip
+    wait_until(
+        lambda: worker.metric("authpipe_events_total") >= produced,
+        INGEST_TIMEOUT_S,
+        interval_s=1.0,
+        description=f"the worker to ingest {produced} events",
+    )
     outputs = [stream_names.decisions, stream_names.alerts]
-    wait_for_outputs(kafka_bootstrap, stream_names, outputs,
-                     "no internal lag and decisions and alerts settled")
+    wait_for_outputs(
+        kafka_bootstrap, stream_names, outputs, "no internal lag and decisions and alerts settled"
+    )
 
     card_path = tmp_path / "card.json"
-    done = cli(env, "scorecard", "--truth", str(truth), "--decisions-from-topic", "--out", str(card_path))
+    done = cli(
+        env, "scorecard", "--truth", str(truth), "--decisions-from-topic", "--out", str(card_path)
+    )
     assert done.returncode == 0, done.stderr
     print(done.stdout)  # the scorecard table, shown with pytest -s
     card = orjson.loads(card_path.read_bytes())
     statuses = {a["attack"]: a["status"] for a in card["attacks"]}
     assert statuses == {
-        "brute_force": "stopped", "distributed_brute_force": "stopped", "lockout_dos": "stopped",
+        "brute_force": "stopped",
+        "distributed_brute_force": "stopped",
+        "lockout_dos": "stopped",
         "uia_bruteforce": "stopped",
         # This run packs the spray's 6,000 attempts into 5 minutes: its source fails mostly on
         # unknown accounts, so the stuffing rule blocks it (spray itself stays signal-only).
         "spray": "stopped",
         "low_and_slow_spray": "slowed",  # some proxies fail mostly on unknown accounts
         "credential_stuffing": "stopped",
-    }, done.stdout  # fmt: skip
+    }, done.stdout
     attacks = {a["attack"]: a for a in card["attacks"]}
     # Every proxy is blocked. (Takeovers are not asserted here: this run packs 4,200
     # attempts into 105 s, and the source stage sees a proxy's attempts in the order the
@@ -103,8 +134,18 @@ def test_mixed_run_through_the_worker_catches_every_attack_and_refuses_nobody(
     policy.write_text('policy_version = "ceiling-10"\n[defaults.account]\nthreshold = 10\n')
     groups, decided = consumer_groups(kafka_bootstrap), end_offsets(kafka_bootstrap, outputs)
     diff_path = tmp_path / "diff.json"
-    done = cli(env, "backtest", "--policy", str(policy), "--from-ts", first, "--truth", str(truth),
-               "--out", str(diff_path))  # fmt: skip
+    done = cli(
+        env,
+        "backtest",
+        "--policy",
+        str(policy),
+        "--from-ts",
+        first,
+        "--truth",
+        str(truth),
+        "--out",
+        str(diff_path),
+    )
     assert done.returncode == 0, done.stderr
     diff = orjson.loads(diff_path.read_bytes())
     assert (diff["events"], diff["invalid_events"]) == (produced, 0)

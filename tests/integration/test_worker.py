@@ -29,9 +29,17 @@ pytestmark = pytest.mark.integration
 
 
 def event(
-    i: int, t: datetime, account: str, ip: str, *, ok: bool = False, run: str = "r",
-    device: str | None = None, trusted: bool = False, reason: str = "bad_password",
-) -> bytes:  # fmt: skip
+    i: int,
+    t: datetime,
+    account: str,
+    ip: str,
+    *,
+    ok: bool = False,
+    run: str = "r",
+    device: str | None = None,
+    trusted: bool = False,
+    reason: str = "bad_password",
+) -> bytes:
     body: dict[str, Any] = {
         "event_id": f"{run}-{i}",
         "occurred_at": t.isoformat(),
@@ -57,14 +65,41 @@ def mixed_stream(n: int, seed: int, start: datetime) -> list[bytes]:
         if roll < 0.05:
             out.append(event(i, t, "brute-target", "203.0.113.5", run=f"s{seed}"))
         elif roll < 0.15:
-            out.append(event(i, t, "botnet-target", f"10.9.{rng.randrange(8)}.{rng.randrange(250)}", run=f"s{seed}"))
+            out.append(
+                event(
+                    i,
+                    t,
+                    "botnet-target",
+                    f"10.9.{rng.randrange(8)}.{rng.randrange(250)}",
+                    run=f"s{seed}",
+                )
+            )
         elif roll < 0.30:
-            out.append(event(i, t, f"victim{rng.randrange(3000)}", "198.51.100.66", run=f"s{seed}", reason="unknown_account"))
+            out.append(
+                event(
+                    i,
+                    t,
+                    f"victim{rng.randrange(3000)}",
+                    "198.51.100.66",
+                    run=f"s{seed}",
+                    reason="unknown_account",
+                )
+            )
         else:
             user = rng.randrange(400)
             ok = rng.random() < 0.9
-            out.append(event(i, t, f"user{user}", f"192.0.2.{user % 200}", ok=ok, run=f"s{seed}",
-                             device=f"dev{user}", trusted=rng.random() < 0.5))  # fmt: skip
+            out.append(
+                event(
+                    i,
+                    t,
+                    f"user{user}",
+                    f"192.0.2.{user % 200}",
+                    ok=ok,
+                    run=f"s{seed}",
+                    device=f"dev{user}",
+                    trusted=rng.random() < 0.5,
+                )
+            )
     return out
 
 
@@ -98,8 +133,12 @@ def topic_answer(bootstrap: str, names: StreamNames) -> Answer:
 def assert_same_answer(bootstrap: str, names: StreamNames, expected: Answer) -> None:
     """Wait for the topics to hold the core's answer; on timeout, show the difference."""
     try:
-        wait_until(lambda: topic_answer(bootstrap, names) == expected, 60, interval_s=1,
-                   description="decisions and alerts equal to the core's")  # fmt: skip
+        wait_until(
+            lambda: topic_answer(bootstrap, names) == expected,
+            60,
+            interval_s=1,
+            description="decisions and alerts equal to the core's",
+        )
     except AssertionError:
         got = topic_answer(bootstrap, names)
         for mine, theirs in zip(got, expected, strict=True):
@@ -132,9 +171,12 @@ def as_messages(values: list[bytes]) -> list[tuple[bytes | None, bytes]]:
 
 
 def test_brute_force_is_decided_and_bad_events_are_dead_lettered(
-    kafka_bootstrap: str, stream_names: StreamNames, worker_env: dict[str, str],
-    workers: list[Any], tmp_path: Path,
-) -> None:  # fmt: skip
+    kafka_bootstrap: str,
+    stream_names: StreamNames,
+    worker_env: dict[str, str],
+    workers: list[Any],
+    tmp_path: Path,
+) -> None:
     """Five failures issue one account_source block (and seed 002's account lock); three bad
     events land in the DLQ with reasons."""
     now = datetime.now(UTC)
@@ -143,99 +185,174 @@ def test_brute_force_is_decided_and_bad_events_are_dead_lettered(
     start_worker(workers, worker_env, tmp_path).wait_ready()
     produce(kafka_bootstrap, stream_names.input, [(b"k", v) for v in good + bad])
 
-    dlq = wait_until(lambda: read_topic(kafka_bootstrap, stream_names.dlq) if len(
-        read_topic(kafka_bootstrap, stream_names.dlq)) == 3 else None, 60, interval_s=0.5,
-        description="3 dead letters")  # fmt: skip
-    assert sorted(dict(m.headers)["error"] for m in dlq) == [b"bad_utf8", b"missing_field", b"not_json"]
+    dlq = wait_until(
+        lambda: (
+            read_topic(kafka_bootstrap, stream_names.dlq)
+            if len(read_topic(kafka_bootstrap, stream_names.dlq)) == 3
+            else None
+        ),
+        60,
+        interval_s=0.5,
+        description="3 dead letters",
+    )
+    assert sorted(dict(m.headers)["error"] for m in dlq) == [
+        b"bad_utf8",
+        b"missing_field",
+        b"not_json",
+    ]
     assert sorted(m.value for m in dlq) == sorted(bad)
     assert {dict(m.headers)["stage"] for m in dlq} == {b"ingest"}
     decisions = wait_until(
         lambda: d if len(d := read_topic(kafka_bootstrap, stream_names.decisions)) >= 2 else None,
-        60, interval_s=0.5, description="two decisions",
+        60,
+        interval_s=0.5,
+        description="two decisions",
     )
     assert sorted(orjson.loads(d.value)["scope"] for d in decisions) == ["account_source", "lock"]
     decisions = [d for d in decisions if b'"scope":"account_source"' in d.value]
     decision = orjson.loads(decisions[0].value)
-    assert (decision["scope"], decision["action"], decision["count"]) == ("account_source", "block", 5)
+    assert (decision["scope"], decision["action"], decision["count"]) == (
+        "account_source",
+        "block",
+        5,
+    )
     assert decision["source"] == "203.0.113.9"
     assert decisions[0].key.decode() == decision["key"]
-    assert wait_until(lambda: len(audited_ids(kafka_bootstrap, stream_names)) == 5, 30,
-                      interval_s=0.5, description="5 audit rows")  # fmt: skip
+    assert wait_until(
+        lambda: len(audited_ids(kafka_bootstrap, stream_names)) == 5,
+        30,
+        interval_s=0.5,
+        description="5 audit rows",
+    )
 
 
 def test_counters_and_active_decisions_survive_sigkill(
-    kafka_bootstrap: str, stream_names: StreamNames, worker_env: dict[str, str],
-    workers: list[Any], tmp_path: Path,
-) -> None:  # fmt: skip
+    kafka_bootstrap: str,
+    stream_names: StreamNames,
+    worker_env: dict[str, str],
+    workers: list[Any],
+    tmp_path: Path,
+) -> None:
     """After SIGKILL and restart, a key at 4 failures trips on the 5th and a blocked key stays blocked."""
     now = datetime.now(UTC)
-    first = [event(i, now + timedelta(milliseconds=i), "counted", "203.0.113.1", run="a") for i in range(4)]
-    first += [event(10 + i, now + timedelta(milliseconds=10 + i), "blocked", "203.0.113.2", run="a")
-              for i in range(5)]  # fmt: skip
+    first = [
+        event(i, now + timedelta(milliseconds=i), "counted", "203.0.113.1", run="a")
+        for i in range(4)
+    ]
+    first += [
+        event(10 + i, now + timedelta(milliseconds=10 + i), "blocked", "203.0.113.2", run="a")
+        for i in range(5)
+    ]
     worker = start_worker(workers, worker_env, tmp_path).wait_ready()
     produce(kafka_bootstrap, stream_names.input, as_messages(first))
-    wait_until(lambda: len(audited_ids(kafka_bootstrap, stream_names)) == 9, 60, interval_s=0.5,
-               description="9 audited attempts")  # fmt: skip
-    wait_until(lambda: len(read_topic(kafka_bootstrap, stream_names.decisions)) == 2, 30,
-               interval_s=0.5, description="the blocks of 'blocked'")  # fmt: skip
+    wait_until(
+        lambda: len(audited_ids(kafka_bootstrap, stream_names)) == 9,
+        60,
+        interval_s=0.5,
+        description="9 audited attempts",
+    )
+    wait_until(
+        lambda: len(read_topic(kafka_bootstrap, stream_names.decisions)) == 2,
+        30,
+        interval_s=0.5,
+        description="the blocks of 'blocked'",
+    )
     worker.kill()
 
     start_worker(workers, worker_env, tmp_path).wait_ready()
     later = now + timedelta(seconds=1)
-    produce(kafka_bootstrap, stream_names.input, as_messages([
-        event(100, later, "counted", "203.0.113.1", run="b"),
-        event(101, later, "blocked", "203.0.113.2", run="b"),
-    ]))  # fmt: skip
+    produce(
+        kafka_bootstrap,
+        stream_names.input,
+        as_messages(
+            [
+                event(100, later, "counted", "203.0.113.1", run="b"),
+                event(101, later, "blocked", "203.0.113.2", run="b"),
+            ]
+        ),
+    )
     # Waits for the decision itself: the restarted worker may re-send the first life's
     # two decisions (same records) before the new rows pass the watermark.
     decisions = wait_until(
-        lambda: [m for m in read_topic(kafka_bootstrap, stream_names.decisions) if m.value]
-        if any(b"203.0.113.1" in m.key for m in read_topic(kafka_bootstrap, stream_names.decisions))
-        else None,
-        60, interval_s=0.5, description="the 5th failure's decision after restart",
-    )  # fmt: skip
+        lambda: (
+            [m for m in read_topic(kafka_bootstrap, stream_names.decisions) if m.value]
+            if any(
+                b"203.0.113.1" in m.key for m in read_topic(kafka_bootstrap, stream_names.decisions)
+            )
+            else None
+        ),
+        60,
+        interval_s=0.5,
+        description="the 5th failure's decision after restart",
+    )
     counted = [orjson.loads(m.value) for m in decisions if b"203.0.113.1" in m.key]
     assert [(d["count"], d["action"]) for d in counted] == [(5, "block")]
-    verdicts = wait_until(lambda: audit_decisions(kafka_bootstrap, stream_names).get("b-101"), 30,
-                          interval_s=0.5, description="the audit row of the blocked key")  # fmt: skip
+    verdicts = wait_until(
+        lambda: audit_decisions(kafka_bootstrap, stream_names).get("b-101"),
+        30,
+        interval_s=0.5,
+        description="the audit row of the blocked key",
+    )
     assert verdicts == "block"
 
 
 def test_exact_answer_when_the_worker_is_killed_mid_stream(
-    kafka_bootstrap: str, stream_names: StreamNames, worker_env: dict[str, str],
-    workers: list[Any], tmp_path: Path,
-) -> None:  # fmt: skip
+    kafka_bootstrap: str,
+    stream_names: StreamNames,
+    worker_env: dict[str, str],
+    workers: list[Any],
+    tmp_path: Path,
+) -> None:
     """A SIGKILL mid-stream and a restart end with exactly the core's decisions and alerts."""
     values = mixed_stream(20_000, seed=7, start=datetime.now(UTC) - timedelta(minutes=5))
     ensure_stream_topics(kafka_bootstrap, stream_names)
     produce(kafka_bootstrap, stream_names.input, as_messages(values))
     worker = start_worker(workers, worker_env, tmp_path).wait_ready()
-    wait_until(lambda: len(audited_ids(kafka_bootstrap, stream_names)) >= 6000, 120,
-               interval_s=0.2, description="a third of the stream processed")  # fmt: skip
+    wait_until(
+        lambda: len(audited_ids(kafka_bootstrap, stream_names)) >= 6000,
+        120,
+        interval_s=0.2,
+        description="a third of the stream processed",
+    )
     worker.kill()
     start_worker(workers, worker_env, tmp_path).wait_ready()
-    wait_until(lambda: len(audited_ids(kafka_bootstrap, stream_names)) == len(values), 180,
-               interval_s=1, description="every event audited")  # fmt: skip
+    wait_until(
+        lambda: len(audited_ids(kafka_bootstrap, stream_names)) == len(values),
+        180,
+        interval_s=1,
+        description="every event audited",
+    )
     expected = engine_answer(values)
     assert_same_answer(kafka_bootstrap, stream_names, expected)
     assert len(expected[0]) >= 3
 
 
 def test_two_workers_decide_like_one_through_a_rebalance(
-    kafka_bootstrap: str, stream_names: StreamNames, worker_env: dict[str, str],
-    workers: list[Any], tmp_path: Path,
-) -> None:  # fmt: skip
+    kafka_bootstrap: str,
+    stream_names: StreamNames,
+    worker_env: dict[str, str],
+    workers: list[Any],
+    tmp_path: Path,
+) -> None:
     """Two workers in one group, the second joining mid-stream, give the core's exact answer."""
     values = mixed_stream(16_000, seed=11, start=datetime.now(UTC) - timedelta(minutes=5))
     start_worker(workers, worker_env, tmp_path).wait_ready()
     produce(kafka_bootstrap, stream_names.input, as_messages(values[:8000]))
-    wait_until(lambda: len(audited_ids(kafka_bootstrap, stream_names)) >= 4000, 120,
-               interval_s=0.2, description="half of the first half processed")  # fmt: skip
+    wait_until(
+        lambda: len(audited_ids(kafka_bootstrap, stream_names)) >= 4000,
+        120,
+        interval_s=0.2,
+        description="half of the first half processed",
+    )
     second = start_worker(workers, worker_env, tmp_path)
     produce(kafka_bootstrap, stream_names.input, as_messages(values[8000:]))
     second.wait_ready()
-    wait_until(lambda: len(audited_ids(kafka_bootstrap, stream_names)) == len(values), 180,
-               interval_s=1, description="every event audited")  # fmt: skip
+    wait_until(
+        lambda: len(audited_ids(kafka_bootstrap, stream_names)) == len(values),
+        180,
+        interval_s=1,
+        description="every event audited",
+    )
     assert_same_answer(kafka_bootstrap, stream_names, engine_answer(values))
 
 
@@ -251,18 +368,29 @@ cap_ms = 4000
 
 
 def test_decision_topic_converges_to_no_live_decision_after_expiry(
-    kafka_bootstrap: str, stream_names: StreamNames, worker_env: dict[str, str],
-    workers: list[Any], tmp_path: Path,
-) -> None:  # fmt: skip
+    kafka_bootstrap: str,
+    stream_names: StreamNames,
+    worker_env: dict[str, str],
+    workers: list[Any],
+    tmp_path: Path,
+) -> None:
     """Once every block has expired, the compacted topic read from the start holds no live decision."""
     policy_path = tmp_path / "short.toml"
     policy_path.write_text(SHORT_POLICY)
     start_worker(workers, worker_env, tmp_path, AUTHPIPE_POLICY_PATH=str(policy_path)).wait_ready()
     now = datetime.now(UTC)
-    values = [event(i, now + timedelta(milliseconds=i), f"acct{i % 4}", "203.0.113.7") for i in range(12)]
+    values = [
+        event(i, now + timedelta(milliseconds=i), f"acct{i % 4}", "203.0.113.7") for i in range(12)
+    ]
     produce(kafka_bootstrap, stream_names.input, as_messages(values))
-    wait_until(lambda: len([m for m in read_topic(kafka_bootstrap, stream_names.decisions) if m.value]) == 4,
-               60, interval_s=0.5, description="4 decisions")  # fmt: skip
+    wait_until(
+        lambda: (
+            len([m for m in read_topic(kafka_bootstrap, stream_names.decisions) if m.value]) == 4
+        ),
+        60,
+        interval_s=0.5,
+        description="4 decisions",
+    )
 
     def live() -> dict[bytes, bytes | None]:
         latest: dict[bytes, bytes | None] = {}
@@ -275,9 +403,12 @@ def test_decision_topic_converges_to_no_live_decision_after_expiry(
 
 
 def test_malformed_payloads_never_crash_and_every_offset_is_accounted_for(
-    kafka_bootstrap: str, stream_names: StreamNames, worker_env: dict[str, str],
-    workers: list[Any], tmp_path: Path,
-) -> None:  # fmt: skip
+    kafka_bootstrap: str,
+    stream_names: StreamNames,
+    worker_env: dict[str, str],
+    workers: list[Any],
+    tmp_path: Path,
+) -> None:
     """Thousands of random and malformed payloads: no crash, counted + dead-lettered == produced."""
     rng = random.Random(3)
     now = datetime.now(UTC)
@@ -310,14 +441,17 @@ def test_malformed_payloads_never_crash_and_every_offset_is_accounted_for(
     produce(kafka_bootstrap, stream_names.input, [(None, v) for v in payloads])
 
     def accounted() -> tuple[int, int]:
-        return len(audited_ids(kafka_bootstrap, stream_names)), len(read_topic(kafka_bootstrap, stream_names.dlq))
+        return len(audited_ids(kafka_bootstrap, stream_names)), len(
+            read_topic(kafka_bootstrap, stream_names.dlq)
+        )
 
     def settled() -> tuple[int, int] | None:
         counts = accounted()
         return counts if sum(counts) == len(payloads) else None
 
-    counts = wait_until(settled, 120, interval_s=1,
-                        description="every offset counted or dead-lettered")  # fmt: skip
+    counts = wait_until(
+        settled, 120, interval_s=1, description="every offset counted or dead-lettered"
+    )
     assert counts[0] >= 500
     assert worker.ready()
     assert worker.metric("authpipe_dead_letters_total") == counts[1]

@@ -42,8 +42,12 @@ def test_worker_web_serves_only_health_readiness_and_metrics_on_loopback(
     /performance and /assignment answer 404; the port listens on 127.0.0.1 only."""
     worker = start_worker(workers, worker_env, tmp_path).wait_ready()
     assert {path: status(worker.port, path) for path in ("/healthz", "/readyz", "/metrics")} == {
-        "/healthz": 200, "/readyz": 200, "/metrics": 200,
-    }  # fmt: skip
+        "/healthz": 200,
+        "/readyz": 200,
+        "/metrics": 200,
+    }
     faust_pages = ("/router/", "/table/", "/stats/", "/graph/", "/performance/", "/assignment/")
-    assert {path: status(worker.port, path) for path in faust_pages} == dict.fromkeys(faust_pages, 404)
+    assert {path: status(worker.port, path) for path in faust_pages} == dict.fromkeys(
+        faust_pages, 404
+    )
     assert listening_addresses(worker.port) == {"0100007F"}  # 127.0.0.1

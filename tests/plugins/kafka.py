@@ -151,9 +151,14 @@ def grant(admin_bootstrap: str, acls: list[Acl]) -> None:
         try:
             for acl in acls:
                 request = CreateAclsRequest(
-                    RESOURCE[acl.resource], acl.name, PATTERN[acl.pattern], f"User:{acl.user}",
-                    "*", OPERATION[acl.operation], ALLOW,
-                )  # fmt: skip
+                    RESOURCE[acl.resource],
+                    acl.name,
+                    PATTERN[acl.pattern],
+                    f"User:{acl.user}",
+                    "*",
+                    OPERATION[acl.operation],
+                    ALLOW,
+                )
                 response = await admin._send_request(request)
                 errors = [e for e in response.creation_responses if e[0] != 0]
                 assert not errors, f"CreateAcls {acl}: {errors}"
@@ -178,8 +183,14 @@ def _local_broker() -> Iterator[LocalKafka]:
     _reap_orphan_brokers(TEST_STATE_BASE)
     state_dir = TEST_STATE_BASE / f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
     port, controller_port, sasl_port = free_ports(3)
-    kafka = LocalKafka(state_dir, port, controller_port, libs_dir=SHARED_LIBS_DIR,
-                       sasl_port=sasl_port, scram_users=SCRAM_USERS)  # fmt: skip
+    kafka = LocalKafka(
+        state_dir,
+        port,
+        controller_port,
+        libs_dir=SHARED_LIBS_DIR,
+        sasl_port=sasl_port,
+        scram_users=SCRAM_USERS,
+    )
     _start_local(kafka)
     try:
         yield kafka

@@ -61,8 +61,10 @@ def internal_lag(bootstrap: str, names: StreamNames) -> int:
             ]
             ends = await consumer.end_offsets(tps)
             committed = await admin.list_consumer_group_offsets(names.app_id, partitions=tps)
-            return sum(end - (committed[tp].offset if tp in committed and committed[tp].offset >= 0 else 0)
-                       for tp, end in ends.items())  # fmt: skip
+            return sum(
+                end - (committed[tp].offset if tp in committed and committed[tp].offset >= 0 else 0)
+                for tp, end in ends.items()
+            )
         finally:
             await consumer.stop()
             await admin.close()
@@ -85,9 +87,12 @@ def settled(probe: Callable[[], Any], quiet_s: float) -> Callable[[], bool]:
 
 
 def wait_for_outputs(
-    bootstrap: str, names: StreamNames, outputs: list[str], description: str,
+    bootstrap: str,
+    names: StreamNames,
+    outputs: list[str],
+    description: str,
     caught_up: Callable[[], bool] | None = None,
-) -> None:  # fmt: skip
+) -> None:
     """Until the worker's internal topics have no lag (and ``caught_up()``, when given, is
     true) and the end offsets of ``outputs`` have not moved for ``QUIET_S`` seconds (polled
     every second, at most ``SETTLE_TIMEOUT_S``)."""

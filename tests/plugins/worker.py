@@ -155,8 +155,12 @@ def start_worker(
 # -- topic I/O ------------------------------------------------------------------------------
 
 
-def produce(bootstrap: str, topic: str, messages: list[tuple[bytes | None, bytes]],
-            security: dict[str, Any] | None = None) -> None:  # fmt: skip
+def produce(
+    bootstrap: str,
+    topic: str,
+    messages: list[tuple[bytes | None, bytes]],
+    security: dict[str, Any] | None = None,
+) -> None:
     async def run() -> None:
         producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, **(security or {}))
         await producer.start()
@@ -174,7 +178,9 @@ def read_topic(bootstrap: str, topic: str, security: dict[str, Any] | None = Non
     ``security``: ``pipeline.kafka_client.security_kwargs``."""
 
     async def run() -> list[Any]:
-        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, **(security or {}))
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=bootstrap, enable_auto_commit=False, **(security or {})
+        )
         await consumer.start()
         try:
             partitions = consumer.partitions_for_topic(topic) or set()
@@ -197,7 +203,9 @@ def read_topic(bootstrap: str, topic: str, security: dict[str, Any] | None = Non
                     raise AssertionError(f"could not read {topic} to its end in 60 s")
                 batch = await consumer.getmany(*behind, timeout_ms=500)
                 for messages in batch.values():
-                    out.extend(m for m in messages if m.offset < ends[TopicPartition(m.topic, m.partition)])
+                    out.extend(
+                        m for m in messages if m.offset < ends[TopicPartition(m.topic, m.partition)]
+                    )
         finally:
             await consumer.stop()
 
@@ -211,8 +219,14 @@ def ensure_stream_topics(bootstrap: str, names: StreamNames, partitions: int = 4
     from pipeline.topics import Topics
 
     kafka = KafkaSettings(
-        bootstrap_servers=bootstrap, partitions=partitions, app_id=names.app_id,
-        input_topic=names.input, decisions_topic=names.decisions, alerts_topic=names.alerts,
-        notices_topic=names.notices, dlq_topic=names.dlq, audit_topic=names.audit,
-    )  # fmt: skip
+        bootstrap_servers=bootstrap,
+        partitions=partitions,
+        app_id=names.app_id,
+        input_topic=names.input,
+        decisions_topic=names.decisions,
+        alerts_topic=names.alerts,
+        notices_topic=names.notices,
+        dlq_topic=names.dlq,
+        audit_topic=names.audit,
+    )
     asyncio.run(ensure_topics(bootstrap, Topics.from_settings(kafka).specs(partitions)))

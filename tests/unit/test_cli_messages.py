@@ -14,12 +14,20 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def cli(*argv: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "AUTHPIPE_LOG_LEVEL": "warning",
-           "AUTHPIPE_KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:1"}  # fmt: skip
+    env = {
+        **os.environ,
+        "AUTHPIPE_LOG_LEVEL": "warning",
+        "AUTHPIPE_KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:1",
+    }
     return subprocess.run(
-        [sys.executable, "-m", "pipeline.cli", *argv], cwd=REPO, env=env, capture_output=True,
-        text=True, timeout=120, check=False,
-    )  # fmt: skip
+        [sys.executable, "-m", "pipeline.cli", *argv],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
 def test_unknown_flag_prints_the_subcommands_usage() -> None:
@@ -76,8 +84,15 @@ def test_stack_status_is_human_text_off_a_terminal(tmp_path: Path) -> None:
     when the broker is not running."""
     env = {**os.environ, "AUTHPIPE_STATE_DIR": str(tmp_path), "AUTHPIPE_LOG_LEVEL": "info"}
     env.pop("AUTHPIPE_LOG_FORMAT", None)
-    done = subprocess.run([sys.executable, "-m", "pipeline.cli", "stack", "status"], cwd=REPO,
-                          env=env, capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", "stack", "status"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert done.returncode == 3
     assert done.stdout.splitlines()[:2] == ["kafka: stopped", "pid: -"]
     assert "{" not in done.stdout + done.stderr and "\x1b" not in done.stdout + done.stderr

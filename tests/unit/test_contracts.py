@@ -32,7 +32,9 @@ def test_published_schema_matches_its_model(name: str) -> None:
     assert (SCHEMA_DIR / name).read_text(encoding="utf-8") == render(generate()[name])
 
 
-@pytest.mark.parametrize("path", sorted(EXAMPLES.glob("login_attempt.*.json")), ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "path", sorted(EXAMPLES.glob("login_attempt.*.json")), ids=lambda p: p.name
+)
 def test_login_attempt_examples_decode(path: Path) -> None:
     """Every published login_attempt example is a valid v1 event."""
     event = decode_attempt(path.read_bytes())
@@ -41,7 +43,10 @@ def test_login_attempt_examples_decode(path: Path) -> None:
 
 def test_decision_and_alert_examples_round_trip() -> None:
     """The decision and alert examples validate and re-encode byte for byte as compact JSON."""
-    for path, model in [(EXAMPLES / "decision.block.json", Decision), (EXAMPLES / "alert.spray_source.json", Alert)]:
+    for path, model in [
+        (EXAMPLES / "decision.block.json", Decision),
+        (EXAMPLES / "alert.spray_source.json", Alert),
+    ]:
         raw = path.read_bytes()
         parsed = model.model_validate_json(raw)
         assert encode(parsed) == orjson.dumps(orjson.loads(raw))

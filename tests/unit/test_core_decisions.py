@@ -56,7 +56,9 @@ def test_keys_for_uses_the_attempt_fields() -> None:
     assert keys_for(a) == applicable_keys(a.tenant, a.account, a.source, D, None, True, "login")
 
 
-def _index(*entries: tuple[tuple[str, str, str | None, str | None, str | None], str, int]) -> DecisionIndex:
+def _index(
+    *entries: tuple[tuple[str, str, str | None, str | None, str | None], str, int],
+) -> DecisionIndex:
     index = DecisionIndex()
     for n, (key, action, expires) in enumerate(entries):
         index.put(key, Active(f"id{n}", action, expires, key[0]))
@@ -90,7 +92,12 @@ def test_check_observe_is_allowed_but_reported() -> None:
     assert (verdict.allowed, verdict.retry_after_ms, verdict.observed_key) == (True, 0, AC)
     assert verdict.applied == "observe"
     both = _index((AC, "observe", 5000), (AS, "block", 100)).check((SRC, AS, AC), 10)
-    assert (both.allowed, both.matched_key, both.observed_key, both.applied) == (False, AS, AC, "block")
+    assert (both.allowed, both.matched_key, both.observed_key, both.applied) == (
+        False,
+        AS,
+        AC,
+        "block",
+    )
 
 
 def test_prune_lift_and_replace() -> None:

@@ -9,11 +9,30 @@ from pathlib import Path
 from tests.conftest import CORE_DIR
 
 ORDER = (
-    "errors", "keys", "normalise", "grouping", "attempt",
-    "window", "table", "state", "lockout", "dedupe", "sequence",
-    "policy", "stuffing", "decisions", "records", "outbox", "rules", "shard", "streaks",
-    "account", "source", "rollup", "engine",
-)  # fmt: skip
+    "errors",
+    "keys",
+    "normalise",
+    "grouping",
+    "attempt",
+    "window",
+    "table",
+    "state",
+    "lockout",
+    "dedupe",
+    "sequence",
+    "policy",
+    "stuffing",
+    "decisions",
+    "records",
+    "outbox",
+    "rules",
+    "shard",
+    "streaks",
+    "account",
+    "source",
+    "rollup",
+    "engine",
+)
 
 
 def _core_imports(name: str) -> set[str]:
@@ -21,12 +40,16 @@ def _core_imports(name: str) -> set[str]:
     return {
         node.module.removeprefix("pipeline.core.")
         for node in ast.walk(tree)
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("pipeline.core.")
+        if isinstance(node, ast.ImportFrom)
+        and node.module
+        and node.module.startswith("pipeline.core.")
     }
 
 
 def test_order_lists_every_core_module() -> None:
-    assert sorted(ORDER) == sorted(p.stem for p in Path(CORE_DIR).glob("*.py") if p.stem != "__init__")
+    assert sorted(ORDER) == sorted(
+        p.stem for p in Path(CORE_DIR).glob("*.py") if p.stem != "__init__"
+    )
 
 
 def test_each_core_module_imports_only_modules_listed_before_it() -> None:

@@ -25,8 +25,16 @@ def gateway(engine: Engine, a: Attempt) -> Verdict:
     """Check first (like the edge); a refused failure is reported as ``refused``."""
     verdict = engine.accounts.index.check(keys_for(a), a.occurred_ms)
     if not verdict.allowed and not a.success:
-        a = att(a.occurred_ms - T0, a.account, a.source, reason="refused", device=a.device,
-                trusted=a.trusted, session=a.session, flow=a.flow)  # fmt: skip
+        a = att(
+            a.occurred_ms - T0,
+            a.account,
+            a.source,
+            reason="refused",
+            device=a.device,
+            trusted=a.trusted,
+            session=a.session,
+            flow=a.flow,
+        )
     engine.step_batch([a])
     return verdict
 
@@ -71,8 +79,13 @@ def test_engine_locks_on_the_curve() -> None:
         if n >= 5:
             d = lock[-1]
             assert (d.scope, d.rule, d.applies_to, d.count, d.threshold, d.window_ms) == (
-                "lock", "lockout", "untrusted", n, 5, 0
-            )  # fmt: skip
+                "lock",
+                "lockout",
+                "untrusted",
+                n,
+                5,
+                0,
+            )
             durations.append((datetime_to_ms(d.expires_at) - datetime_to_ms(d.issued_at)) // SEC)
             t = datetime_to_ms(d.expires_at) - T0
         else:
@@ -88,7 +101,9 @@ def test_attempts_during_the_lock_are_refused_and_not_counted() -> None:
     refused = [gateway(engine, att(10 * SEC + i, source="198.51.100.99")) for i in range(50)]
     assert not any(v.allowed for v in refused)
     assert refused[0].retry_after_ms == 900 * SEC - 6 * SEC
-    streak = engine.accounts.tenants["default"].streaks.get(("lock", "default", ACCOUNT, None, None))
+    streak = engine.accounts.tenants["default"].streaks.get(
+        ("lock", "default", ACCOUNT, None, None)
+    )
     assert streak is not None and streak.count == 5
     # Unreported refusals (a lagging gateway) are not counted by the lock either.
     engine.step_batch([att(20 * SEC + i) for i in range(10)])
@@ -152,7 +167,12 @@ def test_no_decay_99_failures_25_hours_quiet_then_one_reaches_the_bound() -> Non
     t += 25 * HOUR
     assert gateway(engine, att(t)).allowed
     bound = decisions(engine.out)[-1]
-    assert (bound.scope, bound.rule, bound.count, bound.threshold) == ("lock", "lifetime_bound", 100, 100)
+    assert (bound.scope, bound.rule, bound.count, bound.threshold) == (
+        "lock",
+        "lifetime_bound",
+        100,
+        100,
+    )
     assert datetime_to_ms(bound.expires_at) == T0 + t + 366 * 24 * HOUR
     (alert,) = alerts(engine.out, "lifetime_bound")
     assert alert.count == 100
@@ -180,7 +200,12 @@ def test_mfa_curve_per_device_and_reset_by_success() -> None:
     for _ in range(6):
         assert gateway(engine, att(t, flow="mfa", device=DEV)).allowed
         d = decisions(engine.out)[-1]
-        assert (d.key, d.rule, d.scope, d.applies_to) == (f"mfa|default|{ACCOUNT}|-|{DEV}", "mfa_curve", "mfa", "mfa")
+        assert (d.key, d.rule, d.scope, d.applies_to) == (
+            f"mfa|default|{ACCOUNT}|-|{DEV}",
+            "mfa_curve",
+            "mfa",
+            "mfa",
+        )
         waits.append((datetime_to_ms(d.expires_at) - T0 - t) // SEC)
         assert not gateway(engine, att(t + 1, flow="mfa", device=DEV)).allowed
         t = datetime_to_ms(d.expires_at) - T0
@@ -204,8 +229,12 @@ def test_uia_counts_per_device_across_new_sessions() -> None:
     assert [v.allowed for v in verdicts] == [True] * 5 + [False]
     assert verdicts[-1].matched_key == ("uia", "default", ACCOUNT, None, DEV)
     # A success in a session resets the device's bucket too.
-    gateway(engine, att(20 * SEC, flow="uia", device=DEV, trusted=True, session="f" * 32, success=True))
-    assert gateway(engine, att(21 * SEC, flow="uia", device=DEV, trusted=True, session="e" * 32)).allowed
+    gateway(
+        engine, att(20 * SEC, flow="uia", device=DEV, trusted=True, session="f" * 32, success=True)
+    )
+    assert gateway(
+        engine, att(21 * SEC, flow="uia", device=DEV, trusted=True, session="e" * 32)
+    ).allowed
 
 
 def test_notice_once_per_window_without_plain_identifiers() -> None:
@@ -216,13 +245,23 @@ def test_notice_once_per_window_without_plain_identifiers() -> None:
         gateway(engine, att(t, account=ACCOUNT))
         t += HOUR // 2
     (notice,) = engine.out.notices
-    assert (notice.tenant, notice.account_digest, notice.reason) == ("default", ACCOUNT, "consecutive_lock")
+    assert (notice.tenant, notice.account_digest, notice.reason) == (
+        "default",
+        ACCOUNT,
+        "consecutive_lock",
+    )
     assert datetime_to_ms(notice.window_end) - datetime_to_ms(notice.window_start) == 24 * HOUR
     assert datetime_to_ms(notice.expires_at) == datetime_to_ms(notice.window_start) + 900 * SEC
     assert set(notice.model_dump()) == {
-        "notice_id", "tenant", "account_digest", "reason", "expires_at", "window_start",
-        "window_end", "policy_version",
-    }  # fmt: skip
+        "notice_id",
+        "tenant",
+        "account_digest",
+        "reason",
+        "expires_at",
+        "window_start",
+        "window_end",
+        "policy_version",
+    }
     gateway(engine, att(t + 24 * HOUR, account=ACCOUNT))
     assert [n.reason for n in engine.out.notices] == ["consecutive_lock"] * 2
 
@@ -230,13 +269,25 @@ def test_notice_once_per_window_without_plain_identifiers() -> None:
 def test_observe_mode_lock_and_curve_publish_observe_and_never_refuse() -> None:
     """lockout, lifetime and mfa_curve in observe mode: 'observe' decisions, no refusal, no notice."""
     observe = {"mode": "observe"}
-    engine = Engine(policy(lockout=observe, lifetime=observe, mfa_curve=observe,
-                           account_source=observe, account=observe, mfa=observe))  # fmt: skip
+    engine = Engine(
+        policy(
+            lockout=observe,
+            lifetime=observe,
+            mfa_curve=observe,
+            account_source=observe,
+            account=observe,
+            mfa=observe,
+        )
+    )
     verdicts = [gateway(engine, att(i * SEC)) for i in range(120)]
     verdicts += [gateway(engine, att(i * SEC, flow="mfa", device=DEV)) for i in range(10)]
     assert all(v.allowed for v in verdicts)
     rules = {(d.rule, d.action) for d in decisions(engine.out) if d.scope in ("lock", "mfa")}
-    assert rules == {("lockout", "observe"), ("lifetime_bound", "observe"), ("mfa_curve", "observe")}
+    assert rules == {
+        ("lockout", "observe"),
+        ("lifetime_bound", "observe"),
+        ("mfa_curve", "observe"),
+    }
     assert engine.out.notices == []
 
 
@@ -253,7 +304,10 @@ def test_lock_survives_a_changelog_round_trip() -> None:
         fresh.restore(key, value)
     fresh.finish_restore(Outbox())
     verdict = fresh.index.check(keys_for(att(10 * SEC, source="192.0.2.1")), T0 + 10 * SEC)
-    assert (verdict.allowed, verdict.matched_key) == (False, ("lock", "default", ACCOUNT, None, None))
+    assert (verdict.allowed, verdict.matched_key) == (
+        False,
+        ("lock", "default", ACCOUNT, None, None),
+    )
     streak = fresh.tenants["default"].streaks.get(("lock", "default", ACCOUNT, None, None))
     assert streak is not None and (streak.count, streak.seq) == (5, 4)  # 6 and 7 were refused
 

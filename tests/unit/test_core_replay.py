@@ -111,9 +111,12 @@ def test_engine_equals_manual_wiring() -> None:
 
 
 def _drive(
-    shard: AccountShard | SourceShard, attempts: list[Attempt], log: dict[bytes, bytes | None],
-    out: Outbox, seq0: int = 0,
-) -> None:  # fmt: skip
+    shard: AccountShard | SourceShard,
+    attempts: list[Attempt],
+    log: dict[bytes, bytes | None],
+    out: Outbox,
+    seq0: int = 0,
+) -> None:
     """Feed envelopes of 100 attempts like the stream stage: step with seq, advance, flush
     the changed entries into ``log`` (a compacted changelog: latest value last)."""
     now = shard.watermark_ms

@@ -35,9 +35,11 @@ def window_rules(**defaults: Any) -> Policy:
     """The policy with seed 002's lock and seed 004's mfa curve out of the way, so each
     window rule is seen alone (those have their own tests in test_core_lockout.py)."""
     return policy(
-        version="default-1", lockout={"threshold": 1_000_000}, mfa_curve={"enabled": False},
+        version="default-1",
+        lockout={"threshold": 1_000_000},
+        mfa_curve={"enabled": False},
         **defaults,
-    )  # fmt: skip
+    )
 
 
 def step(engine: Engine, a: Attempt) -> Verdict:
@@ -74,8 +76,11 @@ def test_account_source_trips_at_exactly_five() -> None:
     d = only_decision(engine)
     assert d.key == AS_KEY
     assert (d.scope, d.rule, d.applies_to, d.action) == (
-        "account_source", "account_source", "untrusted", "block"
-    )  # fmt: skip
+        "account_source",
+        "account_source",
+        "untrusted",
+        "block",
+    )
     assert (d.tenant, d.account_digest, d.source, d.device_id) == ("default", ACCOUNT, SOURCE, None)
     assert (d.count, d.threshold, d.window_ms) == (5, 5, 15 * MIN)
     assert datetime_to_ms(d.issued_at) == T0 + 4 * MIN
@@ -126,7 +131,10 @@ def test_refused_failures_are_not_counted() -> None:
 
 
 def _from_many_sources(n: int, t0: int = 0) -> list[Attempt]:
-    return [att(t0 + i * SEC, source=f"203.0.113.{i % 250}" if i < 250 else f"198.18.0.{i % 250}") for i in range(n)]
+    return [
+        att(t0 + i * SEC, source=f"203.0.113.{i % 250}" if i < 250 else f"198.18.0.{i % 250}")
+        for i in range(n)
+    ]
 
 
 def test_ceiling_does_not_trip_at_49() -> None:
@@ -143,7 +151,13 @@ def test_ceiling_trips_at_50_from_many_sources() -> None:
     engine.step_batch(_from_many_sources(50))
     d = only_decision(engine)
     assert d.key == ACCT_KEY
-    assert (d.scope, d.applies_to, d.count, d.threshold, d.source) == ("account", "untrusted", 50, 50, None)
+    assert (d.scope, d.applies_to, d.count, d.threshold, d.source) == (
+        "account",
+        "untrusted",
+        50,
+        50,
+        None,
+    )
     assert datetime_to_ms(d.expires_at) - datetime_to_ms(d.issued_at) == 15 * MIN
     (alert,) = alerts(engine.out, "account_under_attack")
     assert (alert.account_digest, alert.source, alert.count) == (ACCOUNT, None, 50)
@@ -184,7 +198,13 @@ def test_device_rule_refuses_that_device_only() -> None:
     engine.step_batch([att(9 * SEC, device=DEV, trusted=True)])
     d = only_decision(engine)
     assert d.key == f"device|default|{ACCOUNT}|-|{DEV}"
-    assert (d.scope, d.applies_to, d.count, d.threshold, d.device_id) == ("device", "device", 10, 10, DEV)
+    assert (d.scope, d.applies_to, d.count, d.threshold, d.device_id) == (
+        "device",
+        "device",
+        10,
+        10,
+        DEV,
+    )
     assert not step(engine, att(10 * SEC, device=DEV, trusted=True)).allowed
     assert step(engine, att(11 * SEC, device=DEV2, trusted=True)).allowed
     assert step(engine, att(12 * SEC)).allowed
@@ -275,7 +295,12 @@ def test_spray_source_alert_at_200_distinct_accounts() -> None:
     assert alerts(engine.out, "spray_source") == []
     engine.step_batch([att(19_900, account="f" * 32)])
     (alert,) = alerts(engine.out, "spray_source")
-    assert (alert.source, alert.count, alert.distinct_accounts, alert.account_digest) == (SOURCE, 200, 200, None)
+    assert (alert.source, alert.count, alert.distinct_accounts, alert.account_digest) == (
+        SOURCE,
+        200,
+        200,
+        None,
+    )
     assert datetime_to_ms(alert.window_end) == T0 + 19_900
 
 
@@ -318,7 +343,13 @@ def test_spray_enforce_mode_issues_a_source_block() -> None:
     engine = Engine(window_rules(source={"mode": "enforce"}))
     verdicts = engine.step_batch(_spray(201))
     (d,) = [d for d in decisions(engine.out) if d.scope == "source"]
-    assert (d.action, d.count, d.threshold, d.device_id, d.account_digest) == ("block", 200, 200, None, None)
+    assert (d.action, d.count, d.threshold, d.device_id, d.account_digest) == (
+        "block",
+        200,
+        200,
+        None,
+        None,
+    )
     assert datetime_to_ms(d.expires_at) - datetime_to_ms(d.issued_at) == 15 * MIN
     assert verdicts[199] is not None and verdicts[199].allowed
     assert verdicts[200] is not None and not verdicts[200].allowed
@@ -343,14 +374,19 @@ def test_credential_stuffing_needs_the_ratio() -> None:
     engine = Engine(window_rules())
     mix = ["unknown_account"] * 39 + ["bad_password"] * 11
     engine.step_batch(att(i * 10, account=f"{i:032x}", reason=r) for i, r in enumerate(mix))
-    engine.step_batch(att(i * 10, account=f"{i:032x}", source="192.0.2.9", reason="unknown_account") for i in range(49))
+    engine.step_batch(
+        att(i * 10, account=f"{i:032x}", source="192.0.2.9", reason="unknown_account")
+        for i in range(49)
+    )
     assert alerts(engine.out, "credential_stuffing") == []
 
 
 def test_credential_stuffing_once_per_window() -> None:
     """500 unknown-account failures raise one credential_stuffing alert."""
     engine = Engine(window_rules())
-    engine.step_batch(att(i * 10, account=f"{i:032x}", reason="unknown_account") for i in range(500))
+    engine.step_batch(
+        att(i * 10, account=f"{i:032x}", reason="unknown_account") for i in range(500)
+    )
     assert len(alerts(engine.out, "credential_stuffing")) == 1
 
 
@@ -387,7 +423,12 @@ def test_spray_tenant_far_above_baseline() -> None:
     rollup.update("t", 8, "a", 0, 150)
     assert rollup.advance(8 * 15 * MIN + 1999) == []  # evaluated at second boundaries only
     (alert,) = rollup.advance(8 * 15 * MIN + 2000)
-    assert (alert.type, alert.tenant, alert.count, alert.distinct_accounts) == ("spray_tenant", "t", 150, 150)
+    assert (alert.type, alert.tenant, alert.count, alert.distinct_accounts) == (
+        "spray_tenant",
+        "t",
+        150,
+        150,
+    )
     assert datetime_to_ms(alert.window_start) == 8 * 15 * MIN
     assert datetime_to_ms(alert.window_end) == 9 * 15 * MIN
     rollup.update("t", 8, "a", 1, 500)
@@ -542,10 +583,16 @@ def test_escalation_forgotten_after_streak_memory() -> None:
 def test_observe_mode_every_rule_publishes_observe_and_never_refuses() -> None:
     """With every rule in observe mode, decisions say 'observe' and the check allows."""
     observe = {"mode": "observe"}
-    engine = Engine(window_rules(
-        account_source=observe, account=observe, device=observe, uia=observe, mfa=observe,
-        source=observe,
-    ))  # fmt: skip
+    engine = Engine(
+        window_rules(
+            account_source=observe,
+            account=observe,
+            device=observe,
+            uia=observe,
+            mfa=observe,
+            source=observe,
+        )
+    )
     traffic = (
         _from_many_sources(60)
         + [att(MIN + 300 + i) for i in range(5)]

@@ -16,8 +16,16 @@ def _gateway(engine: Engine, a: Attempt) -> Verdict:
     """Check first (like the edge), then report the outcome the service would see."""
     verdict = engine.accounts.index.check(keys_for(a), a.occurred_ms)
     if not verdict.allowed and not a.success:
-        a = att(a.occurred_ms - T0, a.account, a.source, reason="refused", device=a.device,
-                trusted=a.trusted, session=a.session, flow=a.flow)  # fmt: skip
+        a = att(
+            a.occurred_ms - T0,
+            a.account,
+            a.source,
+            reason="refused",
+            device=a.device,
+            trusted=a.trusted,
+            session=a.session,
+            flow=a.flow,
+        )
     result = engine.step_batch([a])[0]
     assert result is not None and result.allowed == verdict.allowed
     return verdict
@@ -64,13 +72,28 @@ def test_three_hundred_colleagues_behind_one_nat_are_never_refused() -> None:
         session = device if flow == "uia" else None
         typos = 0
         while rng.random() < 0.07 and typos < 3:  # a typo, retried a few seconds later
-            a = att(t + typos * 7 * SEC, account, nat, device=device, trusted=trusted,
-                    session=session, flow=flow)  # fmt: skip
+            a = att(
+                t + typos * 7 * SEC,
+                account,
+                nat,
+                device=device,
+                trusted=trusted,
+                session=session,
+                flow=flow,
+            )
             refused += not _gateway(engine, a).allowed
             typos += 1
             attempts += 1
-        ok = att(t + typos * 7 * SEC, account, nat, device=device, trusted=trusted,
-                 session=session, flow=flow, success=True)  # fmt: skip
+        ok = att(
+            t + typos * 7 * SEC,
+            account,
+            nat,
+            device=device,
+            trusted=trusted,
+            session=session,
+            flow=flow,
+            success=True,
+        )
         refused += not _gateway(engine, ok).allowed
         attempts += 1
     assert attempts > 7_000
@@ -89,7 +112,12 @@ def test_botnet_of_1000_addresses_is_stopped_by_the_ceiling() -> None:
         accepted += _gateway(engine, guess).allowed
     assert accepted == 5
     (lock,) = decisions(engine.out)
-    assert (lock.scope, lock.rule, lock.account_digest, lock.count) == ("lock", "lockout", ACCOUNT, 5)
+    assert (lock.scope, lock.rule, lock.account_digest, lock.count) == (
+        "lock",
+        "lockout",
+        ACCOUNT,
+        5,
+    )
     engine = Engine(policy(lockout={"threshold": 1_000_000}))
     accepted = 0
     for j in range(3000):

@@ -26,12 +26,19 @@ def test_stuffing_blocks_a_source_at_its_second_distinct_unknown_account() -> No
     """Two failures on accounts that do not exist: the second issues a one-hour source block
     (rule stuffing) that refuses the third attempt, even on a real account."""
     engine = Engine()
-    verdicts = engine.step_batch([_unknown(0, 1), _unknown(10 * SEC, 2), att(20 * SEC, success=True)])  # type: ignore[list-item]
+    verdicts = engine.step_batch(
+        [_unknown(0, 1), _unknown(10 * SEC, 2), att(20 * SEC, success=True)]
+    )  # type: ignore[list-item]
     assert [v is not None and v.allowed for v in verdicts] == [True, True, False]
     (d,) = decisions(engine.out)
     assert (d.rule, d.scope, d.action, d.key, d.count, d.threshold) == (
-        "stuffing", "source", "block", f"source|default|-|{SOURCE}|-", 2, 2,
-    )  # fmt: skip
+        "stuffing",
+        "source",
+        "block",
+        f"source|default|-|{SOURCE}|-",
+        2,
+        2,
+    )
     assert datetime_to_ms(d.expires_at) - datetime_to_ms(d.issued_at) == 60 * MIN
 
 
@@ -65,9 +72,18 @@ def test_stuffing_never_blocks_a_nat_whose_users_succeed_after_a_typo() -> None:
     """A NAT where a colleague failed then succeeded is redeemed for the window: two
     colleagues mistyping their identifiers later are not refused."""
     engine = Engine()
-    engine.step_batch([att(0, account="a" * 32, source=NAT), att(5 * SEC, account="a" * 32, source=NAT, success=True)])
+    engine.step_batch(
+        [
+            att(0, account="a" * 32, source=NAT),
+            att(5 * SEC, account="a" * 32, source=NAT, success=True),
+        ]
+    )
     verdicts = engine.step_batch(
-        [_unknown(60 * SEC, 1, NAT), _unknown(70 * SEC, 2, NAT), att(80 * SEC, account="b" * 32, source=NAT, success=True)]  # type: ignore[list-item]
+        [
+            _unknown(60 * SEC, 1, NAT),
+            _unknown(70 * SEC, 2, NAT),
+            att(80 * SEC, account="b" * 32, source=NAT, success=True),
+        ]  # type: ignore[list-item]
     )
     assert all(v is not None and v.allowed for v in verdicts)
     assert decisions(engine.out) == []
@@ -79,7 +95,10 @@ def test_stuffing_typo_makers_and_ipv6_rotators_are_never_refused() -> None:
     attempts = []
     for i in range(500):
         source = f"198.18.{i // 250}.{i % 250}" if i % 2 else f"2001:db8:{i:x}::/64"
-        attempts += [_unknown(i * SEC, 10_000 + i, source), att(i * SEC + 4 * SEC, account=f"{i:032x}", source=source, success=True)]
+        attempts += [
+            _unknown(i * SEC, 10_000 + i, source),
+            att(i * SEC + 4 * SEC, account=f"{i:032x}", source=source, success=True),
+        ]
     verdicts = engine.step_batch(attempts)  # type: ignore[arg-type]
     assert all(v is not None and v.allowed for v in verdicts)
     assert decisions(engine.out) == []
@@ -109,7 +128,9 @@ def test_stuffing_never_blocks_a_source_whose_users_sign_in() -> None:
     not blocked by two mistyped identifiers, even with no failure before them; a proxy
     with one takeover is still blocked at its fifth unknown account."""
     engine = Engine()
-    engine.step_batch([att(i * SEC, account=f"{i:032x}", source=NAT, success=True) for i in range(3)])
+    engine.step_batch(
+        [att(i * SEC, account=f"{i:032x}", source=NAT, success=True) for i in range(3)]
+    )
     verdicts = engine.step_batch([_unknown(60 * SEC, 1, NAT), _unknown(70 * SEC, 2, NAT)])  # type: ignore[list-item]
     assert all(v is not None and v.allowed for v in verdicts)
     engine.step_batch([att(0, account="e" * 32, success=True)])
@@ -122,8 +143,12 @@ def test_nat_of_typo_then_success_users_raises_no_spray_alert() -> None:
     spray_source; 300 failures with no success from one address still raise it."""
     engine = Engine()
     for i in range(300):
-        engine.step_batch([att(i * SEC, account=f"{i:032x}", source=NAT),
-                           att(i * SEC + 3 * SEC, account=f"{i:032x}", source=NAT, success=True)])  # fmt: skip
+        engine.step_batch(
+            [
+                att(i * SEC, account=f"{i:032x}", source=NAT),
+                att(i * SEC + 3 * SEC, account=f"{i:032x}", source=NAT, success=True),
+            ]
+        )
     assert alerts(engine.out, "spray_source") == []
     assert [d for d in decisions(engine.out) if d.scope == "source"] == []
     engine.step_batch(att(i * SEC, account=f"{i:032x}", source="203.0.113.50") for i in range(300))
@@ -142,8 +167,16 @@ def test_stuffing_tenant_fires_within_seconds_of_a_wave_across_proxies() -> None
     assert decisions(engine.out) == []
 
 
-def update(waves: TenantStuffing, tenant: str, window: int, part: int, share: int,
-           min_unknown: int, factor: float, baseline_windows: int) -> int:  # fmt: skip
+def update(
+    waves: TenantStuffing,
+    tenant: str,
+    window: int,
+    part: int,
+    share: int,
+    min_unknown: int,
+    factor: float,
+    baseline_windows: int,
+) -> int:
     """Record a share, then evaluate at the next second boundary (what the rollup does)."""
     waves.record(tenant, window, part, share)
     return waves.evaluate(tenant, window, min_unknown, factor, baseline_windows)
@@ -161,7 +194,9 @@ def test_tenant_stuffing_shares_are_absolute_and_fired_windows_do_not_teach_the_
 
 
 @given(st.integers(0, 100), st.integers(0, 100), st.booleans(), st.integers(1, 10))
-def test_is_stuffing_is_monotone_in_unknown_accounts(failures: int, unknown: int, redeemed: bool, k: int) -> None:
+def test_is_stuffing_is_monotone_in_unknown_accounts(
+    failures: int, unknown: int, redeemed: bool, k: int
+) -> None:
     """More unknown accounts never turn a stuffing verdict off; a redemption always does."""
     unknown = min(unknown, failures)
     if is_stuffing(failures, unknown, 0, redeemed, k, 0.8, 5, 0.5, 4.0):
@@ -173,10 +208,19 @@ def test_is_stuffing_is_monotone_in_unknown_accounts(failures: int, unknown: int
 def test_source_state_round_trips_and_loads_records_from_before_the_stuffing_rule() -> None:
     """dump/load keep the rule and the redemption; a 10-field record still loads."""
     state = SourceState(15, 15)
-    state.blocked_until_ms, state.block_rule, state.redeemed_until_ms, state.decision_id = 9, "stuffing", 7, "x"
+    state.blocked_until_ms, state.block_rule, state.redeemed_until_ms, state.decision_id = (
+        9,
+        "stuffing",
+        7,
+        "x",
+    )
     state.successes.add(3)
     loaded = SourceState.load(state.dump())
-    assert (loaded.block_rule, loaded.redeemed_until_ms, loaded.blocked_until_ms) == ("stuffing", 7, 9)
+    assert (loaded.block_rule, loaded.redeemed_until_ms, loaded.blocked_until_ms) == (
+        "stuffing",
+        7,
+        9,
+    )
     assert (loaded.successes.head, loaded.successes.total) == (3, 1)
     old = SourceState.load(state.dump()[:10])
     assert (old.block_rule, old.redeemed_until_ms) == ("source", 0)

@@ -95,7 +95,11 @@ def mixed_traffic(n: int, seed: int = 1, mean_gap_ms: int = 300) -> list[Attempt
 
     rng = random.Random(seed)
     users = [
-        (f"{rng.getrandbits(128):032x}", f"10.0.{i // 200}.{i % 200}", f"{rng.getrandbits(128):032x}")
+        (
+            f"{rng.getrandbits(128):032x}",
+            f"10.0.{i // 200}.{i % 200}",
+            f"{rng.getrandbits(128):032x}",
+        )
         for i in range(200)
     ]
     victims = [f"{rng.getrandbits(128):032x}" for _ in range(3)]
@@ -109,17 +113,30 @@ def mixed_traffic(n: int, seed: int = 1, mean_gap_ms: int = 300) -> list[Attempt
             account, source, device = rng.choice(users)
             flow = rng.choice(["login", "login", "login", "token", "uia", "mfa"])
             trusted = rng.random() < 0.6
-            out.append(att(
-                t, account, source, success=rng.random() < 0.85, device=device, trusted=trusted,
-                session=device if flow == "uia" else None, flow=flow, event_id=eid,
-            ))  # fmt: skip
+            out.append(
+                att(
+                    t,
+                    account,
+                    source,
+                    success=rng.random() < 0.85,
+                    device=device,
+                    trusted=trusted,
+                    session=device if flow == "uia" else None,
+                    flow=flow,
+                    event_id=eid,
+                )
+            )
         elif r < 0.75:
             out.append(att(t, victims[i % 3], f"100.64.0.{i % 3}", event_id=eid))
         elif r < 0.85:
-            out.append(att(t, victims[0], f"203.0.{rng.randrange(2)}.{rng.randrange(150)}", event_id=eid))
+            out.append(
+                att(t, victims[0], f"203.0.{rng.randrange(2)}.{rng.randrange(150)}", event_id=eid)
+            )
         elif r < 0.95:
             out.append(att(t, f"{rng.getrandbits(128):032x}", "100.65.0.1", event_id=eid))
         else:
             reason = "unknown_account" if rng.random() < 0.9 else "bad_password"
-            out.append(att(t, f"{rng.getrandbits(128):032x}", "100.66.0.1", reason=reason, event_id=eid))
+            out.append(
+                att(t, f"{rng.getrandbits(128):032x}", "100.66.0.1", reason=reason, event_id=eid)
+            )
     return out

@@ -26,7 +26,9 @@ def _in_interval(times: list[int], lo_exclusive: int, hi_inclusive: int) -> int:
     k=subs,
     gaps=st.lists(st.integers(0, 400_000), min_size=1, max_size=80),
 )
-def test_ring_never_undercounts_and_overcount_is_bounded(window: int, k: int, gaps: list[int]) -> None:
+def test_ring_never_undercounts_and_overcount_is_bounded(
+    window: int, k: int, gaps: list[int]
+) -> None:
     """In time order: every event younger than window_ms is counted; none aged span_ms."""
     spec = WindowSpec(window, k)
     ring = Ring(spec.ring_size)
@@ -137,7 +139,11 @@ class _ListRing:
 @given(
     size=st.integers(1, 8),
     ops=st.lists(
-        st.tuples(st.sampled_from(["add", "remove", "advance", "clear"]), st.integers(0, 40), st.integers(1, 3)),
+        st.tuples(
+            st.sampled_from(["add", "remove", "advance", "clear"]),
+            st.integers(0, 40),
+            st.integers(1, 3),
+        ),
         max_size=60,
     ),
 )

@@ -72,7 +72,9 @@ def test_a_short_key_file_is_refused(no_key_env: Path) -> None:
     state = no_key_env / "state"
     state.mkdir()
     (state / "digest.key").write_text("short\n")
-    with pytest.raises(ConfigError, match=r"identity\.digest_key from .*digest\.key is shorter than 32"):
+    with pytest.raises(
+        ConfigError, match=r"identity\.digest_key from .*digest\.key is shorter than 32"
+    ):
         load_settings(state_dir=state)
 
 
@@ -82,16 +84,23 @@ def test_a_short_key_file_is_refused(no_key_env: Path) -> None:
 def test_every_service_refuses_to_start_without_a_key(tmp_path: Path, command: list[str]) -> None:
     """Exit 1 with one line naming identity.digest_key, before connecting to anything."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("AUTHPIPE_")}
-    env.update({
-        "AUTHPIPE_STATE_DIR": str(tmp_path / "state"),
-        # Nothing listens here: a service that connected first would fail otherwise or hang.
-        "AUTHPIPE_KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:1",
-        "AUTHPIPE_CLICKHOUSE_URL": "http://127.0.0.1:1",
-    })  # fmt: skip
+    env.update(
+        {
+            "AUTHPIPE_STATE_DIR": str(tmp_path / "state"),
+            # Nothing listens here: a service that connected first would fail otherwise or hang.
+            "AUTHPIPE_KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:1",
+            "AUTHPIPE_CLICKHOUSE_URL": "http://127.0.0.1:1",
+        }
+    )
     done = subprocess.run(
         [sys.executable, "-m", "pipeline.cli", *command],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert done.returncode == 1, done.stderr
     lines = done.stderr.splitlines()
     assert len(lines) == 1, done.stderr

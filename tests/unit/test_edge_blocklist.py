@@ -29,14 +29,32 @@ def test_json_body_is_sorted_and_complete() -> None:
     body = orjson.loads(render_body(ENTRIES, FeedQuery("json")))
     assert body == {
         "entries": [
-            {"source": "203.0.113.7", "tenant": "acme", "action": "block", "rule": "source",
-             "decision_id": "b" * 32, "expires_at": "2026-09-21T14:18:20.000Z"},
-            {"source": "2001:db8:1:2::/64", "tenant": "default", "action": "observe",
-             "rule": "source", "decision_id": "c" * 32, "expires_at": "2026-09-21T14:20:20.000Z"},
-            {"source": "203.0.113.7", "tenant": "default", "action": "block", "rule": "source",
-             "decision_id": "a" * 32, "expires_at": "2026-09-21T14:23:20.000Z"},
+            {
+                "source": "203.0.113.7",
+                "tenant": "acme",
+                "action": "block",
+                "rule": "source",
+                "decision_id": "b" * 32,
+                "expires_at": "2026-09-21T14:18:20.000Z",
+            },
+            {
+                "source": "2001:db8:1:2::/64",
+                "tenant": "default",
+                "action": "observe",
+                "rule": "source",
+                "decision_id": "c" * 32,
+                "expires_at": "2026-09-21T14:20:20.000Z",
+            },
+            {
+                "source": "203.0.113.7",
+                "tenant": "default",
+                "action": "block",
+                "rule": "source",
+                "decision_id": "a" * 32,
+                "expires_at": "2026-09-21T14:23:20.000Z",
+            },
         ]
-    }  # fmt: skip
+    }
 
 
 def test_text_nginx_and_geo_bodies() -> None:

@@ -162,6 +162,8 @@ async def test_login_service_mails_the_owner_for_a_notice_about_its_account() ->
     mailer = login_service.NoticeMailer.for_users("default", [ACCOUNT], send, TEST_DIGEST_KEY)
     assert await mailer.handle(orjson.loads(encode(notice))) is True
     ((to, _, body),) = sent
-    assert to == ACCOUNT and "remembers this device" in body and notice.model_dump_json() not in body
+    assert (
+        to == ACCOUNT and "remembers this device" in body and notice.model_dump_json() not in body
+    )
     other = {**orjson.loads(encode(notice)), "account_digest": "f" * 32}
     assert await mailer.handle(other) is False and len(sent) == 1

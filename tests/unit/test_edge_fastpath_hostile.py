@@ -300,27 +300,88 @@ async def test_data_after_connection_close_is_aiohttps_to_refuse() -> None:
         await harness.runner.cleanup()
 
 
-_NAMES = st.sampled_from([
-    "Accept", "Accept", "X-Forwarded-For", "Authorization", "Connection", "connection",
-    "User-Agent", "Host", "host", "Content-Length", "content-length", "Content-Type",
-    "Proxy-Connection", "Transfer-Encoding", "Upgrade", "Expect", "ETag", "Server",
-    "Max-Forwards", "Content-Location", "Content-Range", "X-Host", "Host ", "Ho st",
-])  # fmt: skip
-_VALUES = st.sampled_from([
-    "edge", "*/*", "0", "0", "close", "keep-alive", "", "00", "1", " 0 ", "-0", "Close",
-    "closed", "close, keep-alive", "keep-alive, close", "upgrade", "Upgrade, close",
-    "chunked", "Bearer t", "Bearer  t ", "websocket", "100-continue", "a\tb", "a\x7fb",
-    "caf\u00e9", "text/plain", "x" * 100, "a\x00b", "\tedge\t",
-])  # fmt: skip
+_NAMES = st.sampled_from(
+    [
+        "Accept",
+        "Accept",
+        "X-Forwarded-For",
+        "Authorization",
+        "Connection",
+        "connection",
+        "User-Agent",
+        "Host",
+        "host",
+        "Content-Length",
+        "content-length",
+        "Content-Type",
+        "Proxy-Connection",
+        "Transfer-Encoding",
+        "Upgrade",
+        "Expect",
+        "ETag",
+        "Server",
+        "Max-Forwards",
+        "Content-Location",
+        "Content-Range",
+        "X-Host",
+        "Host ",
+        "Ho st",
+    ]
+)
+_VALUES = st.sampled_from(
+    [
+        "edge",
+        "*/*",
+        "0",
+        "0",
+        "close",
+        "keep-alive",
+        "",
+        "00",
+        "1",
+        " 0 ",
+        "-0",
+        "Close",
+        "closed",
+        "close, keep-alive",
+        "keep-alive, close",
+        "upgrade",
+        "Upgrade, close",
+        "chunked",
+        "Bearer t",
+        "Bearer  t ",
+        "websocket",
+        "100-continue",
+        "a\tb",
+        "a\x7fb",
+        "caf\u00e9",
+        "text/plain",
+        "x" * 100,
+        "a\x00b",
+        "\tedge\t",
+    ]
+)
 _SEPARATORS = st.sampled_from([": ", ": ", ": ", ":", ":  ", " : ", ":\t"])
 _HEADER = st.tuples(_NAMES, _SEPARATORS, _VALUES).map(lambda h: f"{h[0]}{h[1]}{h[2]}")
 _PARAM = st.tuples(
     st.sampled_from([*sorted(CHECK_FIELDS), "x", "%61ccount"]),
-    st.sampled_from([
-        "a", "192.0.2.1", "al%C3%A9x", "b", "a%20b", "%3D", "1.2.3.4%2C10.0.0.1", "%zz",
-        "a+b", "%FF", "", "%E2%80%8Bb",
-    ]),
-).map(lambda p: f"{p[0]}={p[1]}")  # fmt: skip
+    st.sampled_from(
+        [
+            "a",
+            "192.0.2.1",
+            "al%C3%A9x",
+            "b",
+            "a%20b",
+            "%3D",
+            "1.2.3.4%2C10.0.0.1",
+            "%zz",
+            "a+b",
+            "%FF",
+            "",
+            "%E2%80%8Bb",
+        ]
+    ),
+).map(lambda p: f"{p[0]}={p[1]}")
 _REQUEST_LINE = st.tuples(
     st.sampled_from(["GET"] * 8 + ["get", "POST", "HEAD"]),
     st.lists(_PARAM, min_size=1, max_size=4).map(lambda ps: "/v1/check?" + "&".join(ps)),
@@ -339,9 +400,13 @@ def _aiohttp_read(parser_class: type, raw: bytes) -> list[object] | None:
     loop = asyncio.new_event_loop()
     try:
         parser = parser_class(
-            BaseProtocol(loop), loop, 2**16, max_line_size=8190, max_field_size=8190,
+            BaseProtocol(loop),
+            loop,
+            2**16,
+            max_line_size=8190,
+            max_field_size=8190,
             max_headers=128,
-        )  # fmt: skip
+        )
         try:
             messages, _, _ = parser.feed_data(raw)
         except HttpProcessingError:

@@ -90,7 +90,7 @@ def test_sources_are_cached_by_normalised_hops_and_long_chains_not_at_all() -> N
 
 
 def test_an_empty_entry_is_no_hop_in_the_header_and_in_the_workers_list() -> None:
-    """"6.6.6.6,,10.0.0.2" at the edge and ["6.6.6.6", "", "10.0.0.2"] in the worker give one
+    """ "6.6.6.6,,10.0.0.2" at the edge and ["6.6.6.6", "", "10.0.0.2"] in the worker give one
     source: the empty entry is skipped (no proxy appends nothing), 6.6.6.6 is read."""
     norm = build_normaliser(SETTINGS)
     assert norm.sources.source_of(PROXY, ["6.6.6.6", "", "10.0.0.2"]) == "6.6.6.6"
@@ -112,10 +112,21 @@ def test_view_refuses_long_forwarded_for_as_check_input_error() -> None:
 
 
 _HOP = st.one_of(
-    st.sampled_from(["10.0.0.2", "10.9.9.9:443", "unknown", "_hidden", "", "[2001:db8::7]:443",
-                     "203.0.113.7:51234", "6.6.6.6", "64:ff9b::198.51.100.3"]),
+    st.sampled_from(
+        [
+            "10.0.0.2",
+            "10.9.9.9:443",
+            "unknown",
+            "_hidden",
+            "",
+            "[2001:db8::7]:443",
+            "203.0.113.7:51234",
+            "6.6.6.6",
+            "64:ff9b::198.51.100.3",
+        ]
+    ),
     st.ip_addresses().map(str),
-)  # fmt: skip
+)
 
 
 @settings(max_examples=200, deadline=None)

@@ -89,7 +89,9 @@ class FastPathServer(TestServer):
         self.runner = await self._make_runner(handler_cancellation=True, **kwargs)
         await self.runner.setup()
         assert isinstance(self.runner, web.AppRunner)
-        site = EdgeSite(self.runner, self.host, 0, edge=self.runner.app[EDGE_KEY], known=CHECK_FIELDS)
+        site = EdgeSite(
+            self.runner, self.host, 0, edge=self.runner.app[EDGE_KEY], known=CHECK_FIELDS
+        )
         await site.start()
         self.port, self.scheme = site.port, "http"
         self._root = URL(f"http://{self.host}:{self.port}")
@@ -213,14 +215,20 @@ async def test_missing_and_repeated_parameters_are_400(edge: Edge) -> None:
         ("/v1/check", b"[1]", "body"),
         ("/v1/check", b'{"account": "bob", "ip": "192.0.2.1", "trusted": "true"}', "trusted"),
         ("/v1/check", b'{"account": 7, "ip": "192.0.2.1"}', "account"),
-        ("/v1/check", b'{"account": "bob", "ip": "192.0.2.1", "forwarded_for": [1]}',
-         "forwarded_for"),
+        (
+            "/v1/check",
+            b'{"account": "bob", "ip": "192.0.2.1", "forwarded_for": [1]}',
+            "forwarded_for",
+        ),
         ("/v1/check/batch", b'{"account": "bob"}', "body"),
-        ("/v1/check/batch", b'[{"account": "bob", "ip": "192.0.2.1"}, {"account": "x", "ip": "x"}]',
-         "[1].ip"),
+        (
+            "/v1/check/batch",
+            b'[{"account": "bob", "ip": "192.0.2.1"}, {"account": "x", "ip": "x"}]',
+            "[1].ip",
+        ),
         ("/v1/check/batch", b"[1]", "[0]"),
     ],
-)  # fmt: skip
+)
 async def test_malformed_json_is_400(edge: Edge, path: str, raw: bytes, parameter: str) -> None:
     """Malformed JSON bodies and batch items are 400s naming the field (with its position)."""
     response = await edge.client.post(path, data=raw)
@@ -233,8 +241,11 @@ async def test_batch_over_the_limit_is_400(edge: Edge) -> None:
     """A batch of more than 1000 checks is refused as a whole."""
     batch = [{"account": "bob", "ip": PEER}] * (BATCH_MAX_CHECKS + 1)
     body = await edge.post_json("/v1/check/batch", batch, status=400)
-    assert body == {"error": "bad_parameter", "parameter": "body",
-                    "message": "a batch holds at most 1000 checks"}  # fmt: skip
+    assert body == {
+        "error": "bad_parameter",
+        "parameter": "body",
+        "message": "a batch holds at most 1000 checks",
+    }
 
 
 @pytest.mark.parametrize(
@@ -266,10 +277,16 @@ async def test_refusal_is_logged_with_key_and_decision_id_not_the_account(edge: 
         await edge.get_json(check_url())
     refused = [entry for entry in logs if entry["event"] == "edge_check_refused"]
     assert refused == [
-        {"component": "edge", "event": "edge_check_refused", "log_level": "info",
-         "key": format_key(account_key()),
-         "decision_id": "f" * 32, "rule": "account", "retry_after_ms": MIN}
-    ]  # fmt: skip
+        {
+            "component": "edge",
+            "event": "edge_check_refused",
+            "log_level": "info",
+            "key": format_key(account_key()),
+            "decision_id": "f" * 32,
+            "rule": "account",
+            "retry_after_ms": MIN,
+        }
+    ]
     assert not any(ACCOUNT.lower() in str(entry).lower() for entry in logs)
 
 
@@ -290,14 +307,20 @@ async def test_not_ready_is_503_for_checks_and_feed(edge: Edge) -> None:
             "not exist; retry shortly",
         }
     assert await edge.get_json("/readyz", status=503) == {
-        "ready": False, "lag_messages": 42, "staleness_ms": 150, "decisions": 0,
+        "ready": False,
+        "lag_messages": 42,
+        "staleness_ms": 150,
+        "decisions": 0,
         "reason": "topic 'auth.throttle-decisions' does not exist",
-    }  # fmt: skip
+    }
     assert await edge.get_json("/healthz") == {"status": "ok"}
     edge.health.is_ready = True
     assert await edge.get_json("/readyz") == {
-        "ready": True, "lag_messages": 0, "staleness_ms": 150, "decisions": 0
-    }  # fmt: skip
+        "ready": True,
+        "lag_messages": 0,
+        "staleness_ms": 150,
+        "decisions": 0,
+    }
 
 
 async def test_token_is_required_except_for_healthz(guarded: Edge) -> None:
@@ -317,8 +340,9 @@ async def test_token_is_required_except_for_healthz(guarded: Edge) -> None:
 async def test_unknown_path_and_method_are_json_errors(edge: Edge) -> None:
     """404 and 405 answers are JSON too (405 keeps its Allow header)."""
     assert await edge.get_json("/v2/nothing", status=404) == {
-        "error": "not_found", "message": "Not Found"
-    }  # fmt: skip
+        "error": "not_found",
+        "message": "Not Found",
+    }
     response = await edge.client.delete("/v1/check")
     assert response.status == 405
     assert "GET" in response.headers["Allow"]
@@ -340,8 +364,9 @@ async def test_blocklist_formats(edge: Edge) -> None:
     body = await edge.get_json("/v1/blocklist")
     assert isinstance(body, dict)
     assert [(e["source"], e["action"]) for e in body["entries"]] == [
-        ("2001:db8:1:2::/64", "block"), ("203.0.113.7", "block")
-    ]  # fmt: skip
+        ("2001:db8:1:2::/64", "block"),
+        ("203.0.113.7", "block"),
+    ]
     response = await edge.client.get("/v1/blocklist?format=text&include=observe")
     assert await response.read() == b"192.0.2.9\n2001:db8:1:2::/64\n203.0.113.7\n"
     assert response.headers["Content-Type"] == "text/plain; charset=utf-8"
@@ -359,11 +384,19 @@ async def test_blocklist_formats(edge: Edge) -> None:
 
 @pytest.mark.parametrize(
     ("query", "parameter"),
-    [("format=xml", "format"), ("include=all", "include"), ("wait_ms=abc", "wait_ms"),
-     ("wait_ms=60001", "wait_ms"), ("wait_ms=-1", "wait_ms"), ("wait_ms=%C2%B2", "wait_ms"),
-     ("wait_ms=" + "0" * 5000, "wait_ms"), ("tenant=a%0Adeny%20all;", "tenant"),
-     ("tenant=a|b", "tenant"), ("since=1", "since")],
-)  # fmt: skip
+    [
+        ("format=xml", "format"),
+        ("include=all", "include"),
+        ("wait_ms=abc", "wait_ms"),
+        ("wait_ms=60001", "wait_ms"),
+        ("wait_ms=-1", "wait_ms"),
+        ("wait_ms=%C2%B2", "wait_ms"),
+        ("wait_ms=" + "0" * 5000, "wait_ms"),
+        ("tenant=a%0Adeny%20all;", "tenant"),
+        ("tenant=a|b", "tenant"),
+        ("since=1", "since"),
+    ],
+)
 async def test_blocklist_bad_parameters_are_400(edge: Edge, query: str, parameter: str) -> None:
     """Bad feed parameters are 400s naming the parameter."""
     body = await edge.get_json(f"/v1/blocklist?{query}", status=400)
@@ -404,9 +437,12 @@ async def test_long_poll_answers_within_a_second_of_a_change(edge: Edge) -> None
     _blocks(edge)
     etag = (await edge.client.get("/v1/blocklist?format=text")).headers["ETag"]
     poll = asyncio.create_task(
-        _timed(edge.client.get("/v1/blocklist?format=text&wait_ms=20000",
-                               headers={"If-None-Match": etag}))
-    )  # fmt: skip
+        _timed(
+            edge.client.get(
+                "/v1/blocklist?format=text&wait_ms=20000", headers={"If-None-Match": etag}
+            )
+        )
+    )
     await asyncio.sleep(0.3)  # let the poll park; the assertion below is on the push delay
     assert not poll.done()
     changed_at = time.monotonic()
@@ -422,9 +458,12 @@ async def test_long_poll_pushes_an_expiry(edge: Edge) -> None:
     _blocks(edge)
     etag = (await edge.client.get("/v1/blocklist?format=text")).headers["ETag"]
     poll = asyncio.create_task(
-        _timed(edge.client.get("/v1/blocklist?format=text&wait_ms=20000",
-                               headers={"If-None-Match": etag}))
-    )  # fmt: skip
+        _timed(
+            edge.client.get(
+                "/v1/blocklist?format=text&wait_ms=20000", headers={"If-None-Match": etag}
+            )
+        )
+    )
     await asyncio.sleep(0.3)
     edge.clock.now = T0 + 5 * MIN
     changed_at = time.monotonic()

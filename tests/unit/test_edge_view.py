@@ -121,7 +121,9 @@ def test_bad_keys_are_counted_and_ignored(key: bytes | None, value: bytes, reaso
         (lambda d: b"", "not_json"),
     ],
 )
-def test_bad_values_are_counted_and_keep_the_last_good_decision(mutate: object, reason: str) -> None:
+def test_bad_values_are_counted_and_keep_the_last_good_decision(
+    mutate: object, reason: str
+) -> None:
     """Issue 15 #2: a bad value under a valid key is counted and logged, and the key keeps
     its last good decision (the check still refuses); the view never raises."""
     view = new_view()
@@ -233,8 +235,15 @@ def test_check_equals_the_core_check() -> None:
     clock = Clock(T0 + 2 * MIN)
     view = new_view(clock)
     core = DecisionIndex()
-    for i, key in enumerate([account_key(), account_source_key(), device_key("d1"),
-                             source_key("203.0.113.5"), account_key("bob")]):  # fmt: skip
+    for i, key in enumerate(
+        [
+            account_key(),
+            account_source_key(),
+            device_key("d1"),
+            source_key("203.0.113.5"),
+            account_key("bob"),
+        ]
+    ):
         key_bytes, value = message(key, T0 + (i + 3) * MIN, action="observe" if i == 4 else "block")
         view.apply(key_bytes, value)
         active = view.index.get(key)
@@ -246,10 +255,14 @@ def test_check_equals_the_core_check() -> None:
             for device, trusted in ((None, False), ("d1", True), ("d1", False), ("d2", True)):
                 for flow in ("login", "uia", "mfa"):
                     keys = applicable_keys(
-                        TENANT, norm.account_digest(TENANT, account), norm.sources.source_of(peer, ()),
-                        norm.digester.device(TENANT, device) if device else None, None,
-                        trusted and device is not None, flow,
-                    )  # fmt: skip
+                        TENANT,
+                        norm.account_digest(TENANT, account),
+                        norm.sources.source_of(peer, ()),
+                        norm.digester.device(TENANT, device) if device else None,
+                        None,
+                        trusted and device is not None,
+                        flow,
+                    )
                     expected = core.check(keys, clock.now)
                     assert view.check(TENANT, account, peer, (), device, trusted, flow) == expected
 
@@ -313,8 +326,11 @@ def test_blocklist_lists_active_source_decisions() -> None:
     view = new_view(clock)
     view.apply(*message(source_key("203.0.113.7"), T0 + 10 * MIN, decision_id="a" * 32))
     view.apply(*message(source_key("2001:db8:1:2::/64"), T0 + 5 * MIN, decision_id="b" * 32))
-    view.apply(*message(source_key("192.0.2.9", "acme"), T0 + 7 * MIN, action="observe",
-                        decision_id="c" * 32))  # fmt: skip
+    view.apply(
+        *message(
+            source_key("192.0.2.9", "acme"), T0 + 7 * MIN, action="observe", decision_id="c" * 32
+        )
+    )
     view.apply(*message(account_key(), UNTIL))
     entries, valid_until = view.blocklist()
     assert sorted(entries) == [
@@ -389,8 +405,11 @@ PEERS = ("198.51.100.7", "203.0.113.5")
 def _keys_pool() -> list[Key]:
     keys: list[Key] = []
     for account in ACCOUNTS:
-        keys += [account_key(account), account_source_key(PEERS[0], account),
-                 device_key("d1", account)]  # fmt: skip
+        keys += [
+            account_key(account),
+            account_source_key(PEERS[0], account),
+            device_key("d1", account),
+        ]
     return keys + [source_key(peer) for peer in PEERS]
 
 
@@ -439,10 +458,14 @@ def test_view_check_always_equals_the_core_check_on_its_decisions(
             for peer in PEERS:
                 for device, trusted in ((None, False), ("d1", True)):
                     keys = applicable_keys(
-                        TENANT, norm.account_digest(TENANT, account), peer,
-                        norm.digester.device(TENANT, device) if device else None, None,
-                        trusted, "login",
-                    )  # fmt: skip
+                        TENANT,
+                        norm.account_digest(TENANT, account),
+                        peer,
+                        norm.digester.device(TENANT, device) if device else None,
+                        None,
+                        trusted,
+                        "login",
+                    )
                     expected = reference.check(keys, clock.now)
                     got = view.check(TENANT, account, peer, (), device, trusted, "login")
                     assert got == expected, (op, account, peer, device)
@@ -505,6 +528,10 @@ def test_seed_002_lock_refuses_every_untrusted_door_but_not_the_trusted_device()
     clock.now = T0 + MIN
     for flow in ("login", "token", "recovery"):
         verdict = view.check(TENANT, ACCOUNT, "192.0.2.200", (), None, False, flow)
-        assert (verdict.allowed, verdict.retry_after_ms, verdict.matched_key) == (False, 14 * MIN, lock)
+        assert (verdict.allowed, verdict.retry_after_ms, verdict.matched_key) == (
+            False,
+            14 * MIN,
+            lock,
+        )
     assert view.check(TENANT, ACCOUNT, PEER, (), "laptop", True, "login").allowed is True
     assert view.check(TENANT, ACCOUNT, PEER, (), "laptop", True, "mfa").allowed is True

@@ -41,7 +41,9 @@ def test_digests_differ_across_secrets() -> None:
 def test_long_secret_is_hashed_down() -> None:
     """A secret over 64 bytes is accepted (hashed to a BLAKE2b key)."""
     long = Digester("k" * 200)
-    assert long.account("t", "a") == Digester(hashlib.blake2b(b"k" * 200).digest()).account("t", "a")
+    assert long.account("t", "a") == Digester(hashlib.blake2b(b"k" * 200).digest()).account(
+        "t", "a"
+    )
 
 
 def test_lone_surrogates_never_raise() -> None:

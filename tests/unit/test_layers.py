@@ -55,6 +55,10 @@ def test_the_edge_does_not_load_faust() -> None:
     """A gateway process imports pipeline.edge.service without faust (the stream's framework)."""
     code = "import sys, pipeline.edge.service; assert 'faust' not in sys.modules, 'faust loaded'"
     done = subprocess.run(
-        [sys.executable, "-c", code], cwd=PIPELINE.parent, capture_output=True, text=True, timeout=60
+        [sys.executable, "-c", code],
+        cwd=PIPELINE.parent,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert done.returncode == 0, done.stderr

@@ -25,15 +25,20 @@ def test_startup_noise_dropped_only_during_grace_and_only_transient_kafka_errors
     leader topic not found yet, are dropped while starting; other errors (another topic not
     found), other loggers and anything after the grace period pass."""
     noise = StartupNoise(grace_s=60.0)
-    coordinator = record("aiokafka.consumer.group_coordinator",
-                         "Group Coordinator Request failed: [Error 15] GroupCoordinatorNotAvailableError")  # fmt: skip
+    coordinator = record(
+        "aiokafka.consumer.group_coordinator",
+        "Group Coordinator Request failed: [Error 15] GroupCoordinatorNotAvailableError",
+    )
     leader = record("aiokafka.producer.sender", "NotLeaderForPartitionError for tp")
-    assigner = record("aiokafka.cluster",
-                      "Topic demo-1-__assignor-__leader not found in cluster metadata")  # fmt: skip
+    assigner = record(
+        "aiokafka.cluster", "Topic demo-1-__assignor-__leader not found in cluster metadata"
+    )
     assert not noise.filter(coordinator) and not noise.filter(leader)
     assert not noise.filter(assigner)
     assert noise.dropped == 3
-    assert noise.filter(record("aiokafka.cluster", "Topic auth.alerts not found in cluster metadata"))
+    assert noise.filter(
+        record("aiokafka.cluster", "Topic auth.alerts not found in cluster metadata")
+    )
     assert noise.filter(record("aiokafka.consumer.fetcher", "Unexpected error in fetcher routine"))
     assert noise.filter(record("pipeline.x", "NotLeaderForPartitionError"))
     later = StartupNoise(grace_s=0.0)
@@ -65,10 +70,28 @@ def test_one_shot_command_keeps_stdout_for_people(tmp_path: Path) -> None:
     env = {**os.environ, "AUTHPIPE_LOG_LEVEL": "info"}
     env.pop("AUTHPIPE_LOG_FORMAT", None)
     done = subprocess.run(
-        [sys.executable, "-m", "pipeline.cli", "simulate", "--dry-run", "--out",
-         str(tmp_path / "e.jsonl"), "--scenario", "baseline", "--rate", "1", "--duration-s", "60"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pipeline.cli",
+            "simulate",
+            "--dry-run",
+            "--out",
+            str(tmp_path / "e.jsonl"),
+            "--scenario",
+            "baseline",
+            "--rate",
+            "1",
+            "--duration-s",
+            "60",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     assert not any(line.startswith("{") for line in done.stdout.splitlines())
     assert "\x1b" not in done.stdout + done.stderr
     errors = done.stderr.splitlines()

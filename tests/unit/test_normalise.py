@@ -207,13 +207,24 @@ def test_source_of_never_raises_and_parses_back(
     # A grouped network's own address can fall in a range that carries IPv4 (2001::/16
     # covers Teredo): re-reading it extracts the IPv4; every other result reads back as itself.
     if embedded_ipv4(address) is address:
-        assert SourceRules(PROXIES, ipv4_prefix=v4, ipv6_prefix=v6).source_of(result.partition("/")[0], []) == result
+        assert (
+            SourceRules(PROXIES, ipv4_prefix=v4, ipv6_prefix=v6).source_of(
+                result.partition("/")[0], []
+            )
+            == result
+        )
 
 
 _trusted_hop = st.sampled_from(
-    ["10.0.0.2", "10.255.0.1", "10.0.0.3:8443", "::ffff:10.0.0.9", "2001:db8:aaaa::1",
-     "[2001:db8:aaaa::2]:443"]
-)  # fmt: skip
+    [
+        "10.0.0.2",
+        "10.255.0.1",
+        "10.0.0.3:8443",
+        "::ffff:10.0.0.9",
+        "2001:db8:aaaa::1",
+        "[2001:db8:aaaa::2]:443",
+    ]
+)
 _appended_hop = st.one_of(
     _trusted_hop,
     st.ip_addresses(v=4).map(str),
@@ -326,9 +337,19 @@ def test_account_case_sensitive_tenant_keeps_case() -> None:
 
 @pytest.mark.parametrize(
     "variant",
-    ["al\u200bice", "\u00adalice", "ali\u200dce", "alice\ufeff", "a\u2060lice", "al\u034fice",
-     "alic\ufe0fe", "\u202ealice", "al\U000e0041ice", "ALI\u200cCE"],
-)  # fmt: skip
+    [
+        "al\u200bice",
+        "\u00adalice",
+        "ali\u200dce",
+        "alice\ufeff",
+        "a\u2060lice",
+        "al\u034fice",
+        "alic\ufe0fe",
+        "\u202ealice",
+        "al\U000e0041ice",
+        "ALI\u200cCE",
+    ],
+)
 def test_account_default_ignorable_code_points_are_dropped(variant: str) -> None:
     """Issue 15 #7: zero-width space/joiners, soft hyphen, BOM, word joiner, variation
     selectors, bidi controls and tags are invisible: the variant is the same account."""
@@ -388,13 +409,22 @@ def test_trusted_needs_a_device_id() -> None:
 
 def test_case_sensitive_tenant_digests_differ_by_case() -> None:
     """In a case-sensitive tenant, Alice and alice are different accounts."""
-    assert NORMALISER.account_digest("strict", "Alice") != NORMALISER.account_digest("strict", "alice")
-    assert NORMALISER.account_digest("default", "Alice") == NORMALISER.account_digest("default", "alice")
+    assert NORMALISER.account_digest("strict", "Alice") != NORMALISER.account_digest(
+        "strict", "alice"
+    )
+    assert NORMALISER.account_digest("default", "Alice") == NORMALISER.account_digest(
+        "default", "alice"
+    )
 
 
 def test_confusable_forms_share_one_digest() -> None:
     """Full-width, ligature and case variants of one account give one digest."""
-    forms = ["\ufb01ona@example.com", "FIONA@example.com", "\uff46\uff49\uff4f\uff4e\uff41@example.com", " fiona@EXAMPLE.com "]
+    forms = [
+        "\ufb01ona@example.com",
+        "FIONA@example.com",
+        "\uff46\uff49\uff4f\uff4e\uff41@example.com",
+        " fiona@EXAMPLE.com ",
+    ]
     assert len({NORMALISER.account_digest("default", f) for f in forms}) == 1
 
 
@@ -421,7 +451,9 @@ def test_tenant_outside_the_syntax_is_invalid(tenant: str) -> None:
 
 
 @given(st.lists(st.tuples(st.integers(0, 50), st.text(max_size=3)), max_size=300))
-def test_recent_holds_at_most_two_generations_and_returns_the_last_value(puts: list[tuple[int, str]]) -> None:
+def test_recent_holds_at_most_two_generations_and_returns_the_last_value(
+    puts: list[tuple[int, str]],
+) -> None:
     """Recent never holds more than 2 x entries, and a hit is the value last put for the key."""
     recent = Recent(entries=8)
     last: dict[int, str] = {}
@@ -439,12 +471,19 @@ def test_cached_normalisation_equals_a_fresh_normaliser_over_repeats_and_evictio
     for cache in (cached.recent_accounts, cached.recent_sources, cached.recent_devices):
         cache.entries = 16
     for i in range(3000):
-        event = _event(account=f"user{i % 40}", peer_ip=f"203.0.113.{i % 50}", device_id=f"c{i % 30}",
-                       tenant="strict" if i % 7 == 0 else "default")  # fmt: skip
+        event = _event(
+            account=f"user{i % 40}",
+            peer_ip=f"203.0.113.{i % 50}",
+            device_id=f"c{i % 30}",
+            tenant="strict" if i % 7 == 0 else "default",
+        )
         fresh = Normaliser(Digester("secret"), RULES, frozenset({"strict"}))
         assert cached.normalise(event) == fresh.normalise(event)
     # 40 accounts, 50 sources and 30 devices cycle through 16-entry generations: bounded.
-    assert max(len(cached.recent_accounts), len(cached.recent_sources), len(cached.recent_devices)) <= 32
+    assert (
+        max(len(cached.recent_accounts), len(cached.recent_sources), len(cached.recent_devices))
+        <= 32
+    )
 
 
 def test_a_bad_address_is_refused_every_time_and_never_cached() -> None:

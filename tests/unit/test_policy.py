@@ -122,7 +122,13 @@ def test_policy_is_frozen() -> None:
 def test_backoff_curve_and_cap() -> None:
     """Blocks go 15, 30, 60, 60 minutes: min(cap, base * 2^(k-1))."""
     b = DEFAULT_POLICY.defaults.backoff
-    assert [b.block_ms(k) for k in (1, 2, 3, 4, 5)] == [15 * MIN, 30 * MIN, 60 * MIN, 60 * MIN, 60 * MIN]
+    assert [b.block_ms(k) for k in (1, 2, 3, 4, 5)] == [
+        15 * MIN,
+        30 * MIN,
+        60 * MIN,
+        60 * MIN,
+        60 * MIN,
+    ]
     assert b.block_ms(10_000) == b.cap_ms == 60 * MIN
     assert b.block_ms(0) == 15 * MIN
 
@@ -170,7 +176,10 @@ def test_example_file_equals_the_defaults() -> None:
     """schemas/policy.example.toml loads and equals DEFAULT_POLICY but for its version."""
     policy = policy_from_toml(EXAMPLE.read_text())
     assert policy.policy_version == "example-1"
-    assert policy.model_copy(update={"policy_version": DEFAULT_POLICY.policy_version}) == DEFAULT_POLICY
+    assert (
+        policy.model_copy(update={"policy_version": DEFAULT_POLICY.policy_version})
+        == DEFAULT_POLICY
+    )
 
 
 def test_example_file_documents_every_field() -> None:

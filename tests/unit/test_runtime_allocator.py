@@ -31,7 +31,9 @@ print(orjson.dumps({"set": done, "mmapped": libc.mallinfo2().hblkhd - before}).d
 
 
 def _probe(mode: str) -> dict[str, object]:
-    out = subprocess.run([sys.executable, "-c", PROBE, mode], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE, mode], capture_output=True, text=True, check=True
+    )
     result: dict[str, object] = orjson.loads(out.stdout)
     return result
 
@@ -42,7 +44,10 @@ def test_tuned_allocator_maps_a_large_buffer_after_a_larger_one_was_freed() -> N
     from the heap (0 bytes mapped); tuned, the threshold stays at 128 kB and it is mapped."""
     default, tuned = _probe("default"), _probe("tuned")
     assert default == {"set": {}, "mmapped": 0}
-    assert tuned["set"] == {"MALLOC_ARENA_MAX": ARENA_MAX, "MALLOC_MMAP_THRESHOLD_": MMAP_THRESHOLD_BYTES}
+    assert tuned["set"] == {
+        "MALLOC_ARENA_MAX": ARENA_MAX,
+        "MALLOC_MMAP_THRESHOLD_": MMAP_THRESHOLD_BYTES,
+    }
     assert isinstance(tuned["mmapped"], int) and tuned["mmapped"] >= 2 << 20
 
 

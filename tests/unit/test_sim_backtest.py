@@ -39,15 +39,54 @@ def stream() -> list[dict[str, Any]]:
     from her trusted laptop. No (account, source) reaches 5: the default policy decides nothing."""
     rows = []
     for k in range(12):
-        rows.append(row(k, T0 + (1 + k) * SEC, "alice", f"203.0.113.{1 + k % 3}",
-                        role="attacker", scenario="distributed_brute_force", cohort="attacker"))  # fmt: skip
-    rows.append(row(12, T0 + 60 * SEC, "alice", "198.18.0.20", ok=True, role="owner",
-                    scenario="distributed_brute_force", cohort="owner_untrusted"))  # fmt: skip
+        rows.append(
+            row(
+                k,
+                T0 + (1 + k) * SEC,
+                "alice",
+                f"203.0.113.{1 + k % 3}",
+                role="attacker",
+                scenario="distributed_brute_force",
+                cohort="attacker",
+            )
+        )
+    rows.append(
+        row(
+            12,
+            T0 + 60 * SEC,
+            "alice",
+            "198.18.0.20",
+            ok=True,
+            role="owner",
+            scenario="distributed_brute_force",
+            cohort="owner_untrusted",
+        )
+    )
     for k in range(11):
-        rows.append(row(13 + k, T0 + (100 + k) * SEC, "carol", f"203.0.113.{11 + k % 3}",
-                        role="attacker", scenario="carol_attack", cohort="attacker"))  # fmt: skip
-    rows.append(row(24, T0 + 200 * SEC, "carol", "198.18.0.30", ok=True, role="owner",
-                    scenario="carol_attack", cohort="owner_trusted_device", trusted_device="laptop"))  # fmt: skip
+        rows.append(
+            row(
+                13 + k,
+                T0 + (100 + k) * SEC,
+                "carol",
+                f"203.0.113.{11 + k % 3}",
+                role="attacker",
+                scenario="carol_attack",
+                cohort="attacker",
+            )
+        )
+    rows.append(
+        row(
+            24,
+            T0 + 200 * SEC,
+            "carol",
+            "198.18.0.30",
+            ok=True,
+            role="owner",
+            scenario="carol_attack",
+            cohort="owner_trusted_device",
+            trusted_device="laptop",
+        )
+    )
     return rows
 
 
@@ -59,16 +98,25 @@ def test_ceiling_10_diff_matches_the_hand_computed_answer(tmp_path: Path) -> Non
     events = load_truth(write_truth(tmp_path, stream()), build_normaliser(load_settings()))
     result = backtest(events, NO_LOCK, CEILING_10, labelled=True).as_json()
     assert result["decisions"] == {
-        "baseline": 0, "candidate": 2, "added": 2, "removed": 0,
-        "added_by_rule": {"account": 2}, "removed_by_rule": {},
-        "added_attacker": 1, "added_collateral": 1,
-    }  # fmt: skip
+        "baseline": 0,
+        "candidate": 2,
+        "added": 2,
+        "removed": 0,
+        "added_by_rule": {"account": 2},
+        "removed_by_rule": {},
+        "added_attacker": 1,
+        "added_collateral": 1,
+    }
     attempts = result["attempts"]
     assert attempts == {
-        "newly_refused": 4, "attacker_traffic": 3, "owner_collateral": 1,
-        "collateral_accounts": 1, "account_later_succeeds": 4, "newly_allowed": 0,
+        "newly_refused": 4,
+        "attacker_traffic": 3,
+        "owner_collateral": 1,
+        "collateral_accounts": 1,
+        "account_later_succeeds": 4,
+        "newly_allowed": 0,
         "newly_refused_by_true_role": {"attacker": 3, "owner": 1},
-    }  # fmt: skip
+    }
     (example,) = result["collateral_examples"]
     assert (example["event_id"], example["account"], example["success"]) == ("e12", "alice", True)
     assert example["refused_by"].startswith("account|default|")
@@ -107,14 +155,19 @@ def test_backtest_and_scorecard_engine_give_the_same_outputs_and_card(tmp_path: 
     assert result.live is not None and result.live.equal
     assert (result.live.live_decisions, result.live.replay_decisions) == (2, 2)
     assert result.scorecards["baseline"].as_json() == score(events, engine).as_json()
-    assert "live vs replay: 0 decisions differ (live 2, replay 2), 0 alerts differ" in render(result)
+    assert "live vs replay: 0 decisions differ (live 2, replay 2), 0 alerts differ" in render(
+        result
+    )
 
 
 def test_backtest_shows_a_live_output_the_replay_does_not_give(tmp_path: Path) -> None:
     """A decision only the live run published (and one it lacks) count as 2 differences."""
     events = load_truth(write_truth(tmp_path, stream()), build_normaliser(load_settings()))
     live = run_engine(events, CEILING_10)
-    live.decisions = [*live.decisions[1:], DecisionRecord(live.decisions[0].key, _moved(live.decisions[0]))]
+    live.decisions = [
+        *live.decisions[1:],
+        DecisionRecord(live.decisions[0].key, _moved(live.decisions[0])),
+    ]
     result = backtest(events, CEILING_10, DEFAULT_POLICY, live=live)
     assert result.live is not None and result.live.decisions_differ == 2
     assert render(result).splitlines()[-3].startswith("live vs replay: 2 decisions differ")
@@ -125,7 +178,9 @@ def _moved(record: DecisionRecord) -> Decision:
     return record.decision.model_copy(update={"count": record.decision.count + 1})
 
 
-def test_the_shipped_strict_policy_refuses_more_attacker_traffic_than_the_defaults(tmp_path: Path) -> None:
+def test_the_shipped_strict_policy_refuses_more_attacker_traffic_than_the_defaults(
+    tmp_path: Path,
+) -> None:
     """schemas/policy.strict.toml on the hand-made stream: rule 1 at 3 failures blocks each of the 6
     attacking addresses at its 3rd try, and seed 002's lock at the 3rd consecutive failure
     (not the 5th) refuses each account's 4th and 5th attacker attempts: 4 newly refused, all
@@ -136,7 +191,11 @@ def test_the_shipped_strict_policy_refuses_more_attacker_traffic_than_the_defaul
     result = backtest(events, DEFAULT_POLICY, strict, labelled=True).as_json()
     assert result["decisions"]["added_by_rule"] == {"account_source": 6, "lockout": 2}
     attempts = result["attempts"]
-    assert (attempts["newly_refused"], attempts["attacker_traffic"], attempts["owner_collateral"]) == (4, 4, 0)
+    assert (
+        attempts["newly_refused"],
+        attempts["attacker_traffic"],
+        attempts["owner_collateral"],
+    ) == (4, 4, 0)
 
 
 def test_a_record_the_worker_sent_twice_is_one_record(tmp_path: Path) -> None:

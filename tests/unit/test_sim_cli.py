@@ -24,9 +24,14 @@ def cli(*argv: str) -> subprocess.CompletedProcess[str]:
         "AUTHPIPE_KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:1",
     }
     return subprocess.run(
-        [sys.executable, "-m", "pipeline.cli", *argv], cwd=REPO, env=env, capture_output=True,
-        text=True, timeout=120, check=False,
-    )  # fmt: skip
+        [sys.executable, "-m", "pipeline.cli", *argv],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
 @pytest.mark.parametrize(
@@ -100,15 +105,36 @@ def test_dry_run_scorecard_backtest_report_end_to_end(tmp_path: Path) -> None:
     """simulate --dry-run writes events and truth; scorecard --engine --strict exits 0 and writes
     JSON and outputs; backtest and report read them; the report fetches nothing."""
     events, truth = tmp_path / "events.jsonl", tmp_path / "events.truth.jsonl"
-    run_ok("simulate", "--dry-run", "--out", str(events), "--scenario", "baseline,brute_force",
-           "--rate", "2", "--duration-s", "300", "--start", "2026-11-29T20:00:00Z")  # fmt: skip
+    run_ok(
+        "simulate",
+        "--dry-run",
+        "--out",
+        str(events),
+        "--scenario",
+        "baseline,brute_force",
+        "--rate",
+        "2",
+        "--duration-s",
+        "300",
+        "--start",
+        "2026-11-29T20:00:00Z",
+    )
     lines = events.read_bytes().splitlines()
     assert len(lines) == len(truth.read_bytes().splitlines()) > 240
     assert orjson.loads(lines[0])["occurred_at"].startswith("2026-11-29T20:0")
 
     card_path, outputs = tmp_path / "card.json", tmp_path / "outputs"
-    printed = run_ok("scorecard", "--truth", str(truth), "--engine", "--strict", "--out", str(card_path),
-                     "--save-outputs", str(outputs))  # fmt: skip
+    printed = run_ok(
+        "scorecard",
+        "--truth",
+        str(truth),
+        "--engine",
+        "--strict",
+        "--out",
+        str(card_path),
+        "--save-outputs",
+        str(outputs),
+    )
     card = orjson.loads(card_path.read_bytes())
     assert [(a["attack"], a["status"]) for a in card["attacks"]] == [("brute_force", "stopped")]
     assert card["legitimate"]["refused"] == 0
@@ -117,15 +143,35 @@ def test_dry_run_scorecard_backtest_report_end_to_end(tmp_path: Path) -> None:
     policy = tmp_path / "candidate.toml"
     policy.write_text(POLICY)
     diff_path = tmp_path / "diff.json"
-    run_ok("backtest", "--policy", str(policy), "--events", str(events), "--truth", str(truth),
-           "--out", str(diff_path))  # fmt: skip
+    run_ok(
+        "backtest",
+        "--policy",
+        str(policy),
+        "--events",
+        str(events),
+        "--truth",
+        str(truth),
+        "--out",
+        str(diff_path),
+    )
     diff = orjson.loads(diff_path.read_bytes())
     assert (diff["baseline_policy"], diff["candidate_policy"]) == ("default-1", "ceiling-10")
     assert set(diff["scorecards"]) == {"baseline", "candidate"}
 
     report = tmp_path / "report.html"
-    run_ok("report", "--truth", str(truth), "--decisions", str(outputs / "decisions.jsonl"),
-           "--alerts", str(outputs / "alerts.jsonl"), "--scorecard", str(card_path), "--out", str(report))  # fmt: skip
+    run_ok(
+        "report",
+        "--truth",
+        str(truth),
+        "--decisions",
+        str(outputs / "decisions.jsonl"),
+        "--alerts",
+        str(outputs / "alerts.jsonl"),
+        "--scorecard",
+        str(card_path),
+        "--out",
+        str(report),
+    )
     page = report.read_text()
     assert "Content-Security-Policy" in page and "default-src 'none'" in page
     assert set(re.findall(r"https?://[^\s\"'<>)]+", page)) == {"http://www.w3.org/2000/svg"}
@@ -136,9 +182,18 @@ def test_backtest_verdicts_reproduce_the_patient_attackers_figures(tmp_path: Pat
     """backtest --verdicts over a day of both slow attackers: one line per event, 34 and 35
     guesses let through (seed 002's allowance), refused attempts named by their rule."""
     events = tmp_path / "slow.jsonl"
-    run_ok("simulate", "--dry-run", "--out", str(events), "--scenario",
-           "low_and_slow_bruteforce,low_and_slow_bruteforce_rotating", "--duration-s", "86400",
-           "--start", "2026-11-01T00:00:00Z")  # fmt: skip
+    run_ok(
+        "simulate",
+        "--dry-run",
+        "--out",
+        str(events),
+        "--scenario",
+        "low_and_slow_bruteforce,low_and_slow_bruteforce_rotating",
+        "--duration-s",
+        "86400",
+        "--start",
+        "2026-11-01T00:00:00Z",
+    )
     verdicts = tmp_path / "verdicts.jsonl"
     printed = run_ok("backtest", "--events", str(events), "--verdicts", str(verdicts))
     lines = [orjson.loads(line) for line in verdicts.read_bytes().splitlines()]

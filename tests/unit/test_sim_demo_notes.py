@@ -15,9 +15,11 @@ MIN = 60_000
 def test_all_expired_says_why_and_what_production_shows() -> None:
     """Source decisions that expired on the wall clock, or were tombstoned, are named as the
     reason (simulated time), with what a user sees in production."""
-    decisions = [SourceDecision("198.51.100.7", "observe", NOW - 20 * MIN, False),
-                 SourceDecision("198.51.100.8", "block", NOW - 5 * MIN, False),
-                 SourceDecision("198.51.100.9", "block", NOW + 5 * MIN, True)]  # fmt: skip
+    decisions = [
+        SourceDecision("198.51.100.7", "observe", NOW - 20 * MIN, False),
+        SourceDecision("198.51.100.8", "block", NOW - 5 * MIN, False),
+        SourceDecision("198.51.100.9", "block", NOW + 5 * MIN, True),
+    ]
     lines = blocklist_note(decisions, 0, NOW)
     assert lines[0] == (
         "why: this run made 3 source-level decision(s) (2 block, 1 observe-only); 3 ended "
@@ -48,13 +50,13 @@ def test_load_keeps_the_last_record_per_source_key(tmp_path: Path) -> None:
     """Only source-scope keys count; a tombstone marks its key lifted."""
     path = tmp_path / "decisions.jsonl"
     value = {"source": "198.51.100.7", "action": "observe", "expires_at": "2027-01-15T08:00:00Z"}
-    rows = [{"key": "source|default|-|198.51.100.7|-", "value": value, "after": None},
-            {"key": "account|default|abc|-|-", "value": {**value, "source": None}, "after": None},
-            {"key": "source|default|-|198.51.100.7|-", "value": None, "after": None}]  # fmt: skip
-    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
-    assert load_source_decisions(path) == [
-        SourceDecision("198.51.100.7", "observe", NOW, True)
+    rows = [
+        {"key": "source|default|-|198.51.100.7|-", "value": value, "after": None},
+        {"key": "account|default|abc|-|-", "value": {**value, "source": None}, "after": None},
+        {"key": "source|default|-|198.51.100.7|-", "value": None, "after": None},
     ]
+    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    assert load_source_decisions(path) == [SourceDecision("198.51.100.7", "observe", NOW, True)]
 
 
 def test_demo_passes_simulate_progress_lines_to_its_narration(tmp_path: Path) -> None:
@@ -67,9 +69,23 @@ def test_demo_passes_simulate_progress_lines_to_its_narration(tmp_path: Path) ->
     said: list[str] = []
     env = {**os.environ, "AUTHPIPE_LOG_FORMAT": "json"}
     out = _run_showing_progress(
-        ["simulate", "--dry-run", "--out", str(tmp_path / "e.jsonl"), "--scenario", "baseline",
-         "--rate", "1", "--duration-s", "60"], env, tmp_path, "simulate", said.append,
-    )  # fmt: skip
+        [
+            "simulate",
+            "--dry-run",
+            "--out",
+            str(tmp_path / "e.jsonl"),
+            "--scenario",
+            "baseline",
+            "--rate",
+            "1",
+            "--duration-s",
+            "60",
+        ],
+        env,
+        tmp_path,
+        "simulate",
+        said.append,
+    )
     assert said and said[-1].startswith("simulate: 100 % ")
     assert out.splitlines()[0].split() == ["scenario", "role", "events"]
     log = (tmp_path / "simulate.log").read_text()

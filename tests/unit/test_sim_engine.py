@@ -35,11 +35,14 @@ def test_default_policy_catches_every_attack_and_refuses_nobody_legitimate(tmp_p
     card = score(events, outputs)
     statuses = {a.attack: a.status for a in card.attacks}
     assert statuses == {
-        "brute_force": "stopped", "distributed_brute_force": "stopped", "lockout_dos": "stopped",
-        "uia_bruteforce": "stopped", "spray": "detected_only",
+        "brute_force": "stopped",
+        "distributed_brute_force": "stopped",
+        "lockout_dos": "stopped",
+        "uia_bruteforce": "stopped",
+        "spray": "detected_only",
         "low_and_slow_spray": "slowed",  # some proxies fail mostly on unknown accounts: stuffing
         "credential_stuffing": "stopped",
-    }  # fmt: skip
+    }
     by_name = {a.attack: a for a in card.attacks}
     stuffing = by_name["credential_stuffing"]
     assert (stuffing.successes_allowed, stuffing.first_block_rule) == (0, "stuffing")
@@ -65,12 +68,19 @@ def test_patient_attackers_over_a_day_get_the_seed_002_allowance(tmp_path: Path)
     """24 h of the slow attackers and lockout_dos through the core: 34 and 35 guesses let
     through per account per day (5, then 900/1,800/3,600 s locks), no takeover, the
     owner's trusted device never refused, the untrusted owner's refusals by design."""
-    config = SimConfig(("low_and_slow_bruteforce", "low_and_slow_bruteforce_rotating", "lockout_dos"),
-                       1.0, 86_400_000, 1, START_MS)  # fmt: skip
+    config = SimConfig(
+        ("low_and_slow_bruteforce", "low_and_slow_bruteforce_rotating", "lockout_dos"),
+        1.0,
+        86_400_000,
+        1,
+        START_MS,
+    )
     dry_run(SimulateOptions(config, 0, tmp_path / "truth.jsonl", tmp_path / "events.jsonl"))
     events = load_truth(tmp_path / "truth.jsonl", build_normaliser(load_settings()))
     card = score(events, run_engine(events, DEFAULT_POLICY))
-    figures = {a.attack: (a.attempts, a.guesses_per_account_24h, a.account_takeovers) for a in card.attacks}
+    figures = {
+        a.attack: (a.attempts, a.guesses_per_account_24h, a.account_takeovers) for a in card.attacks
+    }
     assert figures == {
         "low_and_slow_bruteforce": (360, 34, 0),
         "low_and_slow_bruteforce_rotating": (4320, 35, 0),
@@ -82,7 +92,9 @@ def test_patient_attackers_over_a_day_get_the_seed_002_allowance(tmp_path: Path)
     assert card.legit_by_design == {"owner_without_trusted_device": 9}
 
 
-def test_stuffing_stopped_at_demo_pace_without_refusing_nat_typos_stale_app_or_ipv6(tmp_path: Path) -> None:
+def test_stuffing_stopped_at_demo_pace_without_refusing_nat_typos_stale_app_or_ipv6(
+    tmp_path: Path,
+) -> None:
     """At the demo's pace (attacks of fixed size over an hour), credential stuffing is stopped
     with 0 takeovers and a first response within 50 of its attempts, the spray next to it is
     alerted but never refused, and no NAT colleague, typo-maker, stale app or IPv6 rotator
@@ -117,7 +129,7 @@ def test_the_demo_scenario_stops_stuffing_within_50_attempts(tmp_path: Path) -> 
     for name, config in (
         ("patient", SimConfig(SLOW_ATTACKS, 1.0, day_ms, 1, START_MS - day_ms - 30_000)),
         ("mixed", SimConfig(MIXED_SCENARIOS, 25.0, hour_ms, 1, START_MS)),
-    ):  # fmt: skip
+    ):
         part = tmp_path / f"truth-{name}.jsonl"
         dry_run(SimulateOptions(config, 0, part, tmp_path / f"events-{name}.jsonl"))
         parts.append(part.read_bytes())
@@ -126,8 +138,15 @@ def test_the_demo_scenario_stops_stuffing_within_50_attempts(tmp_path: Path) -> 
     card = score(events, run_engine(events, DEFAULT_POLICY))
     by_name = {a.attack: a for a in card.attacks}
     stuffing = by_name["credential_stuffing"]
-    assert (stuffing.status, stuffing.account_takeovers, stuffing.response_by) == ("stopped", 0, "alert:stuffing_tenant")
-    assert (stuffing.allowed_before_response, stuffing.response_ms - stuffing.start_ms) == (14, 3_918)
+    assert (stuffing.status, stuffing.account_takeovers, stuffing.response_by) == (
+        "stopped",
+        0,
+        "alert:stuffing_tenant",
+    )
+    assert (stuffing.allowed_before_response, stuffing.response_ms - stuffing.start_ms) == (
+        14,
+        3_918,
+    )
     assert "spray_source" in by_name["spray"].alerts
     assert "spray_tenant" in by_name["low_and_slow_spray"].alerts
     assert card.takeovers == 0

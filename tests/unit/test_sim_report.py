@@ -17,11 +17,23 @@ from tests.unit.test_sim_scorecard import SEC, T0, row, write_truth
 def stream() -> list[dict[str, object]]:
     """Ordinary attempts (one in five fails) every 2 s from T0+7 s to T0+1005 s (5 s buckets: the first and the
     last bucket are partial); an attacker guesses alice's password at the 4th try."""
-    rows = [row(k, T0 + 7 * SEC + 2 * SEC * k, f"user{k % 50}", "198.18.0.9", ok=k % 5 > 0)
-            for k in range(500)]
+    rows = [
+        row(k, T0 + 7 * SEC + 2 * SEC * k, f"user{k % 50}", "198.18.0.9", ok=k % 5 > 0)
+        for k in range(500)
+    ]
     for k in range(4):
-        rows.append(row(500 + k, T0 + 100 * SEC + k * 10, "alice", "203.0.113.7", ok=k == 3,
-                        role="attacker", scenario="brute_force", cohort="attacker"))  # fmt: skip
+        rows.append(
+            row(
+                500 + k,
+                T0 + 100 * SEC + k * 10,
+                "alice",
+                "203.0.113.7",
+                ok=k == 3,
+                role="attacker",
+                scenario="brute_force",
+                cohort="attacker",
+            )
+        )
     return sorted(rows, key=lambda r: str(r["event"]["occurred_at"]))  # type: ignore[index]
 
 

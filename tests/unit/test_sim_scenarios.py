@@ -42,7 +42,9 @@ def of(scenario: str, role: str = "attacker") -> list[SimEvent]:
 def test_same_seed_gives_identical_events_and_labels() -> None:
     """Two runs with one seed give byte-identical events, ids and labels."""
     first = [(e.event_id, orjson.dumps(e.wire), e.label) for e in generate(config(MIXED_SCENARIOS))]
-    second = [(e.event_id, orjson.dumps(e.wire), e.label) for e in generate(config(MIXED_SCENARIOS))]
+    second = [
+        (e.event_id, orjson.dumps(e.wire), e.label) for e in generate(config(MIXED_SCENARIOS))
+    ]
     assert first == second
     assert len(first) == len(mixed())
 
@@ -71,10 +73,15 @@ def test_truth_row_carries_labels_and_the_event() -> None:
     e = of("brute_force")[0]
     row = e.truth_row()
     assert row == {
-        "event_id": e.event_id, "scenario": "brute_force", "role": "attacker",
-        "actor": "attacker:brute_force", "cohort": "attacker", "tenant": "default",
-        "account": "victim.brute_force@example.com", "event": e.wire,
-    }  # fmt: skip
+        "event_id": e.event_id,
+        "scenario": "brute_force",
+        "role": "attacker",
+        "actor": "attacker:brute_force",
+        "cohort": "attacker",
+        "tenant": "default",
+        "account": "victim.brute_force@example.com",
+        "event": e.wire,
+    }
 
 
 def test_parse_scenarios() -> None:
@@ -159,7 +166,9 @@ def test_lockout_dos_shape() -> None:
     owner = [e for e in of("lockout_dos", "owner") if e.label.cohort == "owner_trusted_device"]
     assert Counter(e.wire["outcome"] for e in owner) == {"success": 10, "failure": 1}
     assert all(e.wire["device_trusted"] for e in owner)
-    untrusted = [e for e in of("lockout_dos", "owner") if e.label.cohort == "owner_without_trusted_device"]
+    untrusted = [
+        e for e in of("lockout_dos", "owner") if e.label.cohort == "owner_without_trusted_device"
+    ]
     assert len(untrusted) == 10 and not any(e.wire.get("device_trusted") for e in untrusted)
     assert {e.wire["account"] for e in owner + untrusted} == set(by_account)
 
@@ -169,7 +178,9 @@ def test_low_and_slow_bruteforce_shapes() -> None:
     single = list(generate(SimConfig(("low_and_slow_bruteforce",), RATE, 24 * 3_600_000, 7, T0)))
     assert len(single) == 360 and {e.wire["peer_ip"] for e in single} == {"203.0.113.24"}
     assert {e.occurred_ms - prev.occurred_ms for prev, e in itertools.pairwise(single)} == {240_000}
-    rotating = list(generate(SimConfig(("low_and_slow_bruteforce_rotating",), RATE, 24 * 3_600_000, 7, T0)))
+    rotating = list(
+        generate(SimConfig(("low_and_slow_bruteforce_rotating",), RATE, 24 * 3_600_000, 7, T0))
+    )
     assert len(rotating) == 4320 and len({e.wire["peer_ip"] for e in rotating}) == 13
     assert len({e.wire["account"] for e in rotating}) == 1
     assert {e.wire["account"] for e in rotating}.isdisjoint({e.wire["account"] for e in single})

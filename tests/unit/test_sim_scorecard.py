@@ -26,19 +26,40 @@ def ts(ms: int) -> str:
     return ms_to_datetime(ms).isoformat()
 
 
-def row(i: int, at_ms: int, account: str, ip: str, *, ok: bool = False, role: str = "legit",
-        scenario: str = "baseline", cohort: str = "ordinary", tenant: str = "default",
-        trusted_device: str | None = None) -> dict[str, Any]:  # fmt: skip
+def row(
+    i: int,
+    at_ms: int,
+    account: str,
+    ip: str,
+    *,
+    ok: bool = False,
+    role: str = "legit",
+    scenario: str = "baseline",
+    cohort: str = "ordinary",
+    tenant: str = "default",
+    trusted_device: str | None = None,
+) -> dict[str, Any]:
     event: dict[str, Any] = {
-        "event_id": f"e{i}", "occurred_at": ts(at_ms), "tenant": tenant, "service": "web",
-        "account": account, "peer_ip": ip, "outcome": "success" if ok else "failure",
-    }  # fmt: skip
+        "event_id": f"e{i}",
+        "occurred_at": ts(at_ms),
+        "tenant": tenant,
+        "service": "web",
+        "account": account,
+        "peer_ip": ip,
+        "outcome": "success" if ok else "failure",
+    }
     if not ok:
         event["failure_reason"] = "bad_password"
     if trusted_device:
         event["device_id"], event["device_trusted"] = trusted_device, True
-    return {"event_id": f"e{i}", "scenario": scenario, "role": role, "actor": account,
-            "cohort": cohort, "event": event}  # fmt: skip
+    return {
+        "event_id": f"e{i}",
+        "scenario": scenario,
+        "role": role,
+        "actor": account,
+        "cohort": cohort,
+        "event": event,
+    }
 
 
 def write_truth(tmp_path: Path, rows: list[dict[str, Any]]) -> Path:
@@ -55,13 +76,43 @@ def hand_stream() -> list[dict[str, Any]]:
         row(1, T0 + 2 * SEC, "bob", "198.18.0.9", ok=True, tenant="acme"),
     ]
     for k in range(4):
-        rows.append(row(2 + k, T0 + (3 + k) * SEC, f"acc{k}", "203.0.113.50", role="attacker",
-                        scenario="spray", cohort="attacker", tenant="acme"))  # fmt: skip
+        rows.append(
+            row(
+                2 + k,
+                T0 + (3 + k) * SEC,
+                f"acc{k}",
+                "203.0.113.50",
+                role="attacker",
+                scenario="spray",
+                cohort="attacker",
+                tenant="acme",
+            )
+        )
     for k in range(7):
-        rows.append(row(6 + k, T0 + (10 + k) * SEC, "alice", "203.0.113.7", role="attacker",
-                        scenario="brute_force", cohort="attacker"))  # fmt: skip
-    rows.append(row(13, T0 + 20 * SEC, "alice", "198.18.0.20", ok=True, role="owner",
-                    scenario="brute_force", cohort="owner_trusted_device", trusted_device="laptop"))  # fmt: skip
+        rows.append(
+            row(
+                6 + k,
+                T0 + (10 + k) * SEC,
+                "alice",
+                "203.0.113.7",
+                role="attacker",
+                scenario="brute_force",
+                cohort="attacker",
+            )
+        )
+    rows.append(
+        row(
+            13,
+            T0 + 20 * SEC,
+            "alice",
+            "198.18.0.20",
+            ok=True,
+            role="owner",
+            scenario="brute_force",
+            cohort="owner_trusted_device",
+            trusted_device="laptop",
+        )
+    )
     return rows
 
 
@@ -80,49 +131,89 @@ def load(tmp_path: Path, rows: list[dict[str, Any]]) -> list[TruthEvent]:
 
 def extra_alert() -> AlertRecord:
     """A spray_source alert on an address no attack used (matches nothing)."""
-    return AlertRecord(Alert(
-        alert_id="x" * 32, type="spray_source", tenant="default", source="198.51.100.1",
-        account_digest=None, count=200, distinct_accounts=200,
-        window_start=ms_to_datetime(T0), window_end=ms_to_datetime(T0 + 30 * SEC),
-        policy_version="hand-1",
-    ))  # fmt: skip
+    return AlertRecord(
+        Alert(
+            alert_id="x" * 32,
+            type="spray_source",
+            tenant="default",
+            source="198.51.100.1",
+            account_digest=None,
+            count=200,
+            distinct_accounts=200,
+            window_start=ms_to_datetime(T0),
+            window_end=ms_to_datetime(T0 + 30 * SEC),
+            policy_version="hand-1",
+        )
+    )
 
 
 EXPECTED_ATTACKS = [
     {
-        "attack": "brute_force", "tenant": "default", "status": "stopped", "attempts": 7,
-        "start": "2026-09-21T14:00:10.000Z", "end": "2026-09-21T14:00:16.000Z",
-        "first_block": "2026-09-21T14:00:14.000Z", "first_block_rule": "account_source",
-        "first_alert": None, "first_alert_type": None,
-        "response": "2026-09-21T14:00:14.000Z", "response_by": "block:account_source",
-        "time_to_response_ms": 4000, "allowed_before_response": 5, "refused": 2, "allowed": 5,
-        "successes_allowed": 0, "guesses_per_account_24h": 5, "account_takeovers": 0,
-        "alerts": {}, "blocks": {"account_source": 1, "lockout": 1}, "observes": {},
+        "attack": "brute_force",
+        "tenant": "default",
+        "status": "stopped",
+        "attempts": 7,
+        "start": "2026-09-21T14:00:10.000Z",
+        "end": "2026-09-21T14:00:16.000Z",
+        "first_block": "2026-09-21T14:00:14.000Z",
+        "first_block_rule": "account_source",
+        "first_alert": None,
+        "first_alert_type": None,
+        "response": "2026-09-21T14:00:14.000Z",
+        "response_by": "block:account_source",
+        "time_to_response_ms": 4000,
+        "allowed_before_response": 5,
+        "refused": 2,
+        "allowed": 5,
+        "successes_allowed": 0,
+        "guesses_per_account_24h": 5,
+        "account_takeovers": 0,
+        "alerts": {},
+        "blocks": {"account_source": 1, "lockout": 1},
+        "observes": {},
     },
     {
-        "attack": "spray", "tenant": "acme", "status": "detected_only", "attempts": 4,
-        "start": "2026-09-21T14:00:03.000Z", "end": "2026-09-21T14:00:06.000Z",
-        "first_block": None, "first_block_rule": None,
+        "attack": "spray",
+        "tenant": "acme",
+        "status": "detected_only",
+        "attempts": 4,
+        "start": "2026-09-21T14:00:03.000Z",
+        "end": "2026-09-21T14:00:06.000Z",
+        "first_block": None,
+        "first_block_rule": None,
         # rule 8 is evaluated at second boundaries of event time: at 14:00:05.000 on the
         # three accounts failed before it
-        "first_alert": "2026-09-21T14:00:05.000Z", "first_alert_type": "spray_tenant",
-        "response": "2026-09-21T14:00:05.000Z", "response_by": "alert:spray_tenant",
-        "time_to_response_ms": 2000, "allowed_before_response": 3, "refused": 0, "allowed": 4,
-        "successes_allowed": 0, "guesses_per_account_24h": 1, "account_takeovers": 0,
-        "alerts": {"spray_tenant": 1}, "blocks": {}, "observes": {},
+        "first_alert": "2026-09-21T14:00:05.000Z",
+        "first_alert_type": "spray_tenant",
+        "response": "2026-09-21T14:00:05.000Z",
+        "response_by": "alert:spray_tenant",
+        "time_to_response_ms": 2000,
+        "allowed_before_response": 3,
+        "refused": 0,
+        "allowed": 4,
+        "successes_allowed": 0,
+        "guesses_per_account_24h": 1,
+        "account_takeovers": 0,
+        "alerts": {"spray_tenant": 1},
+        "blocks": {},
+        "observes": {},
     },
-]  # fmt: skip
+]
 
 
 def check_hand_card(card: dict[str, Any]) -> None:
     assert card["attacks"] == EXPECTED_ATTACKS
     assert card["all_attacks_caught"] is True
     assert card["legitimate"] == {
-        "attempts": 3, "refused": 0, "refused_by_design": {},
-        "by_cohort": {"ordinary": {"attempts": 2, "refused": 0},
-                      "owner_trusted_device": {"attempts": 1, "refused": 0}},
+        "attempts": 3,
+        "refused": 0,
+        "refused_by_design": {},
+        "by_cohort": {
+            "ordinary": {"attempts": 2, "refused": 0},
+            "owner_trusted_device": {"attempts": 1, "refused": 0},
+        },
         "examples": [],
-    }  # fmt: skip
+    }
     assert card["decisions"] == {
         "blocks": 2,
         "observes": 0,
@@ -132,11 +223,17 @@ def check_hand_card(card: dict[str, Any]) -> None:
     assert card["blocks_matching_no_attack"] == []
     assert card["seed_holds_matching_no_attack"] == 0
     assert card["alerts"] == {"total": 2, "by_type": {"spray_source": 1, "spray_tenant": 1}}
-    assert card["alerts_matching_no_attack"] == [{
-        "type": "spray_source", "tenant": "default", "source": "198.51.100.1",
-        "account_digest": None, "count": 200, "at": "2026-09-21T14:00:30.000Z",
-        "note": "its subject is not part of any attack at that time",
-    }]  # fmt: skip
+    assert card["alerts_matching_no_attack"] == [
+        {
+            "type": "spray_source",
+            "tenant": "default",
+            "source": "198.51.100.1",
+            "account_digest": None,
+            "count": 200,
+            "at": "2026-09-21T14:00:30.000Z",
+            "note": "its subject is not part of any attack at that time",
+        }
+    ]
 
 
 def test_hand_stream_scorecard_from_the_engine(tmp_path: Path) -> None:
@@ -155,9 +252,10 @@ def test_hand_stream_scorecard_from_topic_like_records(tmp_path: Path) -> None:
     events = load(tmp_path, hand_stream())
     outputs = run_engine(events, POLICY)
     stripped = Outputs(
-        "topics", [DecisionRecord(r.key, r.decision) for r in outputs.decisions],
+        "topics",
+        [DecisionRecord(r.key, r.decision) for r in outputs.decisions],
         [AlertRecord(r.alert) for r in outputs.alerts] + [extra_alert()],
-    )  # fmt: skip
+    )
     write_outputs(stripped, tmp_path / "d.jsonl", tmp_path / "a.jsonl")
     check_hand_card(
         score(events, load_outputs(tmp_path / "d.jsonl", tmp_path / "a.jsonl")).as_json()
@@ -167,12 +265,23 @@ def test_hand_stream_scorecard_from_topic_like_records(tmp_path: Path) -> None:
 def decision(key: str, issued_ms: int, expires_ms: int) -> Decision:
     scope, tenant, account, source, _ = key.split("|")
     return Decision(
-        decision_id=f"{issued_ms}", key=key, tenant=tenant, scope=scope,  # type: ignore[arg-type]
-        account_digest=account, source=None if source == "-" else source, device_id=None,
-        applies_to="untrusted", action="block", rule=scope, count=5, threshold=5,
-        window_ms=900_000, issued_at=ms_to_datetime(issued_ms), expires_at=ms_to_datetime(expires_ms),
+        decision_id=f"{issued_ms}",
+        key=key,
+        tenant=tenant,
+        scope=scope,  # type: ignore[arg-type]
+        account_digest=account,
+        source=None if source == "-" else source,
+        device_id=None,
+        applies_to="untrusted",
+        action="block",
+        rule=scope,
+        count=5,
+        threshold=5,
+        window_ms=900_000,
+        issued_at=ms_to_datetime(issued_ms),
+        expires_at=ms_to_datetime(expires_ms),
         policy_version="hand-1",
-    )  # fmt: skip
+    )
 
 
 def test_replay_places_decisions_and_tombstones_in_event_time(tmp_path: Path) -> None:
@@ -180,16 +289,16 @@ def test_replay_places_decisions_and_tombstones_in_event_time(tmp_path: Path) ->
     first later success that clears its key (that success itself is still refused); a block
     with no tombstone holds until expires_at; a tombstone with a position lifts exactly there."""
     rows = [
-        row(0, T0 + 500, "dave", "192.0.2.1"),               # before the block
-        row(1, T0 + 1000, "dave", "192.0.2.1"),              # at issued_at: allowed
-        row(2, T0 + 2000, "dave", "192.0.2.1"),              # refused
-        row(3, T0 + 3000, "dave", "192.0.2.1", ok=True),     # refused, then lifts the block
-        row(4, T0 + 4000, "dave", "192.0.2.1"),              # allowed
-        row(5, T0 + 4999, "erin", "192.0.2.2"),              # erin's block holds: refused
-        row(6, T0 + 5000, "erin", "192.0.2.2"),              # expired: allowed
-        row(7, T0 + 6000, "frank", "192.0.2.3"),             # refused
-        row(8, T0 + 7000, "frank", "192.0.2.3"),             # lifted before index 8: allowed
-    ]  # fmt: skip
+        row(0, T0 + 500, "dave", "192.0.2.1"),  # before the block
+        row(1, T0 + 1000, "dave", "192.0.2.1"),  # at issued_at: allowed
+        row(2, T0 + 2000, "dave", "192.0.2.1"),  # refused
+        row(3, T0 + 3000, "dave", "192.0.2.1", ok=True),  # refused, then lifts the block
+        row(4, T0 + 4000, "dave", "192.0.2.1"),  # allowed
+        row(5, T0 + 4999, "erin", "192.0.2.2"),  # erin's block holds: refused
+        row(6, T0 + 5000, "erin", "192.0.2.2"),  # expired: allowed
+        row(7, T0 + 6000, "frank", "192.0.2.3"),  # refused
+        row(8, T0 + 7000, "frank", "192.0.2.3"),  # lifted before index 8: allowed
+    ]
     events = load(tmp_path, rows)
     normaliser = build_normaliser(load_settings())
     digest = {
@@ -222,8 +331,18 @@ def test_lock_refusal_on_an_attacked_run_is_by_design_and_own_typos_are_not(tmp_
     """bob: a stranger fails twice, bob mistypes three times, bob's next attempt is refused
     by the lock: refused by design (seed 002). carol: five of her own typos, then refused:
     a wrong refusal, counted and shown."""
-    rows = [row(k, T0 + k * SEC, "bob", "203.0.113.5", role="attacker", scenario="spray",
-                cohort="attacker") for k in range(2)]  # fmt: skip
+    rows = [
+        row(
+            k,
+            T0 + k * SEC,
+            "bob",
+            "203.0.113.5",
+            role="attacker",
+            scenario="spray",
+            cohort="attacker",
+        )
+        for k in range(2)
+    ]
     rows += [row(2 + k, T0 + (10 + k) * SEC, "bob", "198.18.0.9") for k in range(3)]
     rows.append(row(5, T0 + 20 * SEC, "bob", "198.18.0.9", ok=True))
     rows += [row(6 + k, T0 + (30 + k) * SEC, "carol", f"198.18.1.{k}") for k in range(5)]
@@ -240,10 +359,15 @@ def test_lock_refusal_on_an_attacked_run_is_by_design_and_own_typos_are_not(tmp_
 def test_lock_refusal_after_the_owners_stale_app_fed_the_run_is_by_design(tmp_path: Path) -> None:
     """dave's phone app retries a stale password five times from carrier addresses: its
     sixth try and dave's own browser login are refused by the lock, both by design."""
-    rows = [row(k, T0 + k * 60 * SEC, "dave", f"172.16.0.{k}", cohort="stale_app") for k in range(6)]
+    rows = [
+        row(k, T0 + k * 60 * SEC, "dave", f"172.16.0.{k}", cohort="stale_app") for k in range(6)
+    ]
     rows.append(row(6, T0 + 400 * SEC, "dave", "198.18.0.40", ok=True))
     events = load(tmp_path, rows)
     legit = score(events, run_engine(events, POLICY)).as_json()["legitimate"]
     assert legit["refused"] == 0
-    assert {c: v["refused"] for c, v in legit["refused_by_design"].items()} == {"stale_app": 1, "ordinary": 1}
+    assert {c: v["refused"] for c, v in legit["refused_by_design"].items()} == {
+        "stale_app": 1,
+        "ordinary": 1,
+    }
     assert legit["refused_by_design"]["ordinary"]["why"] == [STALE_APP_RUN]

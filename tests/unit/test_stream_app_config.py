@@ -34,7 +34,12 @@ def test_worker_web_binds_loopback_and_serves_no_faust_pages() -> None:
     worker = Worker(Settings(), DEFAULT_POLICY)
     conf = worker.app.conf
     assert conf.web_bind == "127.0.0.1"
-    assert (conf.web_router_enabled, conf.web_tables_enabled, conf.web_stats_enabled,
-            conf.web_graph_enabled, conf.web_metrics_enabled) == (False,) * 5  # fmt: skip
+    assert (
+        conf.web_router_enabled,
+        conf.web_tables_enabled,
+        conf.web_stats_enabled,
+        conf.web_graph_enabled,
+        conf.web_metrics_enabled,
+    ) == (False,) * 5
     mounted = sorted(prefix for prefix, _ in worker.app.web.blueprints._enabled)
     assert mounted == [""]  # faust's production index: {"status": "OK"} at /

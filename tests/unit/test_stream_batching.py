@@ -122,15 +122,35 @@ def test_merge_keeps_each_subjects_latest_share_only() -> None:
     async def scenario() -> list[tuple[int, list[Any]]]:
         topic = FakeTopic()
         batcher = Batcher(topic.send, linger_ms=1, max_rows=100, merge=latest_shares)
-        batcher.add(0, [["acme", 60, "a", 1, 3, 5_100, "e1", 0], ["acme", 60, "s", 1, 2, 5_100, "e1", 0],
-                        [None, 5_000, "a", 1]])  # fmt: skip
-        ack = batcher.add(0, [["acme", 60, "a", 1, 7, 5_900, "e2", 1], ["globex", 60, "a", 1, 1, 5_900, "e3", 2],
-                              ["acme", 60, "a", 1, 8, 6_000, "e4", 3], [None, 6_001, "a", 1]])  # fmt: skip
+        batcher.add(
+            0,
+            [
+                ["acme", 60, "a", 1, 3, 5_100, "e1", 0],
+                ["acme", 60, "s", 1, 2, 5_100, "e1", 0],
+                [None, 5_000, "a", 1],
+            ],
+        )
+        ack = batcher.add(
+            0,
+            [
+                ["acme", 60, "a", 1, 7, 5_900, "e2", 1],
+                ["globex", 60, "a", 1, 1, 5_900, "e3", 2],
+                ["acme", 60, "a", 1, 8, 6_000, "e4", 3],
+                [None, 6_001, "a", 1],
+            ],
+        )
         await asyncio.wait_for(ack, 2)
         return topic.sent
 
     assert asyncio.run(scenario()) == [
-        (0, [["acme", 60, "a", 1, 7, 5_900, "e2", 1], ["acme", 60, "s", 1, 2, 5_100, "e1", 0],
-             ["globex", 60, "a", 1, 1, 5_900, "e3", 2], ["acme", 60, "a", 1, 8, 6_000, "e4", 3],
-             [None, 6_001, "a", 1]])
-    ]  # fmt: skip
+        (
+            0,
+            [
+                ["acme", 60, "a", 1, 7, 5_900, "e2", 1],
+                ["acme", 60, "s", 1, 2, 5_100, "e1", 0],
+                ["globex", 60, "a", 1, 1, 5_900, "e3", 2],
+                ["acme", 60, "a", 1, 8, 6_000, "e4", 3],
+                [None, 6_001, "a", 1],
+            ],
+        )
+    ]

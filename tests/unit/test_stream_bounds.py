@@ -22,10 +22,18 @@ def flood_rows(start: int, count: int) -> dict[int, list[list[Any]]]:
     for i in range(start, start + count):
         digest = hashlib.blake2b(str(i).encode(), digest_size=16).hexdigest()
         attempt = Attempt(
-            event_id=f"flood-{i}", occurred_ms=T0_MS + i, tenant="default", account=digest,
-            source=f"10.1.{i % 300 // 250}.{i % 250}", device=None, session=None, trusted=False,
-            flow="login", success=False, failure_reason="unknown_account",
-        )  # fmt: skip
+            event_id=f"flood-{i}",
+            occurred_ms=T0_MS + i,
+            tenant="default",
+            account=digest,
+            source=f"10.1.{i % 300 // 250}.{i % 250}",
+            device=None,
+            session=None,
+            trusted=False,
+            flow="login",
+            success=False,
+            failure_reason="unknown_account",
+        )
         partition = account_partition(attempt.account, PARTITIONS)
         rows.setdefault(partition, []).append([0, i, "web", None, *attempt.to_row()])
     return rows
@@ -33,7 +41,7 @@ def flood_rows(start: int, count: int) -> dict[int, list[list[Any]]]:
 
 def test_the_policy_cap_is_split_over_partitions_for_every_tenant() -> None:
     """entry_cap 1,000 over 8 partitions is 125 per shard, in [defaults] and in a tenant."""
-    policy = policy_from_toml('[defaults]\nentry_cap = 1000\n[tenants.acme]\nentry_cap = 4000\n')
+    policy = policy_from_toml("[defaults]\nentry_cap = 1000\n[tenants.acme]\nentry_cap = 4000\n")
     shard = AccountStage(policy, PARTITIONS, input_topic="in").shard_policy
     assert (shard.defaults.entry_cap, shard.for_tenant("acme").entry_cap) == (125, 500)
     assert shard.policy_version == policy.policy_version

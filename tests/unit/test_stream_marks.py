@@ -24,7 +24,10 @@ def test_a_partition_idles_only_after_being_read_to_its_end_for_idle_ms() -> Non
     assert marks.marks([0, 1], [1], 100) == [[0, 12_000]]
     assert marks.marks([0, 1], [1], 599) == [[0, 12_000], [1, 9_000]]
     marks.observe(0, 14_000, 1_000)
-    assert marks.marks([0, 1], [1], 1_100) == [[0, 14_000], [1, 13_000]]  # 10 s and 12 s left the window
+    assert marks.marks([0, 1], [1], 1_100) == [
+        [0, 14_000],
+        [1, 13_000],
+    ]  # 10 s and 12 s left the window
     assert marks.marks([0, 1], [], 1_200) == [[0, 14_000]]  # data again: no longer idle
     assert marks.marks([0, 1], [1], 1_300) == [[0, 14_000]]
 
@@ -45,7 +48,9 @@ def test_the_flush_is_no_lower_than_the_wall_clock_less_the_slack() -> None:
     marks.observe(0, 10_000, 0)
     marks.marks([0], [0], 50_000)
     assert marks.marks([0], [0], 50_500) == [[0, 49_500]]
-    assert marks.marks([0], [0], 90_000) == [[0, 49_500]]  # once per quiet period: no heartbeat storm
+    assert marks.marks([0], [0], 90_000) == [
+        [0, 49_500]
+    ]  # once per quiet period: no heartbeat storm
 
 
 def test_a_producer_writing_the_past_is_flushed_to_its_newest_event_not_the_wall_clock() -> None:

@@ -32,12 +32,19 @@ def records(n: int, seed: int) -> list[Record]:
         elif roll < 0.5:
             account, ip, ok = f"u{rng.randrange(5000)}", "198.51.100.9", False
         else:
-            account, ip, ok = f"u{rng.randrange(500)}", f"192.0.2.{rng.randrange(200)}", rng.random() < 0.9
+            account, ip, ok = (
+                f"u{rng.randrange(500)}",
+                f"192.0.2.{rng.randrange(200)}",
+                rng.random() < 0.9,
+            )
         body = {
-            "event_id": f"e{i}", "occurred_at": (T0 + timedelta(milliseconds=200 * i)).isoformat(),
-            "service": "web", "account": account, "peer_ip": ip,
+            "event_id": f"e{i}",
+            "occurred_at": (T0 + timedelta(milliseconds=200 * i)).isoformat(),
+            "service": "web",
+            "account": account,
+            "peer_ip": ip,
             "outcome": "success" if ok else "failure",
-        }  # fmt: skip
+        }
         if not ok:
             body["failure_reason"] = "bad_password"
         out.append(Record("auth.login-attempts", i % 8, i // 8, None, orjson.dumps(body)))
@@ -60,7 +67,9 @@ def engine_for(recs: list[Record]) -> Engine:
     return engine
 
 
-def split(decisions: list[bytes], alerts: list[bytes]) -> tuple[set[bytes], set[str], set[tuple[str, str]]]:
+def split(
+    decisions: list[bytes], alerts: list[bytes]
+) -> tuple[set[bytes], set[str], set[tuple[str, str]]]:
     """Account-keyed decisions exactly; source-keyed decisions and alerts by subject.
 
     A source's failures reach its stage from several account partitions, interleaved in
@@ -68,7 +77,13 @@ def split(decisions: list[bytes], alerts: list[bytes]) -> tuple[set[bytes], set[
     """
     exact = {d for d in decisions if b'"scope":"source"' not in d}
     source_keys = {orjson.loads(d)["key"] for d in decisions if b'"scope":"source"' in d}
-    subjects = {(orjson.loads(a)["type"], str(orjson.loads(a)["source"]) + str(orjson.loads(a)["account_digest"])) for a in alerts}
+    subjects = {
+        (
+            orjson.loads(a)["type"],
+            str(orjson.loads(a)["source"]) + str(orjson.loads(a)["account_digest"]),
+        )
+        for a in alerts
+    }
     return exact, source_keys, subjects
 
 
@@ -100,7 +115,10 @@ def test_every_record_is_either_a_row_or_a_dead_letter() -> None:
     good = records(10, seed=1)
     future = orjson.dumps({**orjson.loads(good[0].value), "occurred_at": "2099-01-01T00:00:00Z"})
     bad_ip = orjson.dumps({**orjson.loads(good[0].value), "peer_ip": "not-an-ip"})
-    batch = [*good, *(Record("t", 0, 100 + i, None, v) for i, v in enumerate([b"{", future, bad_ip]))]
+    batch = [
+        *good,
+        *(Record("t", 0, 100 + i, None, v) for i, v in enumerate([b"{", future, bad_ip])),
+    ]
     result = ingest.process(batch, NOW_MS)
     assert sum(len(rows) for rows in result.rows.values()) == 10
     assert sorted(d.reason for d in result.dead) == ["bad_peer_ip", "future_timestamp", "not_json"]
@@ -128,8 +146,10 @@ def test_events_older_than_the_past_skew_or_before_1970_are_dead_letters() -> No
     result = ingest.process(batch, int(now.timestamp() * 1000))
     assert sum(len(rows) for rows in result.rows.values()) == 1
     assert [(d.record.offset, d.reason) for d in result.dead] == [
-        (1, "past_timestamp"), (2, "past_timestamp"), (3, "past_timestamp"),
-    ]  # fmt: skip
+        (1, "past_timestamp"),
+        (2, "past_timestamp"),
+        (3, "past_timestamp"),
+    ]
     assert [d.detail for d in result.dead][1:] == ["occurred_at is before 1970"] * 2
 
     # Before 1970 is refused whatever the skew: the tables cannot hold it.
@@ -140,7 +160,7 @@ def test_events_older_than_the_past_skew_or_before_1970_are_dead_letters() -> No
 
 def test_a_tenants_policy_flag_reaches_the_shared_normaliser(tmp_path: Path) -> None:
     """case_sensitive = true under [tenants.acme] keeps acme's case, from a given policy or policy_path."""
-    text = '[tenants.acme]\ncase_sensitive = true\n'
+    text = "[tenants.acme]\ncase_sensitive = true\n"
     given = build_normaliser(Settings(), policy_from_toml(text))
     path = tmp_path / "policy.toml"
     path.write_text(text)

@@ -37,23 +37,30 @@ def outputs(decisions: list[bytes], alerts: list[bytes]) -> tuple[list[bytes], l
 
 def engine_outputs(recs: list[Record]) -> tuple[list[bytes], list[bytes]]:
     normaliser = build_normaliser(Settings(), POLICY)
-    attempts = sorted((normaliser.normalise(decode_attempt(r.value)) for r in recs), key=replay_order)
+    attempts = sorted(
+        (normaliser.normalise(decode_attempt(r.value)) for r in recs), key=replay_order
+    )
     engine = Engine(POLICY)
     engine.run(attempts)
     return outputs(
-        [encode(d) for _, d in engine.out.decisions if d is not None], [encode(a) for a in engine.out.alerts]
+        [encode(d) for _, d in engine.out.decisions if d is not None],
+        [encode(a) for a in engine.out.alerts],
     )
 
 
 EXPECTED = engine_outputs(RECORDS)
 
 
-def twin_outputs(seed: int, sizes: list[int], restart_after: int | None) -> tuple[list[bytes], list[bytes]]:
+def twin_outputs(
+    seed: int, sizes: list[int], restart_after: int | None
+) -> tuple[list[bytes], list[bytes]]:
     twin = MemoryPipeline(Settings(), POLICY, rng=random.Random(seed))
     start, batch = 0, 0
     while start < len(RECORDS):
         size = sizes[batch % len(sizes)]
-        twin.feed(RECORDS[start : start + size], NOW_MS, pump=random.Random(seed + batch).random() < 0.5)
+        twin.feed(
+            RECORDS[start : start + size], NOW_MS, pump=random.Random(seed + batch).random() < 0.5
+        )
         start, batch = start + size, batch + 1
         if restart_after is not None and batch == restart_after:
             twin.restart()
@@ -65,9 +72,17 @@ def test_the_reference_stream_trips_every_kind_of_output() -> None:
     """The policy and traffic above give account and source decisions, spray, tenant and ceiling alerts."""
     decisions, alerts = EXPECTED
     assert {b'"rule":"account_source"', b'"rule":"source"'} <= {
-        part for d in decisions for part in (b'"rule":"account_source"', b'"rule":"source"') if part in d
+        part
+        for d in decisions
+        for part in (b'"rule":"account_source"', b'"rule":"source"')
+        if part in d
     }
-    kinds = {t for a in alerts for t in (b"spray_source", b"spray_tenant", b"account_under_attack") if t in a}
+    kinds = {
+        t
+        for a in alerts
+        for t in (b"spray_source", b"spray_tenant", b"account_under_attack")
+        if t in a
+    }
     assert kinds == {b"spray_source", b"spray_tenant", b"account_under_attack"}
 
 
@@ -100,7 +115,9 @@ def test_sequencer_releases_in_event_time_order_whatever_the_arrival(
     while any(queues.values()):
         upstream = rnd.choice([u for u, q in queues.items() if q])
         time_ms = queues[upstream].pop(0)
-        sequencer.push(time_ms, f"e{upstream}-{positions[upstream]}", upstream, positions[upstream], time_ms)
+        sequencer.push(
+            time_ms, f"e{upstream}-{positions[upstream]}", upstream, positions[upstream], time_ms
+        )
         positions[upstream] += 1
         for u in range(4):
             sequencer.mark(u, queues[u][0] if queues.get(u) else 1 << 40)
@@ -117,7 +134,10 @@ def test_any_number_of_stage_partitions_gives_the_engines_outputs() -> None:
         for start in range(0, len(RECORDS), 450):
             twin.feed(RECORDS[start : start + 450], NOW_MS)
         twin.finish()
-        assert outputs([v for _, v in twin.out.decisions if v is not None], twin.out.alerts) == EXPECTED
+        assert (
+            outputs([v for _, v in twin.out.decisions if v is not None], twin.out.alerts)
+            == EXPECTED
+        )
 
 
 def test_a_batch_sent_as_several_envelopes_per_partition_applies_no_row_late() -> None:
@@ -133,7 +153,9 @@ def test_a_batch_sent_as_several_envelopes_per_partition_applies_no_row_late() -
     assert sum(q.late for q in sequencers) == 0
 
 
-def test_the_rollup_records_a_rows_spray_and_stuffing_shares_though_they_share_its_position() -> None:
+def test_the_rollup_records_a_rows_spray_and_stuffing_shares_though_they_share_its_position() -> (
+    None
+):
     """One source-stage row can change both its tenant share ("s") and its unknown-account
     share ("u"), stamped with the same upstream position: the rollup records both, and
     skips both when an upstream's restart sends them again."""
@@ -148,7 +170,11 @@ def test_the_rollup_records_a_rows_spray_and_stuffing_shares_though_they_share_i
     stage.process(0, shares)
     rollup = stage.rollups[0]
     assert (rollup.recorded("acme", 7, "s", 0), rollup.recorded("acme", 7, "u", 0)) == (1, 1)
-    assert (stage.sequencers[0].late, stage.sequencers[0].forced, len(stage.sequencers[0])) == (0, 0, 0)
+    assert (stage.sequencers[0].late, stage.sequencers[0].forced, len(stage.sequencers[0])) == (
+        0,
+        0,
+        0,
+    )
     stage.process(0, shares[:2])  # re-sent after an upstream's restart: old, skipped, not late
     assert (stage.sequencers[0].late, len(stage.sequencers[0])) == (0, 0)
 
@@ -160,11 +186,15 @@ def test_the_rollup_keeps_its_next_offset_and_any_tenant_name_across_a_rebuild()
     stage = RollupStage(POLICY, partitions=1)
     stage.rebuild(0, [])
     assert stage.expected(0) is None
-    shares = [[tenant, 7, "s", 0, 1, 1_000, f"e-{tenant}", i]
-              for i, tenant in enumerate(("fired", "order", "next", "held"))]  # fmt: skip
+    shares = [
+        [tenant, 7, "s", 0, 1, 1_000, f"e-{tenant}", i]
+        for i, tenant in enumerate(("fired", "order", "next", "held"))
+    ]
     result = stage.process(0, [*shares, [None, 2_000, "a", 0], [None, 2_000, "s", 0]], offset=41)
     assert stage.expected(0) == 42
     again = RollupStage(POLICY, partitions=1)
     again.rebuild(0, [(key, value) for key, value in result.changelog if value is not None])
     assert again.expected(0) == 42
-    assert [again.rollups[0].recorded(t, 7, "s", 0) for t in ("fired", "order", "next", "held")] == [1, 1, 1, 1]
+    assert [
+        again.rollups[0].recorded(t, 7, "s", 0) for t in ("fired", "order", "next", "held")
+    ] == [1, 1, 1, 1]

@@ -12,11 +12,16 @@ from aiokafka.structs import TopicPartition
 from pipeline.stream import restore
 from pipeline.stream.restore import ChangelogRestore, LiveRecords
 
-A, B = TopicPartition("app-account-state-changelog", 0), TopicPartition("app-account-state-changelog", 1)
+A, B = (
+    TopicPartition("app-account-state-changelog", 0),
+    TopicPartition("app-account-state-changelog", 1),
+)
 
 
 def fake_reader(release: asyncio.Event) -> Any:
-    async def read(bootstrap: str, tps: Collection[TopicPartition], security: Any = None) -> AsyncIterator[tuple[TopicPartition, LiveRecords]]:
+    async def read(
+        bootstrap: str, tps: Collection[TopicPartition], security: Any = None
+    ) -> AsyncIterator[tuple[TopicPartition, LiveRecords]]:
         for tp in tps:
             await release.wait()
             yield tp, {b"key-%d" % tp.partition: b"value"}
@@ -24,7 +29,9 @@ def fake_reader(release: asyncio.Event) -> Any:
     return read
 
 
-async def test_waiters_return_once_their_partition_is_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_waiters_return_once_their_partition_is_installed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Both partitions of one assignment are installed with their records, then waits return."""
     release = asyncio.Event()
     monkeypatch.setattr(restore, "read_changelogs", fake_reader(release))
@@ -42,7 +49,9 @@ async def test_waiters_return_once_their_partition_is_installed(monkeypatch: pyt
     assert restorer.restoring() == 0
 
 
-async def test_a_partition_revoked_while_waited_for_is_not_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_partition_revoked_while_waited_for_is_not_installed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """cancel() releases the waiter at once, and the reader installs nothing for it later."""
     release = asyncio.Event()
     monkeypatch.setattr(restore, "read_changelogs", fake_reader(release))

@@ -20,10 +20,15 @@ NOW_MS = 1_790_000_000_000
 
 def _record(offset: int, tenant: str, event_id: str | None = None) -> Record:
     event = {
-        "event_id": event_id or f"e{offset}", "occurred_at": "2026-09-21T14:13:20Z",
-        "tenant": tenant, "service": "web", "account": "alice", "peer_ip": "203.0.113.9",
-        "outcome": "failure", "failure_reason": "bad_password",
-    }  # fmt: skip
+        "event_id": event_id or f"e{offset}",
+        "occurred_at": "2026-09-21T14:13:20Z",
+        "tenant": tenant,
+        "service": "web",
+        "account": "alice",
+        "peer_ip": "203.0.113.9",
+        "outcome": "failure",
+        "failure_reason": "bad_password",
+    }
     return Record("auth.login-attempts", 0, offset, None, orjson.dumps(event))
 
 
@@ -67,8 +72,11 @@ def test_the_worker_tracks_at_most_max_tenants() -> None:
     result = ingest.process(records, NOW_MS)
     assert result.valid == 6
     assert [(d.record.offset, d.reason) for d in result.dead] == [
-        (3, "tenant_cap"), (4, "tenant_cap"), (8, "tenant_cap"), (9, "tenant_cap"),
-    ]  # fmt: skip
+        (3, "tenant_cap"),
+        (4, "tenant_cap"),
+        (8, "tenant_cap"),
+        (9, "tenant_cap"),
+    ]
     assert ingest.admitted == {"t0", "t1", "t2"}
     assert result.reasons == {"tenant_cap": 4}
 
