@@ -43,20 +43,19 @@ from pipeline.logs import get_logger
 from pipeline.settings import KafkaSettings, Settings
 from pipeline.stream.batching import Batcher
 from pipeline.stream.chains import ChangelogChains
+from pipeline.stream.envelopes import (
+    MAX_ROWS_PER_MESSAGE,
+    StageOutput,
+    account_envelopes,
+    latest_shares,
+)
 from pipeline.stream.ingest import DeadLetter, Ingest
 from pipeline.stream.marks import InputMarks
 from pipeline.stream.metrics import WorkerMetrics
 from pipeline.stream.progress import Admit, InputOrder
 from pipeline.stream.restore import ChangelogRestore, LiveRecords
-from pipeline.stream.stages import (
-    MAX_ROWS_PER_MESSAGE,
-    AccountStage,
-    RollupStage,
-    SourceStage,
-    StageOutput,
-    account_envelopes,
-    latest_shares,
-)
+from pipeline.stream.rollup_stage import RollupStage
+from pipeline.stream.stages import AccountStage, SourceStage
 from pipeline.stream.undecodable import DECODE_ERRORS, salvage
 from pipeline.topics import Topics
 from pipeline.wiring import build_normaliser

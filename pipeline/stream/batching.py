@@ -27,7 +27,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from pipeline.stream.stages import chunks
+from pipeline.stream.envelopes import chunks
 
 Send = Callable[[int, list[Any]], Awaitable[Awaitable[Any]]]
 Merge = Callable[[list[Any]], list[Any]]

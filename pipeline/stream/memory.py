@@ -22,16 +22,15 @@ from pipeline.core.outbox import ACCOUNT_SHARE, SOURCE_SHARE
 from pipeline.core.policy import Policy
 from pipeline.settings import Settings
 from pipeline.stream.app import hash_tenant
-from pipeline.stream.ingest import DeadLetter, Ingest, Record
-from pipeline.stream.marks import InputMarks
-from pipeline.stream.stages import (
+from pipeline.stream.envelopes import (
     MAX_ROWS_PER_MESSAGE,
-    AccountStage,
-    RollupStage,
-    SourceStage,
     StageOutput,
     account_envelopes,
 )
+from pipeline.stream.ingest import DeadLetter, Ingest, Record
+from pipeline.stream.marks import InputMarks
+from pipeline.stream.rollup_stage import RollupStage
+from pipeline.stream.stages import AccountStage, SourceStage
 from pipeline.wiring import build_normaliser
 
 # The stage partitions' queues and changelogs, by stage.

@@ -14,7 +14,9 @@ from prometheus_client import (
 )
 
 if TYPE_CHECKING:
-    from pipeline.stream.stages import AccountStage, RollupStage, SourceStage, StageOutput
+    from pipeline.stream.envelopes import StageOutput
+    from pipeline.stream.rollup_stage import RollupStage
+    from pipeline.stream.stages import AccountStage, SourceStage
 
 
 class WorkerMetrics:

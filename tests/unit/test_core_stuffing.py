@@ -230,7 +230,7 @@ def test_rollup_stage_restores_stuffing_firings_from_its_changelog() -> None:
     """The rollup stage's changelog keeps a window's stuffing_tenant firings: a rebuilt
     rollup neither repeats the first alert nor forgets the one more it may raise."""
     from pipeline.core.policy import DEFAULT_POLICY
-    from pipeline.stream.stages import RollupStage
+    from pipeline.stream.rollup_stage import RollupStage
 
     def at(time_ms: int, part: int, share: int) -> list[list[Any]]:
         """One share of source partition ``part`` at ``time_ms``, and every upstream

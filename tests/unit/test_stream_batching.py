@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from pipeline.stream.batching import Batcher
-from pipeline.stream.stages import latest_shares
+from pipeline.stream.envelopes import latest_shares
 
 
 class FakeTopic:

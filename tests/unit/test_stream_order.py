@@ -14,7 +14,7 @@ from pipeline.core.sequence import Sequencer
 from pipeline.settings import Settings
 from pipeline.stream.ingest import Record
 from pipeline.stream.memory import MemoryPipeline
-from pipeline.stream.stages import RollupStage
+from pipeline.stream.rollup_stage import RollupStage
 from pipeline.wiring import build_normaliser
 from tests.unit.test_stream_memory import NOW_MS, records
 

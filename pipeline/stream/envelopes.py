@@ -1,0 +1,115 @@
+"""What the stages send and write, free of faust: the envelopes between stages (their
+sizes, and where the event-time marks ride), a stage's outputs for one envelope, and its
+changelog keys. The faust shell (``pipeline.stream.app``) and the in-memory twin
+(``pipeline.stream.memory``) both send through these, so the twin cuts messages as the
+worker does."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipeline.contracts.codec import dumps, encode
+from pipeline.contracts.models import AUDIT_COLUMNS
+from pipeline.core.outbox import Outbox
+from pipeline.core.rollup import TICK_MS
+
+# Rows per message on the internal and audit topics: a few hundred bytes each, so a
+# message stays well under the broker's default 1 MB limit however a batch is skewed.
+MAX_ROWS_PER_MESSAGE = 2000
+
+
+def chunks(rows: list[Any], size: int = MAX_ROWS_PER_MESSAGE) -> list[list[Any]]:
+    """``rows`` in order, in lists of at most ``size``."""
+    if len(rows) <= size:
+        return [rows]
+    return [rows[i : i + size] for i in range(0, len(rows), size)]
+
+
+def account_envelopes(
+    rows: dict[int, list[list[Any]]],
+    marks: list[list[int]],
+    partitions: int,
+    size: int = MAX_ROWS_PER_MESSAGE,
+) -> list[tuple[int, list[list[Any]], list[list[int]]]]:
+    """``(account partition, rows, marks)`` of one ingest batch: every partition gets the
+    marks, rows or not (its watermark is the minimum over every input partition), in
+    messages of at most ``size`` rows. The marks ride on each partition's last message
+    only: they cover every row of the batch, so an earlier message carrying them would
+    make the rows of the later ones late."""
+    out: list[tuple[int, list[list[Any]], list[list[int]]]] = []
+    for partition in range(partitions):
+        parts = chunks(rows.get(partition, []), size)
+        for i, part in enumerate(parts):
+            out.append((partition, part, marks if i == len(parts) - 1 else []))
+    return out
+
+
+def latest_shares(shares: list[list[Any]]) -> list[list[Any]]:
+    """Tenant shares ``[tenant, window, kind, partition, share, time_ms, event_id, seq]``,
+    each subject's latest per second of event time only (a share is the shard's absolute
+    count and rule 8 is evaluated at second boundaries, so an older one of the same
+    subject and second carries nothing), then each upstream's latest mark
+    ``[None, watermark_ms, kind, partition]``.
+
+    The marks go last: a mark says nothing earlier follows, and the batch may be sent as
+    several messages (``chunks``), so a mark moved ahead of shares sent after it in an
+    earlier chunk would make them late. Moving a mark later only delays a release."""
+    latest: dict[tuple[Any, ...], list[Any]] = {}
+    marks: dict[tuple[Any, ...], list[Any]] = {}
+    for share in shares:
+        if share[0] is None:
+            subject: tuple[Any, ...] = (share[2], share[3])
+            old = marks.get(subject)
+            if old is None or old[1] < share[1]:
+                marks[subject] = share
+        else:
+            latest[(share[0], share[1], share[2], share[3], share[5] // TICK_MS)] = share
+    return [*latest.values(), *marks.values()]
+
+
+@dataclass
+class StageOutput:
+    """What one envelope produced, ready to send. Decision values of None are tombstones."""
+
+    decisions: list[tuple[bytes, bytes | None]] = field(default_factory=list)
+    alerts: list[bytes] = field(default_factory=list)
+    notices: list[tuple[bytes, bytes]] = field(default_factory=list)
+    audit: list[list[Any]] = field(default_factory=list)
+    forwards: dict[int, list[list[Any]]] = field(default_factory=dict)
+    shares: list[list[Any]] = field(default_factory=list)
+    changelog: list[tuple[bytes, bytes | None]] = field(default_factory=list)
+    # The stage partition's new watermark, to send to every downstream partition (None:
+    # unchanged). Everything it will still send is at or after it in event time.
+    mark_ms: int | None = None
+    counted: int = 0
+    skipped: int = 0
+    held: int = 0
+
+    def audit_message(self) -> bytes | None:
+        """All audit rows as one batch message (see ``audit_messages`` for the sizes sent)."""
+        if not self.audit:
+            return None
+        return dumps({"v": 1, "columns": AUDIT_COLUMNS, "rows": self.audit})
+
+    def audit_messages(self) -> list[bytes]:
+        """The audit rows as batch messages of at most MAX_ROWS_PER_MESSAGE rows."""
+        if not self.audit:
+            return []
+        return [
+            dumps({"v": 1, "columns": AUDIT_COLUMNS, "rows": rows}) for rows in chunks(self.audit)
+        ]
+
+
+def collect(out: Outbox, result: StageOutput) -> None:
+    for key, decision in out.decisions:
+        result.decisions.append((key.encode(), encode(decision) if decision else None))
+    result.alerts.extend(encode(alert) for alert in out.alerts)
+    result.notices.extend((n.account_digest.encode(), encode(n)) for n in out.notices)
+    out.decisions.clear()
+    out.alerts.clear()
+    out.notices.clear()
+
+
+def changelog_key(partition: int, key: list[Any]) -> bytes:
+    return dumps([partition, *key])

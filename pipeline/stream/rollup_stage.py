@@ -1,0 +1,156 @@
+"""The tenant rollup stage, free of faust: tenant shares in, rule 8's ``spray_tenant`` and
+``stuffing_tenant`` alerts out, in event-time order (see ``pipeline.stream.stages`` for the
+guarantees every stage keeps)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from pipeline.contracts.codec import dumps, encode, loads
+from pipeline.core.outbox import ACCOUNT_SHARE, UNKNOWN_SHARE
+from pipeline.core.policy import Policy
+from pipeline.core.rollup import TenantRollup
+from pipeline.core.sequence import Sequencer
+from pipeline.stream.envelopes import StageOutput, changelog_key
+
+
+class RollupStage:
+    """Tenant shares in, ``spray_tenant`` (rule 8) and ``stuffing_tenant`` alerts out.
+    Shares are absolute values (each shard's latest count), so replays and duplicates are
+    harmless. They are held by a ``Sequencer`` over every account and source partition and
+    recorded in event-time order; rule 8 is evaluated at second boundaries
+    (``TenantRollup.advance``), ``stuffing_tenant`` too, so the alerts do not depend on
+    which partition's shares arrived first or how they were cut."""
+
+    def __init__(self, policy: Policy, partitions: int = 1) -> None:
+        self.policy = policy
+        self.partitions = partitions
+        self.rollups: dict[int, TenantRollup] = {}
+        self.sequencers: dict[int, Sequencer] = {}
+        # Per partition: the offset of the next shares message to apply (None until
+        # known). Like the other stages', messages are applied in offset order with no
+        # gap: a message faust dropped would otherwise leave its shares unrecorded.
+        self.next_envelope: dict[int, int | None] = {}
+
+    def owns(self, partition: int) -> bool:
+        return partition in self.rollups
+
+    def expected(self, partition: int) -> int | None:
+        """Offset of the next shares message to apply on ``partition`` (None: not known)."""
+        return self.next_envelope.get(partition)
+
+    def rebuild(self, partition: int, records: Iterable[tuple[bytes, bytes]]) -> None:
+        rollup = TenantRollup(self.policy)
+        sequencer = Sequencer(2 * self.partitions)
+        shares: list[list[Any]] = []
+        meta: list[Any] | None = None
+        next_envelope: int | None = None
+        for raw_key, raw_value in records:
+            key = loads(raw_key)
+            if key[0] != partition or raw_value is None:
+                continue
+            if len(key) == 5 and key[2].__class__ is int:
+                # [partition, tenant, window, kind, part]: a share (any tenant name,
+                # "fired" or "order" included, is told apart by the window's type)
+                shares.append([*key[1:], loads(raw_value)])
+            elif key[1] == "fired":
+                # [partition, "fired", tenant, window, kind]; records before stuffing_tenant
+                # have no kind (rule 8's).
+                if key[4:] == [UNKNOWN_SHARE]:
+                    rollup.stuffing.fired[(key[2], key[3])] = loads(raw_value)
+                else:
+                    rollup.fired.add((key[2], key[3]))
+            elif key[1] == "held":
+                sequencer.restore((key[2], key[3]), loads(raw_value))
+            elif key[1] == "order":
+                meta = loads(raw_value)
+            elif key[1] == "next":
+                next_envelope = int(loads(raw_value))
+        for tenant, window, kind, part, share in shares:
+            rollup.update(tenant, window, kind, part, share)
+        rollup.touched.clear()
+        rollup.touched_unknown.clear()
+        if meta is not None:
+            tick_ms, touched, order = meta[:3]
+            rollup.tick_ms = tick_ms
+            rollup.touched.update(((tenant, window), None) for tenant, window in touched)
+            touched_unknown = meta[3] if len(meta) > 3 else ()
+            rollup.touched_unknown.update(
+                ((tenant, window), None) for tenant, window in touched_unknown
+            )
+            sequencer.restore_meta(order)
+        sequencer.finish_restore()
+        self.rollups[partition] = rollup
+        self.sequencers[partition] = sequencer
+        self.next_envelope[partition] = next_envelope
+
+    def drop(self, partition: int) -> None:
+        self.rollups.pop(partition, None)
+        self.sequencers.pop(partition, None)
+        self.next_envelope.pop(partition, None)
+
+    def process(
+        self, partition: int, shares: list[list[Any]], offset: int | None = None
+    ) -> StageOutput:
+        """Hold shares ``[tenant, window, kind, part, share, time_ms, event_id, seq]`` and
+        take marks ``[None, watermark_ms, kind, part]``; record what the watermark passes.
+        ``offset`` is the message's (the next one expected is recorded with the state)."""
+        rollup = self.rollups[partition]
+        sequencer = self.sequencers[partition]
+        result = StageOutput()
+        for share in shares:
+            upstream = share[3] if share[2] == ACCOUNT_SHARE else self.partitions + share[3]
+            if share[0] is None:
+                sequencer.mark(upstream, share[1])
+            elif share[5] >= sequencer.released_ms or share[4] > rollup.recorded(*share[:4]):
+                # (an older share re-sent after an upstream's restart carries nothing: skipped)
+                # One source row may change its source and its unknown-account share under one upstream
+                # position: the held row's position tells them apart.
+                position = 2 * share[7] + (share[2] == UNKNOWN_SHARE)
+                sequencer.push(share[5], share[6], upstream, position, share[:5])
+        alerts: list[Any] = []
+        for _seq, time_ms, (tenant, window, kind, part, share) in sequencer.release():
+            alerts.extend(rollup.advance(time_ms))
+            rollup.update(tenant, window, kind, part, share)
+            result.changelog.append((dumps([partition, tenant, window, kind, part]), dumps(share)))
+        alerts.extend(rollup.advance(sequencer.released_ms))
+        for alert in alerts:
+            result.alerts.append(encode(alert))
+            window = _window(alert)
+            if (
+                alert.type == "stuffing_tenant"
+            ):  # what TenantStuffing.fired holds (it may fire once more)
+                state = rollup.stuffing.fired[(alert.tenant, window)]
+                result.changelog.append(
+                    (dumps([partition, "fired", alert.tenant, window, UNKNOWN_SHARE]), dumps(state))
+                )
+            else:
+                result.changelog.append((dumps([partition, "fired", alert.tenant, window]), b"1"))
+        added, removed = sequencer.take_changes()  # in the order _Stage._finish explains
+        for (upstream, position), held in added:
+            result.changelog.append(
+                (changelog_key(partition, ["held", upstream, position]), dumps(held))
+            )
+        meta = [
+            rollup.tick_ms,
+            [list(slot) for slot in rollup.touched],
+            sequencer.meta(),
+            [list(slot) for slot in rollup.touched_unknown],
+        ]
+        result.changelog.append((changelog_key(partition, ["order"]), dumps(meta)))
+        if offset is not None:
+            self.next_envelope[partition] = offset + 1
+            result.changelog.append((changelog_key(partition, ["next"]), dumps(offset + 1)))
+        for upstream, position in removed:
+            result.changelog.append((changelog_key(partition, ["held", upstream, position]), None))
+        result.held = len(sequencer)
+        return result
+
+
+def _window(alert: Any) -> int:
+    """The tumbling window index of a ``spray_tenant`` alert."""
+    from pipeline.contracts.models import datetime_to_ms
+
+    start = datetime_to_ms(alert.window_start)
+    return start // (datetime_to_ms(alert.window_end) - start)
