@@ -24,83 +24,41 @@ own disjoint partitions, so a limit is enforced once, never twice.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Iterable
 from typing import Any
 
 import faust
-from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
 from aiokafka.structs import TopicPartition
 
 from pipeline.clock import wall_ms
 from pipeline.contracts.codec import dumps, loads
 from pipeline.core.outbox import ACCOUNT_SHARE, SOURCE_SHARE
 from pipeline.core.policy import Policy
-from pipeline.kafka_client import client_kwargs, security_kwargs
+from pipeline.kafka_client import security_kwargs
 from pipeline.logs import get_logger
-from pipeline.settings import KafkaSettings, Settings
+from pipeline.settings import Settings
 from pipeline.stream.batching import Batcher
 from pipeline.stream.chains import ChangelogChains
 from pipeline.stream.envelopes import (
     MAX_ROWS_PER_MESSAGE,
     StageOutput,
-    account_envelopes,
     latest_shares,
 )
+from pipeline.stream.faust_app import RAW, new_app
 from pipeline.stream.ingest import DeadLetter, Ingest
-from pipeline.stream.marks import InputMarks
+from pipeline.stream.ingest_loop import IngestLoop
 from pipeline.stream.metrics import WorkerMetrics
+from pipeline.stream.partitioning import tenant_partition
 from pipeline.stream.progress import Admit, InputOrder
 from pipeline.stream.restore import ChangelogRestore, LiveRecords
 from pipeline.stream.rollup_stage import RollupStage
 from pipeline.stream.stages import AccountStage, SourceStage
-from pipeline.stream.undecodable import DECODE_ERRORS, salvage
 from pipeline.topics import Topics
 from pipeline.wiring import build_normaliser
 
 log = get_logger("worker")
-
-RAW: dict[str, Any] = {"key_serializer": "raw", "value_serializer": "raw"}
-
-
-class RereadLast(ConsumerRebalanceListener):  # type: ignore[misc]
-    """On assignment, ingest re-reads each input partition's last committed record.
-
-    Its event time is that partition's mark (``pipeline.stream.marks``): an ingest that
-    restarts with its input already read would otherwise send no marks, and the stages
-    would hold the rows they had not released before the restart until new input came.
-    The account stage skips the re-read row as a replay (it remembers the highest input
-    offset it applied per input partition)."""
-
-    def __init__(self, consumer: AIOKafkaConsumer) -> None:
-        self.consumer = consumer
-
-    async def on_partitions_revoked(self, revoked: Any) -> None:
-        return None
-
-    async def on_partitions_assigned(self, assigned: Any) -> None:
-        for tp in assigned:
-            committed = await self.consumer.committed(tp)
-            if committed:
-                self.consumer.seek(tp, committed - 1)
-
-
-def broker_credentials(kafka: KafkaSettings) -> Any:
-    """faust's form of ``security_kwargs``: None for PLAINTEXT, else SSL or SASL credentials
-    (faust passes them to its consumer, producer and admin client)."""
-    security = security_kwargs(kafka)
-    if not security:
-        return None
-    if kafka.security_protocol == "SSL":
-        return faust.SSLCredentials(security["ssl_context"])
-    return faust.SASLCredentials(
-        username=security["sasl_plain_username"],
-        password=security["sasl_plain_password"],
-        mechanism=security["sasl_mechanism"],
-        ssl_context=security.get("ssl_context"),
-    )
 
 
 class Worker:
@@ -132,10 +90,14 @@ class Worker:
         )
         self.sources = SourceStage(policy, kafka.partitions)
         self.rollup = RollupStage(policy, kafka.partitions)
-        # Event-time marks of the input partitions ingest reads (pipeline.stream.marks).
-        self.input_marks = InputMarks()
-        self.sent_marks: list[list[int]] = []
-        self.ingest_ready = asyncio.Event()
+        self.ingest_loop = IngestLoop(
+            settings,
+            self.topics,
+            self.ingest,
+            self.metrics,
+            send_envelope=self._send_envelope,
+            send_dead=self._send_dead,
+        )
         # Envelopes in offset order whatever faust delivers (pipeline.stream.progress);
         # per agent topic, its channel (queue) and whether it is mid-envelope.
         self.order = InputOrder()
@@ -168,37 +130,7 @@ class Worker:
     # -- the faust app ------------------------------------------------------------------
 
     def _build_app(self) -> faust.App:
-        s = self.settings
-        app = faust.App(
-            s.kafka.app_id,
-            broker=[f"kafka://{host}" for host in s.kafka.bootstrap_servers.split(",")],
-            broker_credentials=broker_credentials(s.kafka),
-            topic_partitions=self.partitions,
-            topic_replication_factor=s.kafka.replication_factor,
-            consumer_auto_offset_reset="earliest",
-            broker_commit_interval=1.0,
-            # A crashed worker's partitions move after the session timeout: keep it short
-            # so a restart or a peer takes over in seconds, not faust's default minute.
-            broker_session_timeout=10.0,
-            broker_heartbeat_interval=1.0,
-            web_enabled=True,
-            # Only /healthz, /readyz and /metrics (_add_views), plus faust's plain index at
-            # / ({"status": "OK"}): none of its pages that show or reroute internal state
-            # (/router, /table, /stats, /graph, /performance), which have no auth.
-            web_router_enabled=False,
-            web_tables_enabled=False,
-            web_stats_enabled=False,
-            web_graph_enabled=False,
-            web_metrics_enabled=False,
-            web_port=s.worker.web_port,
-            web_bind=s.worker.web_host,
-            web_host=s.worker.web_host,
-            datadir=str(s.state_dir / "faust"),
-            loghandlers=[],
-            producer_acks=-1,
-            stream_buffer_maxsize=64,
-            broker_max_poll_records=64,
-        )
+        app = new_app(self.settings)
         t = self.topics
         self.by_account = app.topic(t.by_account, partitions=self.partitions, **RAW)
         self.by_source = app.topic(t.by_source, partitions=self.partitions, **RAW)
@@ -214,7 +146,7 @@ class Worker:
         app.agent(self.by_source, name="source-stage")(self._source_agent)
         app.agent(self.shares, name="rollup-stage")(self._rollup_agent)
         app.task(self._quiet_library_logging)
-        app.task(self._ingest_loop)
+        app.task(self.ingest_loop.run)
         app.timer(1.0)(self._expire_tick)
         app.on_partitions_revoked.connect(self._on_revoked)  # type: ignore[arg-type]
         app.on_partitions_assigned.connect(self._on_assigned)  # type: ignore[arg-type]
@@ -250,169 +182,15 @@ class Worker:
             if type(handler).__name__ == "SpinnerHandler":
                 root.removeHandler(handler)
 
-    # -- ingest: aiokafka getmany loop, one envelope per target partition -----------------
-
-    async def _ingest_loop(self) -> None:
-        s = self.settings
-        consumer = AIOKafkaConsumer(
-            **client_kwargs(s.kafka),
-            group_id=f"{s.kafka.app_id}-ingest",
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            max_partition_fetch_bytes=4 * 1024 * 1024,
-            fetch_max_wait_ms=s.worker.batch_max_wait_ms,
+    async def _send_envelope(self, partition: int, envelope: bytes) -> Awaitable[Any]:
+        return await self.by_account.send(
+            key=str(partition).encode(), value=envelope, partition=partition
         )
-        consumer.subscribe([self.topics.input], listener=RereadLast(consumer))
-        await consumer.start()
-        self.ingest_ready.set()
-        try:
-            while True:
-                undecodable: list[DeadLetter] = []
-                batch = await self._gather_batch(consumer, undecodable)
-                await self._ingest_batch(consumer, batch, undecodable)
-        finally:
-            await consumer.stop()
 
-    async def _gather_batch(
-        self, consumer: AIOKafkaConsumer, undecodable: list[DeadLetter]
-    ) -> dict[Any, list[Any]]:
-        """Records until ``batch_max_events`` or ``batch_max_wait_ms`` after the first one.
-
-        ``getmany`` returns whatever the fetcher holds, a handful of records under light
-        load, and every batch costs a fixed envelope per account partition downstream (and
-        forwards per source partition from each): lingering keeps a trickle from turning
-        into thousands of tiny envelopes a second, at a bounded cost in latency."""
-        worker = self.settings.worker
-        batch = await self._getmany(
-            consumer,
-            undecodable,
-            timeout_ms=worker.batch_max_wait_ms,
-            max_records=worker.batch_max_events,
+    async def _send_dead(self, dead: DeadLetter) -> Awaitable[Any]:
+        return await self.dlq.send(
+            key=dead.record.key, value=dead.record.value, headers=dead.headers()
         )
-        count = sum(len(messages) for messages in batch.values())
-        if not count or undecodable:
-            return batch
-        deadline = time.monotonic() + worker.batch_max_wait_ms / 1000
-        while count < worker.batch_max_events:
-            left_ms = int((deadline - time.monotonic()) * 1000)
-            if left_ms <= 0:
-                break
-            more = await self._getmany(
-                consumer,
-                undecodable,
-                timeout_ms=left_ms,
-                max_records=worker.batch_max_events - count,
-            )
-            for tp, messages in more.items():
-                batch.setdefault(tp, []).extend(messages)
-                count += len(messages)
-            if undecodable:
-                break
-        return batch
-
-    async def _getmany(
-        self,
-        consumer: AIOKafkaConsumer,
-        undecodable: list[DeadLetter],
-        *,
-        timeout_ms: int,
-        max_records: int,
-    ) -> dict[Any, list[Any]]:
-        """``consumer.getmany``; a batch it cannot decode goes to ``undecodable`` (and the
-        consumer past it), the records it had drained are kept (pipeline.stream.undecodable)."""
-        try:
-            got: dict[Any, list[Any]] = await consumer.getmany(
-                timeout_ms=timeout_ms, max_records=max_records
-            )
-            return got
-        except DECODE_ERRORS as exc:
-            found = salvage(exc)
-            if found is None:
-                raise
-            if found.tp not in consumer.assignment():  # revoked meanwhile: its next owner meets it
-                return found.records
-            consumer.seek(found.tp, found.next_offset)
-            dead = found.dead_letter(exc)
-            undecodable.append(dead)
-            log.error(
-                "ingest_undecodable_batch",
-                topic=found.tp.topic,
-                partition=found.tp.partition,
-                first_offset=found.first_offset,
-                last_offset=found.next_offset - 1,
-                codec=found.codec,
-                error=dead.detail,
-            )
-            return found.records
-
-    async def _marks(self, consumer: AIOKafkaConsumer, now_ms: int) -> tuple[list[list[int]], int]:
-        """Ingest's marks for the input partitions it reads, and the input topic's
-        partition count (``pipeline.stream.marks``)."""
-        assigned = consumer.assignment()
-        caught_up = []
-        for tp in assigned:
-            highwater = consumer.highwater(tp)
-            if highwater is not None and await consumer.position(tp) >= highwater:
-                caught_up.append(tp.partition)
-        inputs = len(consumer.partitions_for_topic(self.topics.input) or ()) or self.partitions
-        marks = self.input_marks.marks([tp.partition for tp in assigned], caught_up, now_ms)
-        return marks, inputs
-
-    async def _ingest_batch(
-        self, consumer: AIOKafkaConsumer, batch: dict[Any, Any], undecodable: list[DeadLetter]
-    ) -> None:
-        # aiokafka's ConsumerRecords carry what ingest reads (topic, partition, offset,
-        # key, value): no copy into Record objects.
-        records = [m for messages in batch.values() for m in messages]
-        now_ms = wall_ms()
-        result = self.ingest.process(records, now_ms)
-        commits = {tp: messages[-1].offset + 1 for tp, messages in batch.items() if messages}
-        for dead in undecodable:
-            # Committed past, once its dead letter is acknowledged: never read again.
-            tp = TopicPartition(dead.record.topic, dead.record.partition)
-            commits[tp] = max(commits.get(tp, 0), dead.record.offset + dead.offsets)
-            result.dead.append(dead)
-            result.reasons[dead.reason] += dead.offsets
-        observe = self.input_marks.observe
-        for record in records:
-            observe(record.partition, None, now_ms)
-        for rows in result.rows.values():
-            for row in rows:
-                observe(row[0], row[5], now_ms)  # type: ignore[arg-type]
-        marks, inputs = await self._marks(consumer, now_ms)
-        if not records and not undecodable and marks == self.sent_marks:
-            return
-        self.sent_marks = marks
-        pending: list[Awaitable[Any]] = []
-        for partition, rows, envelope_marks in account_envelopes(
-            result.rows, marks, self.partitions
-        ):
-            envelope = dumps({"v": 1, "rows": rows, "marks": envelope_marks, "inputs": inputs})
-            pending.append(
-                await self.by_account.send(
-                    key=str(partition).encode(), value=envelope, partition=partition
-                )
-            )
-        for dead in result.dead:
-            pending.append(
-                await self.dlq.send(
-                    key=dead.record.key,
-                    value=dead.record.value,
-                    headers=dead.headers(),
-                )
-            )
-        # Offsets are committed only once every envelope and dead letter is acknowledged:
-        # a crash before that re-reads the batch, and the account stage skips what it
-        # already applied (it remembers the highest input offset per input partition).
-        await asyncio.gather(*pending)
-        if not commits:
-            return
-        await consumer.commit(commits)
-        self.metrics.ingested(result.valid, result.reasons)
-        for tp, messages in batch.items():
-            highwater = consumer.highwater(tp)
-            if highwater is not None and messages:
-                self.metrics.lag(tp.partition, highwater - messages[-1].offset - 1)
 
     # -- agents -------------------------------------------------------------------------
 
@@ -554,7 +332,7 @@ class Worker:
             )
         gathering = {self.forwarder.add(target, rows) for target, rows in result.forwards.items()}
         for share in result.shares:
-            gathering.add(self.sharer.add(hash_tenant(share[0], self.partitions), [share]))
+            gathering.add(self.sharer.add(tenant_partition(share[0], self.partitions), [share]))
         if result.mark_ms is not None and kind != "r":
             # Marks carry no state, so the changelog does not wait for them (a forward's
             # linger would hold every envelope's changelog); a mark lost in a crash is sent
@@ -711,16 +489,9 @@ class Worker:
     def ready(self) -> bool:
         recovery: Any = self.app.tables.recovery  # type: ignore[attr-defined]
         return (
-            self.ingest_ready.is_set()
+            self.ingest_loop.ready.is_set()
             and recovery.completed.is_set()
             and not recovery.in_recovery
             and not self.app.rebalancing
             and not self._unrestored(self.app.consumer.assignment())
         )
-
-
-def hash_tenant(tenant: str, partitions: int) -> int:
-    """Partition of a tenant's shares on the tenant-shares topic (stable across processes)."""
-    import zlib
-
-    return zlib.crc32(tenant.encode()) % partitions

@@ -21,7 +21,6 @@ from pipeline.contracts.codec import loads
 from pipeline.core.outbox import ACCOUNT_SHARE, SOURCE_SHARE
 from pipeline.core.policy import Policy
 from pipeline.settings import Settings
-from pipeline.stream.app import hash_tenant
 from pipeline.stream.envelopes import (
     MAX_ROWS_PER_MESSAGE,
     StageOutput,
@@ -29,6 +28,7 @@ from pipeline.stream.envelopes import (
 )
 from pipeline.stream.ingest import DeadLetter, Ingest, Record
 from pipeline.stream.marks import InputMarks
+from pipeline.stream.partitioning import tenant_partition
 from pipeline.stream.rollup_stage import RollupStage
 from pipeline.stream.stages import AccountStage, SourceStage
 from pipeline.wiring import build_normaliser
@@ -172,7 +172,7 @@ class MemoryPipeline:
     def _shares(self, result: StageOutput, kind: str, partition: int) -> None:
         by_target: dict[int, list[list[Any]]] = {}
         for share in result.shares:
-            by_target.setdefault(hash_tenant(share[0], self.partitions), []).append(share)
+            by_target.setdefault(tenant_partition(share[0], self.partitions), []).append(share)
         for target in range(self.partitions):
             shares = by_target.get(target, [])
             if result.mark_ms is not None:

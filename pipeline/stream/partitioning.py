@@ -13,3 +13,8 @@ def account_partition(account_digest: str, partitions: int) -> int:
 def source_partition(tenant: str, source: str, partitions: int) -> int:
     """Partition of a (tenant, source): CRC-32 of both, stable across processes."""
     return zlib.crc32(f"{tenant}|{source}".encode()) % partitions
+
+
+def tenant_partition(tenant: str, partitions: int) -> int:
+    """Partition of a tenant's shares on the tenant-shares topic (stable across processes)."""
+    return zlib.crc32(tenant.encode()) % partitions

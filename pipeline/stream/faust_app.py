@@ -1,0 +1,66 @@
+"""The faust app every worker runs: its broker options (the credentials built from the
+same settings as every other Kafka client) and the web and consumer settings the worker
+depends on. The agents, topics and pages are the worker's (``pipeline.stream.app``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import faust
+
+from pipeline.kafka_client import security_kwargs
+from pipeline.settings import KafkaSettings, Settings
+
+# Every topic the worker declares carries bytes: the stages encode their own envelopes.
+RAW: dict[str, Any] = {"key_serializer": "raw", "value_serializer": "raw"}
+
+
+def broker_credentials(kafka: KafkaSettings) -> Any:
+    """faust's form of ``security_kwargs``: None for PLAINTEXT, else SSL or SASL credentials
+    (faust passes them to its consumer, producer and admin client)."""
+    security = security_kwargs(kafka)
+    if not security:
+        return None
+    if kafka.security_protocol == "SSL":
+        return faust.SSLCredentials(security["ssl_context"])
+    return faust.SASLCredentials(
+        username=security["sasl_plain_username"],
+        password=security["sasl_plain_password"],
+        mechanism=security["sasl_mechanism"],
+        ssl_context=security.get("ssl_context"),
+    )
+
+
+def new_app(s: Settings) -> faust.App:
+    """The faust app for ``s`` (no agents yet)."""
+    app = faust.App(
+        s.kafka.app_id,
+        broker=[f"kafka://{host}" for host in s.kafka.bootstrap_servers.split(",")],
+        broker_credentials=broker_credentials(s.kafka),
+        topic_partitions=s.kafka.partitions,
+        topic_replication_factor=s.kafka.replication_factor,
+        consumer_auto_offset_reset="earliest",
+        broker_commit_interval=1.0,
+        # A crashed worker's partitions move after the session timeout: keep it short
+        # so a restart or a peer takes over in seconds, not faust's default minute.
+        broker_session_timeout=10.0,
+        broker_heartbeat_interval=1.0,
+        web_enabled=True,
+        # Only /healthz, /readyz and /metrics (_add_views), plus faust's plain index at
+        # / ({"status": "OK"}): none of its pages that show or reroute internal state
+        # (/router, /table, /stats, /graph, /performance), which have no auth.
+        web_router_enabled=False,
+        web_tables_enabled=False,
+        web_stats_enabled=False,
+        web_graph_enabled=False,
+        web_metrics_enabled=False,
+        web_port=s.worker.web_port,
+        web_bind=s.worker.web_host,
+        web_host=s.worker.web_host,
+        datadir=str(s.state_dir / "faust"),
+        loghandlers=[],
+        producer_acks=-1,
+        stream_buffer_maxsize=64,
+        broker_max_poll_records=64,
+    )
+    return app

@@ -1,0 +1,235 @@
+"""Ingest's read loop: the input topic through an aiokafka ``getmany`` consumer of its own
+(group ``<app id>-ingest``), validated and normalised in batches (``pipeline.stream.ingest``),
+one envelope per account partition (``pipeline.stream.envelopes``) with the input
+partitions' event-time marks (``pipeline.stream.marks``), bad events to the dead-letter
+topic. Input offsets are committed only once every envelope and dead letter of the batch
+is acknowledged: a crash re-reads the batch, and the account stage skips what it applied.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
+from aiokafka.structs import TopicPartition
+
+from pipeline.clock import wall_ms
+from pipeline.contracts.codec import dumps
+from pipeline.kafka_client import client_kwargs
+from pipeline.logs import get_logger
+from pipeline.settings import Settings
+from pipeline.stream.envelopes import account_envelopes
+from pipeline.stream.ingest import DeadLetter, Ingest
+from pipeline.stream.marks import InputMarks
+from pipeline.stream.metrics import WorkerMetrics
+from pipeline.stream.undecodable import DECODE_ERRORS, salvage
+from pipeline.topics import Topics
+
+log = get_logger("worker")
+
+SendEnvelope = Callable[[int, bytes], Awaitable[Awaitable[Any]]]
+SendDead = Callable[[DeadLetter], Awaitable[Awaitable[Any]]]
+
+
+class RereadLast(ConsumerRebalanceListener):  # type: ignore[misc]
+    """On assignment, ingest re-reads each input partition's last committed record.
+
+    Its event time is that partition's mark (``pipeline.stream.marks``): an ingest that
+    restarts with its input already read would otherwise send no marks, and the stages
+    would hold the rows they had not released before the restart until new input came.
+    The account stage skips the re-read row as a replay (it remembers the highest input
+    offset it applied per input partition)."""
+
+    def __init__(self, consumer: AIOKafkaConsumer) -> None:
+        self.consumer = consumer
+
+    async def on_partitions_revoked(self, revoked: Any) -> None:
+        return None
+
+    async def on_partitions_assigned(self, assigned: Any) -> None:
+        for tp in assigned:
+            committed = await self.consumer.committed(tp)
+            if committed:
+                self.consumer.seek(tp, committed - 1)
+
+
+class IngestLoop:
+    """The read loop and its state: the marks it sent, and whether its consumer started."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        topics: Topics,
+        ingest: Ingest,
+        metrics: WorkerMetrics,
+        *,
+        send_envelope: SendEnvelope,
+        send_dead: SendDead,
+    ) -> None:
+        self.settings = settings
+        self.topics = topics
+        self.partitions = settings.kafka.partitions
+        self.ingest = ingest
+        self.metrics = metrics
+        self.send_envelope = send_envelope
+        self.send_dead = send_dead
+        # Event-time marks of the input partitions ingest reads (pipeline.stream.marks).
+        self.marks = InputMarks()
+        self.sent_marks: list[list[int]] = []
+        self.ready = asyncio.Event()
+
+    async def run(self) -> None:
+        """Read, validate and send until cancelled (a faust task)."""
+        s = self.settings
+        consumer = AIOKafkaConsumer(
+            **client_kwargs(s.kafka),
+            group_id=f"{s.kafka.app_id}-ingest",
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            max_partition_fetch_bytes=4 * 1024 * 1024,
+            fetch_max_wait_ms=s.worker.batch_max_wait_ms,
+        )
+        consumer.subscribe([self.topics.input], listener=RereadLast(consumer))
+        await consumer.start()
+        self.ready.set()
+        try:
+            while True:
+                undecodable: list[DeadLetter] = []
+                batch = await self._gather_batch(consumer, undecodable)
+                await self._ingest_batch(consumer, batch, undecodable)
+        finally:
+            await consumer.stop()
+
+    async def _gather_batch(
+        self, consumer: AIOKafkaConsumer, undecodable: list[DeadLetter]
+    ) -> dict[Any, list[Any]]:
+        """Records until ``batch_max_events`` or ``batch_max_wait_ms`` after the first one.
+
+        ``getmany`` returns whatever the fetcher holds, a handful of records under light
+        load, and every batch costs a fixed envelope per account partition downstream (and
+        forwards per source partition from each): lingering keeps a trickle from turning
+        into thousands of tiny envelopes a second, at a bounded cost in latency."""
+        worker = self.settings.worker
+        batch = await self._getmany(
+            consumer,
+            undecodable,
+            timeout_ms=worker.batch_max_wait_ms,
+            max_records=worker.batch_max_events,
+        )
+        count = sum(len(messages) for messages in batch.values())
+        if not count or undecodable:
+            return batch
+        deadline = time.monotonic() + worker.batch_max_wait_ms / 1000
+        while count < worker.batch_max_events:
+            left_ms = int((deadline - time.monotonic()) * 1000)
+            if left_ms <= 0:
+                break
+            more = await self._getmany(
+                consumer,
+                undecodable,
+                timeout_ms=left_ms,
+                max_records=worker.batch_max_events - count,
+            )
+            for tp, messages in more.items():
+                batch.setdefault(tp, []).extend(messages)
+                count += len(messages)
+            if undecodable:
+                break
+        return batch
+
+    async def _getmany(
+        self,
+        consumer: AIOKafkaConsumer,
+        undecodable: list[DeadLetter],
+        *,
+        timeout_ms: int,
+        max_records: int,
+    ) -> dict[Any, list[Any]]:
+        """``consumer.getmany``; a batch it cannot decode goes to ``undecodable`` (and the
+        consumer past it), the records it had drained are kept (pipeline.stream.undecodable)."""
+        try:
+            got: dict[Any, list[Any]] = await consumer.getmany(
+                timeout_ms=timeout_ms, max_records=max_records
+            )
+            return got
+        except DECODE_ERRORS as exc:
+            found = salvage(exc)
+            if found is None:
+                raise
+            if found.tp not in consumer.assignment():  # revoked meanwhile: its next owner meets it
+                return found.records
+            consumer.seek(found.tp, found.next_offset)
+            dead = found.dead_letter(exc)
+            undecodable.append(dead)
+            log.error(
+                "ingest_undecodable_batch",
+                topic=found.tp.topic,
+                partition=found.tp.partition,
+                first_offset=found.first_offset,
+                last_offset=found.next_offset - 1,
+                codec=found.codec,
+                error=dead.detail,
+            )
+            return found.records
+
+    async def _marks(self, consumer: AIOKafkaConsumer, now_ms: int) -> tuple[list[list[int]], int]:
+        """Ingest's marks for the input partitions it reads, and the input topic's
+        partition count (``pipeline.stream.marks``)."""
+        assigned = consumer.assignment()
+        caught_up = []
+        for tp in assigned:
+            highwater = consumer.highwater(tp)
+            if highwater is not None and await consumer.position(tp) >= highwater:
+                caught_up.append(tp.partition)
+        inputs = len(consumer.partitions_for_topic(self.topics.input) or ()) or self.partitions
+        marks = self.marks.marks([tp.partition for tp in assigned], caught_up, now_ms)
+        return marks, inputs
+
+    async def _ingest_batch(
+        self, consumer: AIOKafkaConsumer, batch: dict[Any, Any], undecodable: list[DeadLetter]
+    ) -> None:
+        # aiokafka's ConsumerRecords carry what ingest reads (topic, partition, offset,
+        # key, value): no copy into Record objects.
+        records = [m for messages in batch.values() for m in messages]
+        now_ms = wall_ms()
+        result = self.ingest.process(records, now_ms)
+        commits = {tp: messages[-1].offset + 1 for tp, messages in batch.items() if messages}
+        for dead in undecodable:
+            # Committed past, once its dead letter is acknowledged: never read again.
+            tp = TopicPartition(dead.record.topic, dead.record.partition)
+            commits[tp] = max(commits.get(tp, 0), dead.record.offset + dead.offsets)
+            result.dead.append(dead)
+            result.reasons[dead.reason] += dead.offsets
+        observe = self.marks.observe
+        for record in records:
+            observe(record.partition, None, now_ms)
+        for rows in result.rows.values():
+            for row in rows:
+                observe(row[0], row[5], now_ms)  # type: ignore[arg-type]
+        marks, inputs = await self._marks(consumer, now_ms)
+        if not records and not undecodable and marks == self.sent_marks:
+            return
+        self.sent_marks = marks
+        pending: list[Awaitable[Any]] = []
+        for partition, rows, envelope_marks in account_envelopes(
+            result.rows, marks, self.partitions
+        ):
+            envelope = dumps({"v": 1, "rows": rows, "marks": envelope_marks, "inputs": inputs})
+            pending.append(await self.send_envelope(partition, envelope))
+        for dead in result.dead:
+            pending.append(await self.send_dead(dead))
+        # Offsets are committed only once every envelope and dead letter is acknowledged:
+        # a crash before that re-reads the batch, and the account stage skips what it
+        # already applied (it remembers the highest input offset per input partition).
+        await asyncio.gather(*pending)
+        if not commits:
+            return
+        await consumer.commit(commits)
+        self.metrics.ingested(result.valid, result.reasons)
+        for tp, messages in batch.items():
+            highwater = consumer.highwater(tp)
+            if highwater is not None and messages:
+                self.metrics.lag(tp.partition, highwater - messages[-1].offset - 1)
