@@ -17,7 +17,7 @@ import logging
 import logging.config
 import sys
 import time
-from typing import Any, Literal
+from typing import Any, Literal, TextIO, cast
 
 import structlog
 
@@ -131,10 +131,28 @@ def configure_logging(
             _renderer(_use_console(fmt), stream),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
-        logger_factory=structlog.PrintLoggerFactory(stream),
+        logger_factory=structlog.PrintLoggerFactory(
+            cast(TextIO, _Current("stderr" if one_shot else "stdout"))
+        ),
         cache_logger_on_first_use=True,
     )
     logging.config.dictConfig(stdlib_logging_config(level, fmt))
+
+
+class _Current:
+    """``sys.stdout`` or ``sys.stderr`` as it is when a line is written, not when logging
+    was configured: a process (or a test harness) that replaces the stream later gets the
+    lines, and a replaced stream that was closed is never written to."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def write(self, text: str) -> int:
+        written: int = getattr(sys, self.name).write(text)
+        return written
+
+    def flush(self) -> None:
+        getattr(sys, self.name).flush()
 
 
 def get_logger(name: str) -> Any:
