@@ -56,7 +56,6 @@ from pipeline.stream.restore import ChangelogRestore, LiveRecords
 from pipeline.stream.rollup_stage import RollupStage
 from pipeline.stream.stages import AccountStage, SourceStage
 from pipeline.topics import Topics
-from pipeline.wiring import build_normaliser
 
 log = get_logger("worker")
 
@@ -71,16 +70,7 @@ class Worker:
         self.partitions = kafka.partitions
         self.topics = Topics.from_settings(kafka)
         self.metrics = WorkerMetrics()
-        self.ingest = Ingest(
-            normaliser=build_normaliser(settings, policy),
-            partitions=kafka.partitions,
-            max_event_bytes=settings.ingest.max_event_bytes,
-            max_future_skew_ms=settings.ingest.max_future_skew_ms,
-            max_past_skew_ms=settings.ingest.max_past_skew_ms,
-            tenants=frozenset(settings.ingest.tenants),
-            max_tenants=settings.ingest.max_tenants,
-            keep_plain_account=settings.clickhouse.store_plain_account,
-        )
+        self.ingest = Ingest.from_settings(settings, policy)
         dedupe = {
             "dedupe_horizon_ms": settings.ingest.dedupe_horizon_ms,
             "dedupe_capacity": settings.ingest.dedupe_capacity,

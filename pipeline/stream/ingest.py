@@ -21,7 +21,10 @@ from typing import Protocol
 from pipeline.contracts.codec import DecodeError, decode_attempt
 from pipeline.core.attempt import Normaliser
 from pipeline.core.errors import InvalidAttempt
+from pipeline.core.policy import Policy
+from pipeline.settings import Settings
 from pipeline.stream.partitioning import account_partition
+from pipeline.wiring import build_normaliser
 
 
 class RawRecord(Protocol):
@@ -105,6 +108,20 @@ class Ingest:
     tenants: frozenset[str] = frozenset()
     max_tenants: int = 1000
     admitted: set[str] = field(default_factory=set, init=False, repr=False, compare=False)
+
+    @classmethod
+    def from_settings(cls, settings: Settings, policy: Policy) -> Ingest:
+        """The ingest step every worker (and the in-memory twin) runs for ``settings``."""
+        return cls(
+            normaliser=build_normaliser(settings, policy),
+            partitions=settings.kafka.partitions,
+            max_event_bytes=settings.ingest.max_event_bytes,
+            max_future_skew_ms=settings.ingest.max_future_skew_ms,
+            max_past_skew_ms=settings.ingest.max_past_skew_ms,
+            tenants=frozenset(settings.ingest.tenants),
+            max_tenants=settings.ingest.max_tenants,
+            keep_plain_account=settings.clickhouse.store_plain_account,
+        )
 
     def admit_tenant(self, tenant: str) -> None:
         """Track ``tenant`` or raise DecodeError: not allow-listed, or over the cap."""

@@ -31,7 +31,6 @@ from pipeline.stream.marks import InputMarks
 from pipeline.stream.partitioning import tenant_partition
 from pipeline.stream.rollup_stage import RollupStage
 from pipeline.stream.stages import AccountStage, SourceStage
-from pipeline.wiring import build_normaliser
 
 # The stage partitions' queues and changelogs, by stage.
 _ACCOUNTS, _SOURCES, _ROLLUP = "a", "s", "r"
@@ -68,15 +67,7 @@ class MemoryPipeline:
         kafka = settings.kafka
         self.partitions = kafka.partitions
         self.input_partitions = input_partitions or kafka.partitions
-        self.ingest = Ingest(
-            normaliser=build_normaliser(settings, policy),
-            partitions=kafka.partitions,
-            max_event_bytes=settings.ingest.max_event_bytes,
-            max_future_skew_ms=settings.ingest.max_future_skew_ms,
-            max_past_skew_ms=settings.ingest.max_past_skew_ms,
-            tenants=frozenset(settings.ingest.tenants),
-            max_tenants=settings.ingest.max_tenants,
-        )
+        self.ingest = Ingest.from_settings(settings, policy)
         self.accounts = AccountStage(policy, kafka.partitions, input_topic=kafka.input_topic)
         self.sources = SourceStage(policy, kafka.partitions)
         self.rollup = RollupStage(policy, kafka.partitions)
