@@ -27,18 +27,19 @@ import os
 import re
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from pipeline.contracts.codec import encode
+from pipeline.contracts.codec import DecodeError, decision_model, decode_decision, encode
 from pipeline.contracts.models import Decision, datetime_to_ms, format_utc_ms, ms_to_datetime
 from pipeline.core.decisions import MANUAL
 from pipeline.core.errors import InvalidAttempt
-from pipeline.core.grouping import check_block_source
+from pipeline.core.grouping import check_block_source, within_grouping
 from pipeline.core.keys import format_key, stable_id
 from pipeline.core.policy import MAX_BLOCK_MS
 from pipeline.errors import AuthpipeError
-from pipeline.wiring import build_normaliser
+from pipeline.wiring import build_normaliser, grouping_check
 
 if TYPE_CHECKING:
     from pipeline.core.attempt import Normaliser
@@ -138,7 +139,9 @@ def manual_decision(
 
 
 def active_decisions(
-    records: list[tuple[bytes | None, bytes | None]], now_ms: int
+    records: list[tuple[bytes | None, bytes | None]],
+    now_ms: int,
+    source_ok: Callable[[str], bool] = within_grouping,
 ) -> list[Decision]:
     """The decisions a compacted topic holds now: the latest value per key, not a
     tombstone, not expired, in key order. Records that are not decisions are skipped."""
@@ -152,8 +155,8 @@ def active_decisions(
         if value is None:
             continue
         try:
-            decision = Decision.model_validate_json(value)
-        except ValueError:
+            decision = decision_model(decode_decision(value, source_ok=source_ok))
+        except DecodeError:
             continue
         if datetime_to_ms(decision.expires_at) > now_ms:
             out.append(decision)
@@ -234,7 +237,7 @@ def add(settings: Settings, target: Target, *, ttl_ms: int, reason: str, operato
 def remove(settings: Settings, decision_id: str) -> Decision:
     """Lift an active operator decision by id (a tombstone on its key)."""
     now_ms = time.time_ns() // 1_000_000
-    active = active_decisions(asyncio.run(_read(settings)), now_ms)
+    active = active_decisions(asyncio.run(_read(settings)), now_ms, grouping_check(settings))
     found = [d for d in active if d.decision_id == decision_id]
     if not found:
         raise ManualError(f"no active decision has id {decision_id}; see authpipe decisions list")
@@ -276,7 +279,10 @@ def run_decisions_command(
             now_ms = time.time_ns() // 1_000_000
             print(
                 render(
-                    active_decisions(asyncio.run(_read(settings)), now_ms), manual_only=not show_all
+                    active_decisions(
+                        asyncio.run(_read(settings)), now_ms, grouping_check(settings)
+                    ),
+                    manual_only=not show_all,
                 )
             )
         else:

@@ -7,9 +7,12 @@ none reaches into another's package for them.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from pathlib import Path
 
 from pipeline.core.attempt import Normaliser
+from pipeline.core.grouping import within_grouping
 from pipeline.core.keys import Digester
 from pipeline.core.normalise import NetworkSet, SourceRules
 from pipeline.core.policy import DEFAULT_POLICY, Policy, policy_from_toml
@@ -50,4 +53,14 @@ def build_normaliser(settings: Settings, policy: Policy | None = None) -> Normal
         ),
         case_sensitive_tenants=frozenset(ingest.case_sensitive_tenants)
         | policy.case_sensitive_tenants(),
+    )
+
+
+def grouping_check(settings: Settings) -> Callable[[str], bool]:
+    """Whether a decision's source is one source under ``settings``' grouping (no wider
+    than ``ingest.ipv4_prefix`` / ``ipv6_prefix``): the ``source_ok`` every reader of the
+    decisions topic hands ``pipeline.contracts.codec.decode_decision``."""
+    ingest = settings.ingest
+    return functools.partial(
+        within_grouping, ipv4_prefix=ingest.ipv4_prefix, ipv6_prefix=ingest.ipv6_prefix
     )

@@ -52,7 +52,7 @@ from pipeline.sim.parity import Parity, compare
 from pipeline.sim.replay import replay
 from pipeline.sim.scoring import score
 from pipeline.sim.truth import UNKNOWN, TruthEvent, load_truth
-from pipeline.wiring import build_normaliser, load_policy
+from pipeline.wiring import build_normaliser, grouping_check, load_policy
 
 log = get_logger("backtest")
 
@@ -319,7 +319,9 @@ def run_backtest_command(
         raise BacktestError("a diff needs the candidate policy: pass --policy (or --verdicts)")
     live_outputs = None
     if live is not None:
-        live_outputs = load_outputs(live / "decisions.jsonl", live / "alerts.jsonl")
+        live_outputs = load_outputs(
+            live / "decisions.jsonl", live / "alerts.jsonl", grouping_check(settings)
+        )
     result = backtest(
         loaded,
         load_policy(baseline or settings.policy_path),

@@ -4,24 +4,34 @@ JSON file ``scorecard --out`` and ``backtest --out`` write."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from pipeline.contracts.models import Alert, Decision
+from pipeline.contracts.codec import decision_model, decode_decision
+from pipeline.contracts.models import Alert
+from pipeline.core.grouping import within_grouping
 from pipeline.sim.errors import ScorecardError
 from pipeline.sim.outputs import AlertRecord, DecisionRecord, Outputs
 
 
-def load_outputs(decisions_path: Path, alerts_path: Path | None) -> Outputs:
+def load_outputs(
+    decisions_path: Path,
+    alerts_path: Path | None,
+    source_ok: Callable[[str], bool] = within_grouping,
+) -> Outputs:
     """Decision records (``{"key", "value", "after"?}`` per line) and alerts (an alert
     object, or ``{"value": alert, "after"}``, per line) from files."""
     outputs = Outputs(origin=f"file:{decisions_path}")
     for row in _jsonl(decisions_path):
         value = row.get("value")
-        decision = None if value is None else Decision.model_validate_json(orjson.dumps(value))
+        decision = (
+            None
+            if value is None
+            else decision_model(decode_decision(orjson.dumps(value), source_ok=source_ok))
+        )
         outputs.decisions.append(DecisionRecord(str(row["key"]), decision, row.get("after")))
     if alerts_path is not None:
         for row in _jsonl(alerts_path):

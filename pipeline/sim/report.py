@@ -36,7 +36,7 @@ from pipeline.sim.outputs import Outputs, run_engine
 from pipeline.sim.replay import replay
 from pipeline.sim.scoring import score
 from pipeline.sim.truth import ATTACKER, UNKNOWN, TruthEvent, load_truth
-from pipeline.wiring import build_normaliser, load_policy
+from pipeline.wiring import build_normaliser, grouping_check, load_policy
 
 BUCKETS_MS = (1_000, 5_000, 10_000, 30_000, 60_000, 300_000, 900_000, 3_600_000, 86_400_000)
 MAX_BUCKETS = 240
@@ -363,7 +363,7 @@ def run_report_command(
     if engine:
         outputs = run_engine(loaded, load_policy(policy or settings.policy_path))
     elif decisions is not None:
-        outputs = load_outputs(decisions, alerts)
+        outputs = load_outputs(decisions, alerts, grouping_check(settings))
     card = load_scorecard_json(scorecard) if scorecard is not None else None
     if card is None and outputs is not None and any(e.role != UNKNOWN for e in loaded):
         card = score(loaded, outputs).as_json()

@@ -23,7 +23,7 @@ from pipeline.sim.outputs import run_engine
 from pipeline.sim.scoring import score
 from pipeline.sim.topics import read_outputs_from_topics
 from pipeline.sim.truth import load_truth
-from pipeline.wiring import build_normaliser, load_policy
+from pipeline.wiring import build_normaliser, grouping_check, load_policy
 
 log = get_logger("scorecard")
 
@@ -47,7 +47,7 @@ def run_scorecard_command(
     if engine:
         outputs = run_engine(events, load_policy(policy or settings.policy_path))
     elif decisions is not None:
-        outputs = load_outputs(decisions, alerts)
+        outputs = load_outputs(decisions, alerts, grouping_check(settings))
     else:
         from pipeline.kafka_client import security_kwargs
 
@@ -59,6 +59,7 @@ def run_scorecard_command(
                 kafka.alerts_topic,
                 timeout_s,
                 security_kwargs(kafka),
+                grouping_check(settings),
             )
         )
     card = score(events, outputs)

@@ -13,7 +13,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from pipeline.contracts.codec import decision_model, decode_decision
 from pipeline.contracts.models import Alert, Decision
+from pipeline.core.grouping import within_grouping
 from pipeline.errors import AuthpipeError
 from pipeline.logs import get_logger
 from pipeline.sim.errors import ScorecardError
@@ -22,8 +24,9 @@ from pipeline.sim.outputs import AlertRecord, DecisionRecord, Outputs
 log = get_logger("scorecard")
 
 
-def parse_decision(raw: bytes | None) -> Decision | None:
-    return None if raw is None else Decision.model_validate_json(raw)
+def parse_decision(raw: bytes | None, source_ok: Callable[[str], bool]) -> Decision | None:
+    """A decisions-topic value (None: a tombstone), read by the one decision decoder."""
+    return None if raw is None else decision_model(decode_decision(raw, source_ok=source_ok))
 
 
 def parse_alert(raw: bytes) -> Alert:
@@ -137,6 +140,7 @@ async def read_outputs_from_topics(
     alerts_topic: str,
     timeout_s: float = 60.0,
     security: dict[str, Any] | None = None,
+    source_ok: Callable[[str], bool] = within_grouping,
 ) -> Outputs:
     """The decision topic from the beginning (tombstones included) and the alerts topic."""
     outputs = Outputs(origin=f"topics:{decisions_topic},{alerts_topic}")
@@ -144,7 +148,7 @@ async def read_outputs_from_topics(
     for key, value in decisions.records:
         if key is None:
             continue
-        outputs.decisions.append(DecisionRecord(key.decode(), parse_decision(value)))
+        outputs.decisions.append(DecisionRecord(key.decode(), parse_decision(value, source_ok)))
     outputs.missing_decision_records = decisions.gaps
     for _, value in (await read_topic(bootstrap, alerts_topic, timeout_s, security)).records:
         if value is not None:
