@@ -23,11 +23,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.clock import wall_ms
 from pipeline.dev.stack import LocalKafka
 from pipeline.errors import AuthpipeError
 from pipeline.logs import get_logger
 from pipeline.settings import Settings, ensure_digest_key_file
-from pipeline.sim.demo_notes import blocklist_note, load_source_decisions, wall_ms
+from pipeline.sim.demo_notes import blocklist_note, load_source_decisions
 from pipeline.sim.scenarios import SLOW_ATTACKS
 
 log = get_logger("demo")

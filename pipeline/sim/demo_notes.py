@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 
 import orjson
@@ -26,10 +26,6 @@ class SourceDecision:
     action: str
     expires_ms: int
     lifted: bool
-
-
-def wall_ms() -> int:
-    return datetime_to_ms(datetime.now(UTC))
 
 
 def load_source_decisions(path: Path) -> list[SourceDecision]:

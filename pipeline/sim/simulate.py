@@ -25,7 +25,8 @@ from typing import IO
 
 import orjson
 
-from pipeline.contracts.models import datetime_to_ms, format_utc_ms, ms_to_datetime
+from pipeline.clock import wall_ms
+from pipeline.contracts.models import format_utc_ms, ms_to_datetime
 from pipeline.logs import get_logger
 from pipeline.settings import Settings
 from pipeline.sim.scenarios import ScenarioError, SimConfig, SimEvent, check_config, generate
@@ -242,7 +243,7 @@ def run_simulate(options: SimulateOptions, settings: Settings) -> Summary:
     if options.out_path is not None:
         summary = dry_run(options)
     else:
-        check_start(config, options.speedup, now_ms())
+        check_start(config, options.speedup, wall_ms())
         summary = asyncio.run(produce(options, settings))
     log.info(
         "simulate_finished",
@@ -252,13 +253,6 @@ def run_simulate(options: SimulateOptions, settings: Settings) -> Summary:
         truth=str(options.truth_path),
     )
     return summary
-
-
-def now_ms() -> int:
-    """The wall clock, read only to place the default start and check --start."""
-    from datetime import UTC, datetime
-
-    return datetime_to_ms(datetime.now(UTC))
 
 
 def run_simulate_command(
@@ -276,7 +270,7 @@ def run_simulate_command(
     """``authpipe simulate``: resolve defaults, run, print the summary."""
     duration_ms = round(duration_s * 1000)
     if start_ms is None:
-        start_ms = default_start_ms(now_ms(), duration_ms, speedup)
+        start_ms = default_start_ms(wall_ms(), duration_ms, speedup)
     if truth is None:
         truth = (
             out.with_suffix(".truth.jsonl") if out else settings.state_dir / "sim" / "truth.jsonl"

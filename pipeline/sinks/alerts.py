@@ -39,13 +39,13 @@ import hashlib
 import re
 import signal
 import sys
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Final
 
+from pipeline.clock import wall_ms
 from pipeline.contracts.codec import encode
 from pipeline.contracts.models import Alert, datetime_to_ms
 from pipeline.errors import AuthpipeError
@@ -225,11 +225,6 @@ def record_firings(ch: ClickHouse, firings: Sequence[Firing], fired_at_ms: int) 
         + hashlib.sha256(",".join(sorted(f.alert.alert_id for f in firings)).encode()).hexdigest()
     )
     ch.insert(FIRINGS_TABLE, FIRING_COLUMNS, rows, dedup_token=token)
-
-
-def wall_ms() -> int:
-    """The runner's clock: the evaluation time of a run."""
-    return time.time_ns() // 1_000_000
 
 
 class AlertRunner:

@@ -86,12 +86,6 @@ class StageOutput:
     skipped: int = 0
     held: int = 0
 
-    def audit_message(self) -> bytes | None:
-        """All audit rows as one batch message (see ``audit_messages`` for the sizes sent)."""
-        if not self.audit:
-            return None
-        return dumps({"v": 1, "columns": AUDIT_COLUMNS, "rows": self.audit})
-
     def audit_messages(self) -> list[bytes]:
         """The audit rows as batch messages of at most MAX_ROWS_PER_MESSAGE rows."""
         if not self.audit:
