@@ -36,7 +36,7 @@ from pipeline.contracts.models import Decision, datetime_to_ms, format_utc_ms, m
 from pipeline.core.decisions import MANUAL
 from pipeline.core.errors import InvalidAttempt
 from pipeline.core.grouping import check_block_source, within_grouping
-from pipeline.core.keys import format_key, stable_id
+from pipeline.core.keys import decision_key, format_key, stable_id
 from pipeline.core.policy import MAX_BLOCK_MS
 from pipeline.errors import AuthpipeError
 from pipeline.wiring import build_normaliser, grouping_check
@@ -107,14 +107,14 @@ def manual_decision(
     source = digest = None
     if target.source is not None:
         source = check_block_source(target.source, rules.ipv4_prefix, rules.ipv6_prefix)
-        key = format_key(("source", target.tenant, None, source, MANUAL))
+        key = format_key(decision_key("source", target.tenant, None, source, MANUAL))
     else:
         assert target.account is not None
         try:
             digest = normaliser.account_digest(target.tenant, target.account)
         except InvalidAttempt:
             raise ValueError("the account is blank after normalisation") from None
-        key = format_key(("account", target.tenant, digest, None, MANUAL))
+        key = format_key(decision_key("account", target.tenant, digest, None, MANUAL))
     expires_ms = now_ms + ttl_ms
     return Decision(
         decision_id=stable_id(key, now_ms, expires_ms, RULE, operator),
