@@ -56,11 +56,14 @@ def build_normaliser(settings: Settings, policy: Policy | None = None) -> Normal
     )
 
 
+@functools.cache
+def source_check(ipv4_prefix: int, ipv6_prefix: int) -> Callable[[str], bool]:
+    """Whether a decision's source is one source under this grouping (no wider than
+    ``ipv4_prefix`` / ``ipv6_prefix``): the ``source_ok`` every reader of the decisions
+    topic hands ``pipeline.contracts.codec.decode_decision``."""
+    return functools.partial(within_grouping, ipv4_prefix=ipv4_prefix, ipv6_prefix=ipv6_prefix)
+
+
 def grouping_check(settings: Settings) -> Callable[[str], bool]:
-    """Whether a decision's source is one source under ``settings``' grouping (no wider
-    than ``ingest.ipv4_prefix`` / ``ipv6_prefix``): the ``source_ok`` every reader of the
-    decisions topic hands ``pipeline.contracts.codec.decode_decision``."""
-    ingest = settings.ingest
-    return functools.partial(
-        within_grouping, ipv4_prefix=ingest.ipv4_prefix, ipv6_prefix=ingest.ipv6_prefix
-    )
+    """``source_check`` for ``settings``' grouping (``ingest.ipv4_prefix`` / ``ipv6_prefix``)."""
+    return source_check(settings.ingest.ipv4_prefix, settings.ingest.ipv6_prefix)

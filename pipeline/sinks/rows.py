@@ -9,7 +9,6 @@ column can hold are kept on the ``Message`` as rejects for the quarantine.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -23,10 +22,10 @@ from pipeline.contracts.codec import (
     loads,
 )
 from pipeline.contracts.models import AUDIT_COLUMNS, parse_utc_ms
-from pipeline.core.grouping import within_grouping
 from pipeline.core.keys import parse_key
 from pipeline.sinks.ratecap import MINUTE_MS, TS_MS
 from pipeline.sinks.tables import UINT16_MAX, LaneKind, decision_row
+from pipeline.wiring import source_check
 
 
 @dataclass(slots=True)
@@ -152,16 +151,11 @@ def decision_message(
     if value is None:
         decision = _tombstone(key, timestamp_ms)
     else:
-        decision = decode_decision(value, source_ok=_grouping_check(*grouping))
+        decision = decode_decision(value, source_ok=source_check(*grouping))
     row = decision_row(
         decision, tombstone=value is None, topic=topic, partition=partition, offset=offset
     )
     return Message(offset, [row])
-
-
-@functools.cache
-def _grouping_check(ipv4_prefix: int, ipv6_prefix: int) -> functools.partial[bool]:
-    return functools.partial(within_grouping, ipv4_prefix=ipv4_prefix, ipv6_prefix=ipv6_prefix)
 
 
 def _tombstone(key: bytes | None, timestamp_ms: int) -> DecisionValue:

@@ -414,19 +414,14 @@ class Worker:
             return
         consumer: Any = self.app.consumer
         now_s = time.monotonic()
-        stages: dict[str, AccountStage | SourceStage | RollupStage] = {
-            self.topics.by_account: self.accounts,
-            self.topics.by_source: self.sources,
-            self.topics.shares: self.rollup,
+        stages: dict[str, tuple[str, AccountStage | SourceStage | RollupStage]] = {
+            self.topics.by_account: ("account", self.accounts),
+            self.topics.by_source: ("source", self.sources),
+            self.topics.shares: ("rollup", self.rollup),
         }
-        names = {
-            self.topics.by_account: "account",
-            self.topics.by_source: "source",
-            self.topics.shares: "rollup",
-        }
-        behind = dict.fromkeys(names.values(), 0)
+        behind = {name: 0 for name, _ in stages.values()}
         for tp in consumer.assignment():
-            stage = stages.get(tp.topic)
+            name, stage = stages.get(tp.topic, ("", None))
             channel = self.channels.get(tp.topic)
             expected = stage.expected(tp.partition) if stage is not None else None
             if channel is None or expected is None:
@@ -434,7 +429,7 @@ class Worker:
             idle = not self.busy.get(tp.topic) and channel.queue.empty()
             highwater = consumer.highwater(tp)
             if highwater is not None and highwater > expected:
-                behind[names[tp.topic]] += highwater - expected
+                behind[name] += highwater - expected
             if self.order.stranded(
                 tp, expected=expected, highwater=highwater, idle=idle, now_s=now_s
             ):

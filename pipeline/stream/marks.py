@@ -48,7 +48,9 @@ class InputMarks:
         self.arrived_ms: dict[int, int] = {}
         self.caught_up_ms: dict[int, int] = {}
         self.flush_ms: int | None = None
-        # Wall time minus event time of the newest event read (None: nothing read yet).
+        # The newest event time read on any partition, and wall time minus it when it was
+        # read (None: nothing read yet).
+        self.newest_ms = NO_MARK
         self.newest_lag_ms: int | None = None
         # (wall_ms, oldest event time) of recent arrivals, for the idle partitions' marks.
         self.recent: deque[tuple[int, int]] = deque()
@@ -60,7 +62,8 @@ class InputMarks:
             return
         if occurred_ms > self.latest.get(partition, NO_MARK):
             self.latest[partition] = occurred_ms
-            if occurred_ms >= max(self.latest.values()):
+            if occurred_ms >= self.newest_ms:
+                self.newest_ms = occurred_ms
                 self.newest_lag_ms = wall_ms - occurred_ms
         recent = self.recent
         if recent and recent[-1][0] == wall_ms:
@@ -82,7 +85,7 @@ class InputMarks:
                 self.caught_up_ms.pop(p, None)
         if not self.latest:
             return []
-        top = max(self.latest.values())
+        top = self.newest_ms
         idle = {
             p
             for p in parts

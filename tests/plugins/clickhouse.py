@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 
+from pipeline.contracts.models import AUDIT_COLUMNS
 from pipeline.settings import ClickHouseSettings
 from pipeline.sinks.clickhouse import ClickHouse
 from pipeline.sinks.connect import open_clickhouse
@@ -164,27 +165,8 @@ def clickhouse(clickhouse_settings: ClickHouseSettings) -> Iterator[ClickHouse]:
         yield ch
 
 
-ATTEMPT_COLUMNS = (
-    "ts",
-    "tenant",
-    "service",
-    "flow",
-    "account_digest",
-    "account",
-    "source",
-    "device_id",
-    "trusted",
-    "outcome",
-    "failure_reason",
-    "decision",
-    "weight",
-    "summary",
-    "policy_version",
-    "event_id",
-    "kafka_topic",
-    "kafka_partition",
-    "kafka_offset",
-)
+# The attempts table: the audit batches' columns with the timestamp as ``ts``.
+ATTEMPT_COLUMNS = ("ts", *AUDIT_COLUMNS[1:])
 
 
 def recent_minute() -> datetime:
