@@ -44,6 +44,7 @@ from pipeline.stream.chains import ChangelogChains
 from pipeline.stream.envelopes import (
     MAX_ROWS_PER_MESSAGE,
     StageOutput,
+    commit_key,
     latest_shares,
 )
 from pipeline.stream.faust_app import RAW, new_app
@@ -113,7 +114,7 @@ class Worker:
             t.shares: t.changelog("rollup-state"),
         }
         self.restore = ChangelogRestore(
-            kafka.bootstrap_servers, self._install, security_kwargs(kafka)
+            kafka.bootstrap_servers, self._install, security_kwargs(kafka), commit_key
         )
         self.app = self._build_app()
 

@@ -107,3 +107,10 @@ def collect(out: Outbox, result: StageOutput) -> None:
 
 def changelog_key(partition: int, key: list[Any]) -> bytes:
     return dumps([partition, *key])
+
+
+def commit_key(partition: int) -> bytes:
+    """The key of the record every stage writes last for each message it applies (the
+    offset of its next input message): a restore counts a message's records only up to it
+    (``pipeline.stream.restore.ChangelogFold``)."""
+    return changelog_key(partition, ["next"])

@@ -132,7 +132,7 @@ class MemoryPipeline:
             elif stage == _SOURCES:
                 self._source(partition, offset, message)
             else:
-                self._rollup(partition, message)
+                self._rollup(partition, offset, message)
 
     def _account(
         self, partition: int, offset: int, rows: list[list[Any]], marks: list[list[int]]
@@ -171,10 +171,10 @@ class MemoryPipeline:
             if shares:
                 self._send(_ROLLUP, target, shares)
 
-    def _rollup(self, partition: int, shares: list[list[Any]]) -> None:
+    def _rollup(self, partition: int, offset: int, shares: list[list[Any]]) -> None:
         if not self.rollup.owns(partition):
             self.rollup.rebuild(partition, self._records(_ROLLUP, partition))
-        self._collect(self.rollup.process(partition, shares), _ROLLUP)
+        self._collect(self.rollup.process(partition, shares, offset), _ROLLUP)
 
     def _records(self, stage: str, partition: int) -> list[tuple[bytes, bytes]]:
         return [

@@ -7,7 +7,9 @@ message by message; the restart figures that decided this are B6 in bench/README
 ``read_changelogs`` folds each partition into its live records (the last value per key,
 deleted keys dropped: what a fully compacted changelog holds, and what faust's memory store
 held), in first-write order like faust's store, and yields each partition once it has read
-up to the end offset it saw at start. The previous owner of a partition writes its pending
+up to the end offset it saw at start. Only whole messages count (``ChangelogFold``): a stage
+writes one message's records in order and its commit record last, so the records after a
+partition's last commit record are a crash's torn tail, and are dropped. The previous owner of a partition writes its pending
 changelog before it gives the partition up (the worker drains its chains on revocation),
 so that end offset covers every record of the state it left.
 
@@ -42,11 +44,57 @@ class RestoreError(AuthpipeError):
     """A changelog could not be read back: the broker is unreachable or the topic is gone."""
 
 
+class ChangelogFold:
+    """One changelog partition folded to its live records, whole messages only.
+
+    Invariant: ``live`` holds exactly the records up to the last one keyed ``commit_key``
+    (the stage's "next" record, the last of every message it applies). A crash may leave
+    any prefix of a message's records written (a message can span several record
+    batches); that torn tail is held in ``pending`` and never reaches ``live``, so the state
+    restored is the state after a whole message, and the stage applies the torn message
+    again from its start, writing the same records (it is deterministic). With
+    ``commit_key`` None every record counts at once."""
+
+    def __init__(self, commit_key: bytes | None) -> None:
+        self.commit_key = commit_key
+        self.live: LiveRecords = {}
+        self.pending: dict[bytes, bytes | None] = {}
+
+    def add(self, key: bytes, value: bytes | None) -> None:
+        if self.commit_key is None:
+            self._apply(key, value)
+            return
+        self.pending[key] = value
+        if key == self.commit_key:
+            for pending_key, pending_value in self.pending.items():
+                self._apply(pending_key, pending_value)
+            self.pending.clear()
+
+    def _apply(self, key: bytes, value: bytes | None) -> None:
+        if value is None:
+            self.live.pop(key, None)
+        else:
+            self.live[key] = value
+
+    @property
+    def torn(self) -> int:
+        """Records after the last commit record: a torn tail, not part of ``live``."""
+        return len(self.pending)
+
+
+CommitKey = Callable[[int], bytes]
+"""The commit record's key in a changelog partition (``pipeline.stream.envelopes.commit_key``)."""
+
+
 async def read_changelogs(
-    bootstrap_servers: str, tps: Collection[TopicPartition], security: Mapping[str, Any] = _PLAIN
+    bootstrap_servers: str,
+    tps: Collection[TopicPartition],
+    security: Mapping[str, Any] = _PLAIN,
+    commit_key: CommitKey | None = None,
 ) -> AsyncIterator[tuple[TopicPartition, LiveRecords]]:
     """Each of ``tps`` read from its start to the end offset seen at start, folded to its
-    live records; yielded as each partition completes (in no particular order)."""
+    live records (whole messages only, given ``commit_key``: see ``ChangelogFold``); yielded
+    as each partition completes (in no particular order)."""
     if not tps:
         return
     # "earliest", not the default "latest": ``assign`` starts a position reset in the
@@ -77,30 +125,37 @@ async def read_changelogs(
         ends: dict[TopicPartition, int] = await consumer.end_offsets(wanted)
         for tp in wanted:
             consumer.seek(tp, starts[tp])
-        live: dict[TopicPartition, LiveRecords] = {tp: {} for tp in wanted}
+        folds = {
+            tp: ChangelogFold(commit_key(tp.partition) if commit_key else None) for tp in wanted
+        }
         remaining: set[TopicPartition] = set()
         for tp in wanted:
             if await consumer.position(tp) >= ends[tp]:
                 consumer.pause(tp)
-                yield tp, live.pop(tp)
+                yield tp, folds.pop(tp).live
             else:
                 remaining.add(tp)
         while remaining:
             batch = await consumer.getmany(*remaining, timeout_ms=500)
             for tp, messages in batch.items():
-                records = live[tp]
+                add = folds[tp].add
                 for message in messages:
-                    if message.value is None:
-                        records.pop(message.key, None)
-                    else:
-                        records[message.key] = message.value
+                    add(message.key, message.value)
             for tp in list(remaining):
                 # The position, not the last offset read: compaction and transaction
                 # markers leave gaps, so the last record may sit below the end offset.
                 if await consumer.position(tp) >= ends[tp]:
                     remaining.discard(tp)
                     consumer.pause(tp)
-                    yield tp, live.pop(tp)
+                    fold = folds.pop(tp)
+                    if fold.torn:
+                        log.warning(
+                            "changelog_torn_tail_dropped",
+                            topic=tp.topic,
+                            partition=tp.partition,
+                            records=fold.torn,
+                        )
+                    yield tp, fold.live
     finally:
         await consumer.stop()
 
@@ -118,10 +173,15 @@ class ChangelogRestore:
     """
 
     def __init__(
-        self, bootstrap_servers: str, install: Install, security: Mapping[str, Any] = _PLAIN
+        self,
+        bootstrap_servers: str,
+        install: Install,
+        security: Mapping[str, Any] = _PLAIN,
+        commit_key: CommitKey | None = None,
     ) -> None:
         self.bootstrap_servers = bootstrap_servers
         self.security = security
+        self.commit_key = commit_key
         self.install = install
         self.pending: dict[Hashable, asyncio.Future[None]] = {}
         self.tasks: set[asyncio.Task[None]] = set()
@@ -169,7 +229,9 @@ class ChangelogRestore:
         started_s = asyncio.get_running_loop().time()
         records = 0
         try:
-            async for tp, live in read_changelogs(self.bootstrap_servers, tps, self.security):
+            async for tp, live in read_changelogs(
+                self.bootstrap_servers, tps, self.security, self.commit_key
+            ):
                 future = self.pending.get(tp)
                 if future is None or future.done():
                     continue  # revoked meanwhile

@@ -12,7 +12,7 @@ from pipeline.core.outbox import ACCOUNT_SHARE, UNKNOWN_SHARE
 from pipeline.core.policy import Policy
 from pipeline.core.rollup import TenantRollup
 from pipeline.core.sequence import Sequencer
-from pipeline.stream.envelopes import StageOutput, changelog_key
+from pipeline.stream.envelopes import StageOutput, changelog_key, commit_key
 
 
 class RollupStage:
@@ -127,11 +127,13 @@ class RollupStage:
                 )
             else:
                 result.changelog.append((dumps([partition, "fired", alert.tenant, window]), b"1"))
-        added, removed = sequencer.take_changes()  # in the order _Stage._finish explains
+        added, removed = sequencer.take_changes()  # the commit record last: _Stage._finish
         for (upstream, position), held in added:
             result.changelog.append(
                 (changelog_key(partition, ["held", upstream, position]), dumps(held))
             )
+        for upstream, position in removed:
+            result.changelog.append((changelog_key(partition, ["held", upstream, position]), None))
         meta = [
             rollup.tick_ms,
             [list(slot) for slot in rollup.touched],
@@ -141,9 +143,7 @@ class RollupStage:
         result.changelog.append((changelog_key(partition, ["order"]), dumps(meta)))
         if offset is not None:
             self.next_envelope[partition] = offset + 1
-            result.changelog.append((changelog_key(partition, ["next"]), dumps(offset + 1)))
-        for upstream, position in removed:
-            result.changelog.append((changelog_key(partition, ["held", upstream, position]), None))
+            result.changelog.append((commit_key(partition), dumps(offset + 1)))
         result.held = len(sequencer)
         return result
 

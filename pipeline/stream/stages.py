@@ -38,7 +38,7 @@ from pipeline.core.outbox import ACCOUNT_SHARE, SOURCE_SHARE, UNKNOWN_SHARE, Out
 from pipeline.core.policy import Policy, TenantPolicy
 from pipeline.core.sequence import NO_MARK, Sequencer
 from pipeline.core.source import SourceShard
-from pipeline.stream.envelopes import StageOutput, changelog_key, collect
+from pipeline.stream.envelopes import StageOutput, changelog_key, collect, commit_key
 from pipeline.stream.partitioning import source_partition
 
 
@@ -194,10 +194,10 @@ class _Stage:
         if sequencer.released_ms > self.sent_marks.get(partition, NO_MARK):
             result.mark_ms = self.sent_marks[partition] = sequencer.released_ms
         result.held = len(sequencer)
-        # A crash may leave any prefix of these records written, so their order matters:
-        # state, then rows newly held, then ONE record with the upstream positions and the
-        # release position together, then the envelope offset, then the rows released
-        # from the held set (a restart discards stale ones by the release cursor).
+        # A crash may leave any prefix of these records written (they can span several
+        # record batches); the restore counts them only once the commit record, the
+        # envelope offset, is there (``commit_key``, written last): state, rows newly
+        # held and released, the upstream positions and release position, the offset.
         for key, value in shard.take_dirty():
             result.changelog.append(
                 (changelog_key(partition, key), dumps(value) if value is not None else None)
@@ -207,12 +207,12 @@ class _Stage:
             result.changelog.append(
                 (changelog_key(partition, ["held", upstream, position]), dumps(held))
             )
+        for upstream, position in removed:
+            result.changelog.append((changelog_key(partition, ["held", upstream, position]), None))
         positions = {str(p): o for p, o in self.inputs[partition].items()}
         progress = {"positions": positions, "order": sequencer.meta()}
         result.changelog.append((changelog_key(partition, ["inputs"]), dumps(progress)))
-        result.changelog.append((changelog_key(partition, ["next"]), dumps(offset + 1)))
-        for upstream, position in removed:
-            result.changelog.append((changelog_key(partition, ["held", upstream, position]), None))
+        result.changelog.append((commit_key(partition), dumps(offset + 1)))
 
     def _fresh(self, partition: int, upstream: int, position: int) -> bool:
         """True once per upstream position: replays at or below the watermark are skipped."""

@@ -20,7 +20,7 @@ A, B = (
 
 def fake_reader(release: asyncio.Event) -> Any:
     async def read(
-        bootstrap: str, tps: Collection[TopicPartition], security: Any = None
+        bootstrap: str, tps: Collection[TopicPartition], security: Any = None, commit: Any = None
     ) -> AsyncIterator[tuple[TopicPartition, LiveRecords]]:
         for tp in tps:
             await release.wait()
