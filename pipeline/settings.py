@@ -182,6 +182,16 @@ class WorkerSettings(_Section):
         le=10_000,
         description="forwards to the source stage and tenant shares gather this long before sending",
     )
+    input_idle_ms: int = Field(
+        500,
+        ge=10,
+        le=600_000,
+        description=(
+            "an input partition read to its end and silent this long no longer holds the others"
+            " back; all of them: ingest releases everything read (raise it for producers that"
+            " pause longer mid-stream)"
+        ),
+    )
     web_port: int = Field(6066, ge=0, le=65535, description="metrics and readiness port (0=any)")
     web_host: str = Field(
         "127.0.0.1",

@@ -27,9 +27,10 @@ Guarantees and bounds:
 Held rows are state: the stream writes them to its changelog (``take_changes``) so a
 restart holds them again. ``meta`` carries the release position (``seq``) and the sort
 key of the last row released (``cursor``); a restart drops every restored held row at or
-below the cursor (``finish_restore``). So the changelog may write the held rows' removals
-after the meta record, in a later batch: a crash between the two leaves stale held rows
-that the cursor discards, never a released row applied twice or a held row lost.
+below the cursor (``finish_restore``), so a held row's removal that did not reach the
+changelog never makes a released row apply twice. (The stream restores whole envelopes
+only, ``pipeline.stream.restore.ChangelogFold``; the cursor also keeps a changelog that
+an older worker wrote, removals after the meta record, correct.)
 """
 
 from __future__ import annotations
@@ -126,8 +127,7 @@ class Sequencer:
 
     def take_changes(self) -> tuple[list[tuple[HeldKey, tuple[int, str, Any]]], list[HeldKey]]:
         """Held rows added (with ``(time_ms, tiebreak, item)``) and held rows released since
-        the last call: what the changelog must write (the additions before ``meta``, the
-        removals after it)."""
+        the last call: what the changelog must write with ``meta``."""
         added = [(key, value) for key, value in self._changes.items() if value is not None]
         removed = [key for key, value in self._changes.items() if value is None]
         self._changes.clear()

@@ -243,6 +243,7 @@ class Worker:
                 result = self.sources.process(partition, message.offset, rows)
             await self._emit(result, changelog, partition, name[0])
             self.metrics.stage(name, len(rows), result, time.perf_counter() - started)
+            _log_late(name, message, result)
 
     async def _in_order(
         self, stage: AccountStage | SourceStage | RollupStage, message: Any
@@ -291,6 +292,7 @@ class Worker:
                 continue
             result = self.rollup.process(partition, loads(message.value), message.offset)
             await self._emit(result, changelog, partition)
+            _log_late("rollup", message, result)
 
     async def _messages(self, stream: Any) -> AsyncIterator[Any]:
         """The agent's messages, marking the agent busy while its body runs (for the
@@ -481,3 +483,23 @@ class Worker:
             and not self.app.rebalancing
             and not self._unrestored(self.app.consumer.assignment())
         )
+
+
+def _log_late(stage: str, message: Any, result: StageOutput) -> None:
+    """Rows applied out of event-time order are counted (``authpipe_reorder_late_rows``)
+    and logged, one line per message, with the first such row."""
+    if result.first_late is None:
+        return
+    upstream, position, time_ms, released_ms = result.first_late
+    log.warning(
+        "stream_rows_late",
+        stage=stage,
+        topic=message.topic,
+        partition=message.partition,
+        offset=message.offset,
+        rows=result.late,
+        upstream=upstream,
+        position=position,
+        time_ms=time_ms,
+        released_ms=released_ms,
+    )

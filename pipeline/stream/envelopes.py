@@ -85,6 +85,16 @@ class StageOutput:
     counted: int = 0
     skipped: int = 0
     held: int = 0
+    # Rows that arrived below the stage's released watermark (applied at once, out of
+    # event-time order: ``pipeline.core.sequence``), and the first of them as
+    # [upstream, position, time_ms, released_ms], for the worker's log.
+    late: int = 0
+    first_late: list[int] | None = None
+
+    def note_late(self, upstream: int, position: int, time_ms: int, released_ms: int) -> None:
+        self.late += 1
+        if self.first_late is None:
+            self.first_late = [upstream, position, time_ms, released_ms]
 
     def audit_messages(self) -> list[bytes]:
         """The audit rows as batch messages of at most MAX_ROWS_PER_MESSAGE rows."""

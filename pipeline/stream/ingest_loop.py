@@ -77,7 +77,7 @@ class IngestLoop:
         self.send_envelope = send_envelope
         self.send_dead = send_dead
         # Event-time marks of the input partitions ingest reads (pipeline.stream.marks).
-        self.marks = InputMarks()
+        self.marks = InputMarks(idle_ms=settings.worker.input_idle_ms)
         self.sent_marks: list[list[int]] = []
         self.ready = asyncio.Event()
 

@@ -108,6 +108,8 @@ class RollupStage:
                 # One source row may change its source and its unknown-account share under one upstream
                 # position: the held row's position tells them apart.
                 position = 2 * share[7] + (share[2] == UNKNOWN_SHARE)
+                if share[5] < sequencer.released_ms:
+                    result.note_late(upstream, position, share[5], sequencer.released_ms)
                 sequencer.push(share[5], share[6], upstream, position, share[:5])
         alerts: list[Any] = []
         for _seq, time_ms, (tenant, window, kind, part, share) in sequencer.release():

@@ -260,11 +260,14 @@ class AccountStage(_Stage):
             sequencer.upstreams = inputs
         result = StageOutput()
         out = Outbox()
+        released_ms = sequencer.released_ms
         for row in rows:
             in_part, in_off = row[0], row[1]
             if not self._fresh(partition, in_part, in_off):
                 result.skipped += 1
                 continue
+            if row[5] < released_ms:
+                result.note_late(in_part, in_off, row[5], released_ms)
             sequencer.push(row[5], row[4], in_part, in_off, row)
         for in_part, mark_ms in marks or ():
             sequencer.mark(in_part, mark_ms)
@@ -339,6 +342,7 @@ class SourceStage(_Stage):
         sequencer = self.sequencers[partition]
         result = StageOutput()
         out = Outbox()
+        released_ms = sequencer.released_ms
         for row in rows:
             if row[1] < 0:
                 sequencer.mark(row[0], row[2])
@@ -346,6 +350,8 @@ class SourceStage(_Stage):
             if not self._fresh(partition, row[0], row[1]):
                 result.skipped += 1
                 continue
+            if row[3] < released_ms:
+                result.note_late(row[0], row[1], row[3], released_ms)
             sequencer.push(row[3], row[2], row[0], row[1], row)
         watermark = shard.watermark_ms
         for seq, occurred_ms, row in self._release(partition):

@@ -30,6 +30,10 @@ def test_the_demo_scenario_live_equals_its_replay(
     and restarted a third of the way: its decisions and alerts on the topics equal, record for
     record, those of `backtest` and of `scorecard --engine` over the same events, with nothing
     held or forced and at most 3 rows applied out of order after the restart; those two agree."""
+    # The producer writes the past unpaced; on a loaded machine it can stall for longer than
+    # the default 0.5 s quiet window mid-millisecond, and a row of that millisecond is then
+    # late (docs/stream.md, "The bound"): give it the 2 s a user would give such a producer.
+    worker_env = {**worker_env, "AUTHPIPE_WORKER_INPUT_IDLE_MS": "2000"}
     env = {**worker_env, "AUTHPIPE_LOG_LEVEL": "warning"}
     worker = start_worker(workers, worker_env, tmp_path).wait_ready()
     truth = tmp_path / "truth.jsonl"
@@ -127,9 +131,9 @@ def test_the_demo_scenario_live_equals_its_replay(
     assert (parity["alerts"]["only_live"], parity["alerts"]["only_replay"]) == ([], [])
     assert parity["decisions"]["live"] >= 5 and parity["alerts"]["live"] >= 50
     assert "live vs replay: 0 decisions differ" in done.stdout
-    # Nothing held or forced; late rows: a known residual after the SIGKILL (1 row in about
-    # one run of five under load since the fixes, was 2,675 to 11,363; the outputs above
-    # stay equal), bounded here and tracked in docs/stream.md until its cause is found.
+    # Nothing held or forced. Late rows: a producer stall longer than the quiet window can
+    # still make a row of one millisecond late (logged as stream_rows_late); the outputs
+    # above must stay equal whatever happens, and such rows stay this rare.
     assert {v for (name, _), v in reorder.items() if name != "late"} == {0.0}, reorder
     assert sum(v for (name, _), v in reorder.items() if name == "late") <= 3, reorder
 

@@ -198,3 +198,15 @@ def test_the_rollup_keeps_its_next_offset_and_any_tenant_name_across_a_rebuild()
     assert [
         again.rollups[0].recorded(t, 7, "s", 0) for t in ("fired", "order", "next", "held")
     ] == [1, 1, 1, 1]
+
+
+def test_a_share_below_the_released_watermark_is_reported_late_with_its_coordinates() -> None:
+    """A row that arrives after its stage released past its time is counted and reported
+    (upstream, position, time, released watermark) for the worker's stream_rows_late line."""
+    stage = RollupStage(POLICY, partitions=1)
+    stage.rebuild(0, [])
+    first = stage.process(0, [[None, 2_000, "a", 0], [None, 2_000, "s", 0]], offset=0)
+    assert (first.late, first.first_late) == (0, None)
+    late = stage.process(0, [["acme", 7, "s", 0, 1, 1_500, "e1", 3]], offset=1)
+    assert (late.late, late.first_late) == (1, [1, 6, 1_500, 2_000])
+    assert stage.sequencers[0].late == 1
