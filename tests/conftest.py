@@ -6,6 +6,12 @@ import glob
 import os
 
 import pytest
+from hypothesis import settings
+
+# Tests assert behaviour, benchmarks speed (bench/): no per-example deadline, which on a
+# shared 2-core machine under the integration suite's brokers and workers fails at random.
+settings.register_profile("authpipe", deadline=None)
+settings.load_profile("authpipe")
 
 # There is no built-in digest key (a service refuses to start without one): the tests,
 # and the services they start as subprocesses, use this one unless a test says otherwise.
