@@ -36,6 +36,7 @@ import logging
 import os
 import secrets
 import uuid
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -213,13 +214,20 @@ Mailer = Callable[[str, str, str], Awaitable[None]]
 
 
 class NoticeMailer:
-    """Turns a notice into the owner's unlock mail: at most one per notice (the worker
-    already sends at most one per account per window)."""
+    """Turns a notice into the owner's unlock mail: at most one per notice. The worker
+    sends at most one notice per account per window, but delivery is at least once: a
+    worker restarted after a crash can send a notice again, with the same ``notice_id``.
+    The last ``remember`` ids mailed are kept, so a copy is not mailed twice (a service
+    with several instances would keep them in its database)."""
 
-    def __init__(self, accounts: Mapping[tuple[str, str], str], send: Mailer) -> None:
+    def __init__(
+        self, accounts: Mapping[tuple[str, str], str], send: Mailer, remember: int = 100_000
+    ) -> None:
         # (tenant, digest) -> the account's mail address, from the service's own records.
         self.accounts = accounts
         self.send = send
+        self.remember = remember
+        self.mailed: OrderedDict[str, None] = OrderedDict()
 
     @classmethod
     def for_users(
@@ -229,9 +237,10 @@ class NoticeMailer:
 
     async def handle(self, notice: Mapping[str, Any]) -> bool:
         """Mail the owner; False when the digest is not one of ours (an unknown account:
-        the pipeline counts those too, and there is nobody to tell)."""
+        the pipeline counts those too, and there is nobody to tell) or the notice was
+        mailed already (a copy re-sent after a worker's restart)."""
         address = self.accounts.get((notice["tenant"], notice["account_digest"]))
-        if address is None:
+        if address is None or notice["notice_id"] in self.mailed:
             return False
         link = f"https://login.example/unlock?t={secrets.token_urlsafe(24)}"
         body = (
@@ -240,6 +249,9 @@ class NoticeMailer:
             f"you, this link signs you in and remembers this device: {link}"
         )
         await self.send(address, "Unusual sign-in attempts on your account", body)
+        self.mailed[notice["notice_id"]] = None
+        if len(self.mailed) > self.remember:
+            self.mailed.popitem(last=False)
         return True
 
 

@@ -142,7 +142,8 @@ def test_nginx_example_uses_formats_the_edge_serves() -> None:
 
 async def test_login_service_mails_the_owner_for_a_notice_about_its_account() -> None:
     """A notice the core emits for a locked account becomes one unlock mail to its owner;
-    the digest the example computes is authpipe's; a notice for a digest not ours is skipped."""
+    the digest the example computes is authpipe's; a notice for a digest not ours, or a
+    copy of one already mailed, is skipped."""
     from pipeline.contracts.codec import encode
     from pipeline.core.engine import Engine
     from pipeline.core.keys import Digester
@@ -167,3 +168,5 @@ async def test_login_service_mails_the_owner_for_a_notice_about_its_account() ->
     )
     other = {**orjson.loads(encode(notice)), "account_digest": "f" * 32}
     assert await mailer.handle(other) is False and len(sent) == 1
+    # A copy re-sent after a worker's restart (same notice_id) is not mailed again.
+    assert await mailer.handle(orjson.loads(encode(notice))) is False and len(sent) == 1
