@@ -50,7 +50,7 @@ from pipeline.stream.envelopes import (
 from pipeline.stream.faust_app import RAW, new_app
 from pipeline.stream.ingest import DeadLetter, Ingest
 from pipeline.stream.ingest_loop import IngestLoop
-from pipeline.stream.metrics import WorkerMetrics
+from pipeline.stream.metrics import WorkerMetrics, log_late
 from pipeline.stream.partitioning import tenant_partition
 from pipeline.stream.progress import Admit, InputOrder
 from pipeline.stream.restore import ChangelogRestore, LiveRecords
@@ -243,7 +243,7 @@ class Worker:
                 result = self.sources.process(partition, message.offset, rows)
             await self._emit(result, changelog, partition, name[0])
             self.metrics.stage(name, len(rows), result, time.perf_counter() - started)
-            _log_late(name, message, result)
+            log_late(name, message, result)
 
     async def _in_order(
         self, stage: AccountStage | SourceStage | RollupStage, message: Any
@@ -292,7 +292,7 @@ class Worker:
                 continue
             result = self.rollup.process(partition, loads(message.value), message.offset)
             await self._emit(result, changelog, partition)
-            _log_late("rollup", message, result)
+            log_late("rollup", message, result)
 
     async def _messages(self, stream: Any) -> AsyncIterator[Any]:
         """The agent's messages, marking the agent busy while its body runs (for the
@@ -483,23 +483,3 @@ class Worker:
             and not self.app.rebalancing
             and not self._unrestored(self.app.consumer.assignment())
         )
-
-
-def _log_late(stage: str, message: Any, result: StageOutput) -> None:
-    """Rows applied out of event-time order are counted (``authpipe_reorder_late_rows``)
-    and logged, one line per message, with the first such row."""
-    if result.first_late is None:
-        return
-    upstream, position, time_ms, released_ms = result.first_late
-    log.warning(
-        "stream_rows_late",
-        stage=stage,
-        topic=message.topic,
-        partition=message.partition,
-        offset=message.offset,
-        rows=result.late,
-        upstream=upstream,
-        position=position,
-        time_ms=time_ms,
-        released_ms=released_ms,
-    )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter as TallyCounter
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -12,6 +12,8 @@ from prometheus_client import (
     Gauge,
     generate_latest,
 )
+
+from pipeline.logs import get_logger
 
 if TYPE_CHECKING:
     from pipeline.stream.envelopes import StageOutput
@@ -140,3 +142,26 @@ class WorkerMetrics:
     def render(self) -> tuple[bytes, str]:
         # aiohttp takes the charset separately; the exposition format is ASCII anyway.
         return generate_latest(self.registry), CONTENT_TYPE_LATEST.split(";")[0] + "; version=0.0.4"
+
+
+_log = get_logger("worker")
+
+
+def log_late(stage: str, message: Any, result: StageOutput) -> None:
+    """Rows applied out of event-time order are counted (``authpipe_reorder_late_rows``)
+    and logged, one line per message, with the first such row."""
+    if result.first_late is None:
+        return
+    upstream, position, time_ms, released_ms = result.first_late
+    _log.warning(
+        "stream_rows_late",
+        stage=stage,
+        topic=message.topic,
+        partition=message.partition,
+        offset=message.offset,
+        rows=result.late,
+        upstream=upstream,
+        position=position,
+        time_ms=time_ms,
+        released_ms=released_ms,
+    )
