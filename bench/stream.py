@@ -572,6 +572,11 @@ def summary_counts(final: dict[str, float]) -> dict[str, Any]:
         "source_table_evictions": 'authpipe_table_evictions{stage="source"}',
         "account_stage_s": 'authpipe_stage_seconds_total{stage="account"}',
         "source_stage_s": 'authpipe_stage_seconds_total{stage="source"}',
+        **{
+            f"{stage}_changelog_{what}": f'authpipe_changelog_{what}_total{{stage="{stage}"}}'
+            for stage in ("account", "source", "rollup")
+            for what in ("records", "tombstones", "bytes")
+        },
     }
     return {name: round(final.get(metric, 0.0), 3) for name, metric in pick.items()}
 

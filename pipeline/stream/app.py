@@ -61,6 +61,10 @@ from pipeline.topics import Topics
 log = get_logger("worker")
 
 
+_STAGE_OF_KIND = {ACCOUNT_SHARE: "account", SOURCE_SHARE: "source", "r": "rollup"}
+"""The stage whose outputs ``Worker._emit`` sends, by its ``kind``."""
+
+
 class Worker:
     """Builds the faust app and holds the stages; faust callbacks are thin calls in."""
 
@@ -346,7 +350,7 @@ class Worker:
                 pending,
                 lambda: self._send_changelog(changelog, partition, records),
             )
-        self.metrics.emitted(result)
+        self.metrics.emitted(result, _STAGE_OF_KIND[kind])
 
     async def _send_forwards(self, target: int, rows: list[list[Any]]) -> Awaitable[Any]:
         envelope = dumps({"v": 1, "rows": rows})

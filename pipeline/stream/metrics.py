@@ -49,6 +49,24 @@ class WorkerMetrics:
         self.forwarded_total = Counter(
             "authpipe_forwarded_total", "failures forwarded to the source stage", registry=r
         )
+        self.changelog_records_total = Counter(
+            "authpipe_changelog_records_total",
+            "changelog records a stage wrote (tombstones included)",
+            ["stage"],
+            registry=r,
+        )
+        self.changelog_tombstones_total = Counter(
+            "authpipe_changelog_tombstones_total",
+            "changelog tombstones a stage wrote",
+            ["stage"],
+            registry=r,
+        )
+        self.changelog_bytes_total = Counter(
+            "authpipe_changelog_bytes_total",
+            "changelog key and value bytes a stage wrote",
+            ["stage"],
+            registry=r,
+        )
         self.table_entries = Gauge(
             "authpipe_table_entries", "entries held by a stage's tables", ["stage"], registry=r
         )
@@ -110,11 +128,17 @@ class WorkerMetrics:
         self.stage_replayed_rows_total.labels(stage=name).inc(result.skipped)
         self.stage_seconds_total.labels(stage=name).inc(seconds)
 
-    def emitted(self, result: StageOutput) -> None:
+    def emitted(self, result: StageOutput, stage: str) -> None:
         for _, value in result.decisions:
             self.decisions_total.labels(kind="decision" if value else "tombstone").inc()
         self.alerts_total.inc(len(result.alerts))
         self.forwarded_total.inc(sum(len(rows) for rows in result.forwards.values()))
+        if result.changelog:
+            tombstones = sum(1 for _, value in result.changelog if value is None)
+            size = sum(len(key) + len(value or b"") for key, value in result.changelog)
+            self.changelog_records_total.labels(stage=stage).inc(len(result.changelog))
+            self.changelog_tombstones_total.labels(stage=stage).inc(tombstones)
+            self.changelog_bytes_total.labels(stage=stage).inc(size)
 
     def observe_state(
         self, accounts: AccountStage, sources: SourceStage, rollup: RollupStage, ready: bool
