@@ -575,7 +575,7 @@ def summary_counts(final: dict[str, float]) -> dict[str, Any]:
         **{
             f"{stage}_changelog_{what}": f'authpipe_changelog_{what}_total{{stage="{stage}"}}'
             for stage in ("account", "source", "rollup")
-            for what in ("records", "tombstones", "bytes")
+            for what in ("records", "tombstones", "held_records", "bytes")
         },
     }
     return {name: round(final.get(metric, 0.0), 3) for name, metric in pick.items()}

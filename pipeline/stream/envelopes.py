@@ -85,6 +85,9 @@ class StageOutput:
     counted: int = 0
     skipped: int = 0
     held: int = 0
+    # Changelog records of rows held across envelopes: written when held, deleted when
+    # released (a row held and released within one envelope writes none).
+    held_records: int = 0
     # Rows that arrived below the stage's released watermark (applied at once, out of
     # event-time order: ``pipeline.core.sequence``), and the first of them as
     # [upstream, position, time_ms, released_ms], for the worker's log.

@@ -61,6 +61,12 @@ class WorkerMetrics:
             ["stage"],
             registry=r,
         )
+        self.changelog_held_total = Counter(
+            "authpipe_changelog_held_records_total",
+            "changelog records of rows held across envelopes (held, then deleted)",
+            ["stage"],
+            registry=r,
+        )
         self.changelog_bytes_total = Counter(
             "authpipe_changelog_bytes_total",
             "changelog key and value bytes a stage wrote",
@@ -139,6 +145,7 @@ class WorkerMetrics:
             self.changelog_records_total.labels(stage=stage).inc(len(result.changelog))
             self.changelog_tombstones_total.labels(stage=stage).inc(tombstones)
             self.changelog_bytes_total.labels(stage=stage).inc(size)
+            self.changelog_held_total.labels(stage=stage).inc(result.held_records)
 
     def observe_state(
         self, accounts: AccountStage, sources: SourceStage, rollup: RollupStage, ready: bool

@@ -130,6 +130,7 @@ class RollupStage:
             else:
                 result.changelog.append((dumps([partition, "fired", alert.tenant, window]), b"1"))
         added, removed = sequencer.take_changes()  # the commit record last: _Stage._finish
+        result.held_records = len(added) + len(removed)
         for (upstream, position), held in added:
             result.changelog.append(
                 (changelog_key(partition, ["held", upstream, position]), dumps(held))

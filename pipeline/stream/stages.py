@@ -203,6 +203,7 @@ class _Stage:
                 (changelog_key(partition, key), dumps(value) if value is not None else None)
             )
         added, removed = sequencer.take_changes()
+        result.held_records = len(added) + len(removed)
         for (upstream, position), held in added:
             result.changelog.append(
                 (changelog_key(partition, ["held", upstream, position]), dumps(held))

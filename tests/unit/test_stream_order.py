@@ -210,3 +210,22 @@ def test_a_share_below_the_released_watermark_is_reported_late_with_its_coordina
     late = stage.process(0, [["acme", 7, "s", 0, 1, 1_500, "e1", 3]], offset=1)
     assert (late.late, late.first_late) == (1, [1, 6, 1_500, 2_000])
     assert stage.sequencers[0].late == 1
+
+
+def test_only_rows_held_across_envelopes_cost_changelog_records() -> None:
+    """held_records: a row released in the envelope that brought it writes none; one held
+    across envelopes writes two (held, then deleted), one per envelope."""
+    from pipeline.stream.stages import SourceStage
+
+    def forward(seq: int, at_ms: int) -> list[object]:
+        attempt = [f"e{seq}", at_ms, "default", "a" * 32, "203.0.113.7", None, None, False]
+        return [0, seq, *attempt, "login", False, "bad_password"]
+
+    stage = SourceStage(POLICY, partitions=1)
+    stage.rebuild(0, [])
+    first = stage.process(0, 0, [forward(1, 1_000), forward(2, 3_000), [0, -1, 2_000]])
+    assert (first.counted, first.held, first.held_records) == (1, 1, 1)
+    second = stage.process(0, 1, [[0, -1, 4_000]])
+    assert (second.counted, second.held, second.held_records) == (1, 0, 1)
+    third = stage.process(0, 2, [forward(3, 5_000), [0, -1, 6_000]])
+    assert (third.counted, third.held, third.held_records) == (1, 0, 0)

@@ -1,0 +1,24 @@
+"""The worker's changelog counters: what each stage writes, counted exactly per envelope."""
+
+from __future__ import annotations
+
+from pipeline.stream.envelopes import StageOutput
+from pipeline.stream.metrics import WorkerMetrics
+
+
+def test_changelog_records_tombstones_held_rows_and_bytes_are_counted_per_stage() -> None:
+    """One envelope's changelog: 3 records, 1 tombstone, 2 held-row records, 11 bytes of key and value."""
+    metrics = WorkerMetrics()
+    registry = metrics.registry
+    result = StageOutput(changelog=[(b"k1", b"vvv"), (b"k2", None), (b"k3", b"ww")], held_records=2)
+    metrics.emitted(result, "source")
+    metrics.emitted(StageOutput(), "account")
+
+    def value(name: str, stage: str) -> float | None:
+        return registry.get_sample_value(name, {"stage": stage})
+
+    assert value("authpipe_changelog_records_total", "source") == 3.0
+    assert value("authpipe_changelog_tombstones_total", "source") == 1.0
+    assert value("authpipe_changelog_held_records_total", "source") == 2.0
+    assert value("authpipe_changelog_bytes_total", "source") == 11.0
+    assert value("authpipe_changelog_records_total", "account") is None
