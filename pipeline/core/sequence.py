@@ -24,13 +24,18 @@ Guarantees and bounds:
 * rows are released with a strictly increasing ``seq`` (the stage's own position of
   applied rows: per-key idempotence after a restart relies on it).
 
-Held rows are state: the stream writes them to its changelog (``take_changes``) so a
-restart holds them again. ``meta`` carries the release position (``seq``) and the sort
-key of the last row released (``cursor``); a restart drops every restored held row at or
-below the cursor (``finish_restore``), so a held row's removal that did not reach the
-changelog never makes a released row apply twice. (The stream restores whole envelopes
-only, ``pipeline.stream.restore.ChangelogFold``; the cursor also keeps a changelog that
-an older worker wrote, removals after the meta record, correct.)
+Held rows are not written anywhere: they are in the stage's input already. Each held row
+remembers the ``origin`` it came in (the stage's input offset), and ``oldest_origin`` is
+the first input message that still has a row held. A stage records that offset with its
+state; a restart reads its input again from there and ``rehold`` holds again exactly the
+rows that were held (those after the cursor, at or after the released watermark), so a
+held row costs no changelog records. ``meta`` carries the release position (``seq``), the
+released watermark and the sort key of the last row released (``cursor``).
+
+Changelogs written before this (held rows as records) still restore: ``restore`` holds
+such a row again, ``finish_restore`` drops those at or below the cursor, and
+``take_stale`` names every restored row since released or dropped, so its record can be
+deleted; such rows have no origin (their record, not the input, keeps them).
 """
 
 from __future__ import annotations
@@ -49,9 +54,12 @@ class Sequencer:
     """Rows from ``upstreams`` upstream partitions, released in event-time order."""
 
     __slots__ = (
-        "_changes",
         "_heap",
         "_held",
+        "_origin_of",
+        "_origins",
+        "_restored",
+        "_stale",
         "cap",
         "cursor",
         "forced",
@@ -68,7 +76,12 @@ class Sequencer:
         self.marks: dict[int, int] = {}
         self._heap: list[tuple[int, str, int, int]] = []
         self._held: dict[HeldKey, Any] = {}
-        self._changes: dict[HeldKey, tuple[int, str, Any] | None] = {}
+        # Per held row, the input message it came in; per such message, its held rows.
+        self._origin_of: dict[HeldKey, int] = {}
+        self._origins: dict[int, int] = {}
+        # Rows restored from records of an older changelog, and those since released.
+        self._restored: set[HeldKey] = set()
+        self._stale: list[HeldKey] = []
         self.released_ms = NO_MARK
         self.cursor: tuple[int, str, int, int] | None = None
         self.seq = 0
@@ -89,8 +102,11 @@ class Sequencer:
             return NO_MARK
         return min(self.marks.values())
 
-    def push(self, time_ms: int, tiebreak: str, upstream: int, position: int, item: Any) -> None:
-        """Hold ``item``; a row already held (same upstream and position) is ignored."""
+    def push(
+        self, time_ms: int, tiebreak: str, upstream: int, position: int, item: Any, origin: int
+    ) -> None:
+        """Hold ``item``, which came in input message ``origin``; a row already held (same
+        upstream and position) is ignored."""
         key = (upstream, position)
         if key in self._held:
             return
@@ -98,7 +114,27 @@ class Sequencer:
             self.late += 1
         self._held[key] = item
         heapq.heappush(self._heap, (time_ms, tiebreak, upstream, position))
-        self._changes[key] = (time_ms, tiebreak, item)
+        self._origin_of[key] = origin
+        origins = self._origins
+        origins[origin] = origins.get(origin, 0) + 1
+
+    def rehold(
+        self, time_ms: int, tiebreak: str, upstream: int, position: int, item: Any, origin: int
+    ) -> bool:
+        """Hold ``item`` again, read again from input message ``origin`` after a restore,
+        if it was held when the state was recorded: after the cursor and at or after the
+        released watermark (anything else was released, or skipped as a replay)."""
+        if time_ms < self.released_ms:
+            return False
+        cursor = self.cursor
+        if cursor is not None and (time_ms, tiebreak, upstream, position) <= cursor:
+            return False
+        self.push(time_ms, tiebreak, upstream, position, item, origin)
+        return True
+
+    def oldest_origin(self) -> int | None:
+        """The first input message with a row still held (None: nothing held from input)."""
+        return min(self._origins) if self._origins else None
 
     def release(self, watermark_ms: int | None = None) -> list[tuple[int, int, Any]]:
         """``(seq, time_ms, item)`` of every held row below the watermark (and of the
@@ -115,29 +151,35 @@ class Sequencer:
                 self.forced += 1
             key = (upstream, position)
             item = held.pop(key)
-            if self._changes.get(key) is not None:
-                del self._changes[key]  # held and released between two flushes: nothing to write
-            else:
-                self._changes[key] = None
+            origin = self._origin_of.pop(key, None)
+            if origin is not None:
+                left = self._origins[origin] - 1
+                if left:
+                    self._origins[origin] = left
+                else:
+                    del self._origins[origin]
+            elif key in self._restored:
+                self._restored.discard(key)
+                self._stale.append(key)
             out.append((self.seq, time_ms, item))
             self.seq += 1
         if limit > self.released_ms:
             self.released_ms = limit
         return out
 
-    def take_changes(self) -> tuple[list[tuple[HeldKey, tuple[int, str, Any]]], list[HeldKey]]:
-        """Held rows added (with ``(time_ms, tiebreak, item)``) and held rows released since
-        the last call: what the changelog must write with ``meta``."""
-        added = [(key, value) for key, value in self._changes.items() if value is not None]
-        removed = [key for key, value in self._changes.items() if value is None]
-        self._changes.clear()
-        return added, removed
+    def take_stale(self) -> list[HeldKey]:
+        """Rows restored from an older changelog's records and since released or dropped:
+        their records are to be deleted."""
+        stale = self._stale
+        self._stale = []
+        return stale
 
     def restore(self, key: HeldKey, value: tuple[int, str, Any] | list[Any]) -> None:
-        """Hold a row read back from the changelog (not a change to write again)."""
+        """Hold a row read back from an older changelog's record (see the module docstring)."""
         time_ms, tiebreak, item = value
         if key not in self._held:
             self._held[key] = item
+            self._restored.add(key)
             heapq.heappush(self._heap, (time_ms, tiebreak, key[0], key[1]))
 
     def meta(self) -> list[Any]:
@@ -164,6 +206,9 @@ class Sequencer:
         if not stale:
             return
         for entry in stale:
-            self._held.pop((entry[2], entry[3]), None)
+            key = (entry[2], entry[3])
+            self._held.pop(key, None)
+            self._restored.discard(key)
+            self._stale.append(key)
         self._heap = [entry for entry in self._heap if entry > cursor]
         heapq.heapify(self._heap)

@@ -266,6 +266,20 @@ class Worker:
         if verdict is Admit.REPLAY:
             self.metrics.replayed_envelopes_total.labels(topic=tp.topic).inc()
         elif verdict is Admit.SEEK:
+            earliest = (await self.app.consumer.earliest_offsets(tp)).get(tp, 0)
+            if expected < earliest:
+                # The input message holding the oldest held row is past the topic's
+                # retention: its held rows are gone (counted, logged), the rest goes on.
+                log.error(
+                    "stage_held_rows_deleted",
+                    topic=tp.topic,
+                    partition=partition,
+                    hold_from=expected,
+                    log_start=earliest,
+                )
+                self.metrics.held_rows_deleted_total.labels(topic=tp.topic).inc()
+                stage.skip_to(partition, earliest)
+                return await self._in_order(stage, message)
             await self._seek_back(tp, expected, message.offset, "hole")
         return False
 

@@ -13,6 +13,7 @@ from pipeline.contracts.codec import dumps, encode
 from pipeline.contracts.models import AUDIT_COLUMNS
 from pipeline.core.outbox import Outbox
 from pipeline.core.rollup import TICK_MS
+from pipeline.core.sequence import Sequencer
 
 # Rows per message on the internal and audit topics: a few hundred bytes each, so a
 # message stays well under the broker's default 1 MB limit however a batch is skewed.
@@ -120,6 +121,22 @@ def collect(out: Outbox, result: StageOutput) -> None:
 
 def changelog_key(partition: int, key: list[Any]) -> bytes:
     return dumps([partition, *key])
+
+
+def commit_record(next_offset: int, sequencer: Sequencer) -> bytes:
+    """The commit record's value: ``[next, hold_from]``, the offset of the next input message
+    and of the first one with a row still held (``next`` when none is): a restore resumes
+    the input at ``hold_from`` and holds those rows again (``pipeline.stream.stages``)."""
+    oldest = sequencer.oldest_origin()
+    return dumps([next_offset, next_offset if oldest is None else min(oldest, next_offset)])
+
+
+def commit_value(value: Any) -> tuple[int, int]:
+    """``(next, hold_from)`` of a decoded commit record (a changelog written before
+    ``hold_from`` has the bare next offset, its held rows as records)."""
+    if isinstance(value, list):
+        return int(value[0]), int(value[1])
+    return int(value), int(value)
 
 
 def commit_key(partition: int) -> bytes:

@@ -5,15 +5,16 @@ the stream's logic (partitioning, envelopes, upstream watermarks, rebuild from
 changelog records, event-time marks) against the single-process ``Engine`` quickly, and
 the integration suite then checks the same answers on the real broker.
 
-Each stage partition has a queue of envelopes (a topic partition: first in, first out).
-``pump`` delivers them; given a random generator it picks the next partition at random,
-so a test can try arbitrary interleavings across partitions, as the broker may deliver.
+Each stage partition has a log of envelopes (a topic partition) and a read position.
+``pump`` delivers them in offset order; given a random generator it picks the next
+partition at random, so a test can try arbitrary interleavings across partitions, as the
+broker may deliver. After ``restart`` each stage reads its log again from the offset its
+changelog names (the message with the oldest row it held), as the worker does.
 """
 
 from __future__ import annotations
 
 import random
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -79,19 +80,12 @@ class MemoryPipeline:
             _SOURCES: {},
             _ROLLUP: {},
         }
-        self.offsets: dict[tuple[str, int], int] = {}
-        self.queues: dict[tuple[str, int], deque[Any]] = {}
+        self.logs: dict[tuple[str, int], list[Any]] = {}
+        self.positions: dict[tuple[str, int], int] = {}
         self.out = MemoryOutputs()
 
-    def _offset(self, topic: str, partition: int) -> int:
-        offset = self.offsets.get((topic, partition), 0)
-        self.offsets[(topic, partition)] = offset + 1
-        return offset
-
     def _send(self, stage: str, partition: int, message: Any) -> None:
-        self.queues.setdefault((stage, partition), deque()).append(
-            (self._offset(stage, partition), message)
-        )
+        self.logs.setdefault((stage, partition), []).append(message)
 
     def feed(self, records: list[Record], now_ms: int, *, pump: bool = True) -> None:
         """Ingest one batch: an envelope with ingest's marks to every account partition."""
@@ -122,11 +116,13 @@ class MemoryPipeline:
     def pump(self) -> None:
         """Deliver every queued envelope (in a random partition order when given a rng)."""
         while True:
-            ready = sorted(k for k, q in self.queues.items() if q)
+            ready = sorted(k for k, log in self.logs.items() if self.positions.get(k, 0) < len(log))
             if not ready:
                 return
             stage, partition = self.rng.choice(ready) if self.rng is not None else ready[0]
-            offset, message = self.queues[(stage, partition)].popleft()
+            offset = self.positions.get((stage, partition), 0)
+            self.positions[(stage, partition)] = offset + 1
+            message = self.logs[(stage, partition)][offset]
             if stage == _ACCOUNTS:
                 self._account(partition, offset, *message)
             elif stage == _SOURCES:
@@ -191,11 +187,21 @@ class MemoryPipeline:
             self.changelog[stage][key] = value
 
     def restart(self) -> None:
-        """Forget every shard, as a crashed worker would; state comes back from the
-        changelog at the next envelope."""
+        """Forget every shard, as a crashed worker would, and rebuild each from its
+        changelog; each stage partition reads its log again from the offset it names."""
         for partition in list(self.accounts.shards):
             self.accounts.drop(partition)
+            self._collect(
+                self.accounts.rebuild(partition, self._records(_ACCOUNTS, partition)), _ACCOUNTS
+            )
+            self.positions[(_ACCOUNTS, partition)] = self.accounts.expected(partition) or 0
         for partition in list(self.sources.shards):
             self.sources.drop(partition)
+            self._collect(
+                self.sources.rebuild(partition, self._records(_SOURCES, partition)), _SOURCES
+            )
+            self.positions[(_SOURCES, partition)] = self.sources.expected(partition) or 0
         for partition in list(self.rollup.rollups):
             self.rollup.drop(partition)
+            self.rollup.rebuild(partition, self._records(_ROLLUP, partition))
+            self.positions[(_ROLLUP, partition)] = self.rollup.expected(partition) or 0

@@ -63,7 +63,7 @@ class WorkerMetrics:
         )
         self.changelog_held_total = Counter(
             "authpipe_changelog_held_records_total",
-            "changelog records of rows held across envelopes (held, then deleted)",
+            "tombstones of held-row records an older worker wrote (held rows are re-read from input now)",
             ["stage"],
             registry=r,
         )
@@ -84,6 +84,12 @@ class WorkerMetrics:
         )
         self.ingest_lag = Gauge(
             "authpipe_ingest_lag_messages", "input messages not yet read", ["partition"], registry=r
+        )
+        self.held_rows_deleted_total = Counter(
+            "authpipe_stage_held_rows_deleted_total",
+            "restores whose oldest held row's input message was past the topic's retention",
+            ["topic"],
+            registry=r,
         )
         self.seek_backs_total = Counter(
             "authpipe_stream_seek_backs_total",

@@ -12,7 +12,13 @@ from pipeline.core.outbox import ACCOUNT_SHARE, UNKNOWN_SHARE
 from pipeline.core.policy import Policy
 from pipeline.core.rollup import TenantRollup
 from pipeline.core.sequence import Sequencer
-from pipeline.stream.envelopes import StageOutput, changelog_key, commit_key
+from pipeline.stream.envelopes import (
+    StageOutput,
+    changelog_key,
+    commit_key,
+    commit_record,
+    commit_value,
+)
 
 
 class RollupStage:
@@ -32,9 +38,19 @@ class RollupStage:
         # known). Like the other stages', messages are applied in offset order with no
         # gap: a message faust dropped would otherwise leave its shares unrecorded.
         self.next_envelope: dict[int, int | None] = {}
+        # As in the other stages: messages below the restored next one hold their shares
+        # again, nothing more (the held shares are not in the changelog).
+        self.rehold_until: dict[int, int] = {}
 
     def owns(self, partition: int) -> bool:
         return partition in self.rollups
+
+    def skip_to(self, partition: int, offset: int) -> None:
+        """Apply ``partition``'s input from ``offset`` on: the messages before it are gone
+        (past the topic's retention), and so are the rows they held."""
+        self.next_envelope[partition] = offset
+        if self.rehold_until.get(partition, -1) <= offset:
+            self.rehold_until.pop(partition, None)
 
     def expected(self, partition: int) -> int | None:
         """Offset of the next shares message to apply on ``partition`` (None: not known)."""
@@ -46,6 +62,7 @@ class RollupStage:
         shares: list[list[Any]] = []
         meta: list[Any] | None = None
         next_envelope: int | None = None
+        hold_from: int | None = None
         for raw_key, raw_value in records:
             key = loads(raw_key)
             if key[0] != partition or raw_value is None:
@@ -61,12 +78,12 @@ class RollupStage:
                     rollup.stuffing.fired[(key[2], key[3])] = loads(raw_value)
                 else:
                     rollup.fired.add((key[2], key[3]))
-            elif key[1] == "held":
+            elif key[1] == "held":  # a changelog written before hold_from
                 sequencer.restore((key[2], key[3]), loads(raw_value))
             elif key[1] == "order":
                 meta = loads(raw_value)
             elif key[1] == "next":
-                next_envelope = int(loads(raw_value))
+                next_envelope, hold_from = commit_value(loads(raw_value))
         for tenant, window, kind, part, share in shares:
             rollup.update(tenant, window, kind, part, share)
         rollup.touched.clear()
@@ -84,11 +101,33 @@ class RollupStage:
         self.rollups[partition] = rollup
         self.sequencers[partition] = sequencer
         self.next_envelope[partition] = next_envelope
+        self.rehold_until.pop(partition, None)
+        if next_envelope is not None and hold_from is not None and hold_from < next_envelope:
+            self.next_envelope[partition] = hold_from
+            self.rehold_until[partition] = next_envelope
 
     def drop(self, partition: int) -> None:
         self.rollups.pop(partition, None)
         self.sequencers.pop(partition, None)
         self.next_envelope.pop(partition, None)
+        self.rehold_until.pop(partition, None)
+
+    def _rehold(self, partition: int, shares: list[list[Any]], offset: int) -> StageOutput:
+        """A message below the restored next one: hold its shares that were held, no more."""
+        sequencer = self.sequencers[partition]
+        for share in shares:
+            upstream = share[3] if share[2] == ACCOUNT_SHARE else self.partitions + share[3]
+            if share[0] is None:
+                sequencer.mark(upstream, share[1])
+            else:
+                position = 2 * share[7] + (share[2] == UNKNOWN_SHARE)
+                sequencer.rehold(share[5], share[6], upstream, position, share[:5], offset)
+        self.next_envelope[partition] = offset + 1
+        if offset + 1 >= self.rehold_until[partition]:
+            del self.rehold_until[partition]
+        result = StageOutput()
+        result.held = len(sequencer)
+        return result
 
     def process(
         self, partition: int, shares: list[list[Any]], offset: int | None = None
@@ -96,9 +135,12 @@ class RollupStage:
         """Hold shares ``[tenant, window, kind, part, share, time_ms, event_id, seq]`` and
         take marks ``[None, watermark_ms, kind, part]``; record what the watermark passes.
         ``offset`` is the message's (the next one expected is recorded with the state)."""
+        if offset is not None and offset < self.rehold_until.get(partition, -1):
+            return self._rehold(partition, shares, offset)
         rollup = self.rollups[partition]
         sequencer = self.sequencers[partition]
         result = StageOutput()
+        origin = -1 if offset is None else offset
         for share in shares:
             upstream = share[3] if share[2] == ACCOUNT_SHARE else self.partitions + share[3]
             if share[0] is None:
@@ -110,7 +152,7 @@ class RollupStage:
                 position = 2 * share[7] + (share[2] == UNKNOWN_SHARE)
                 if share[5] < sequencer.released_ms:
                     result.note_late(upstream, position, share[5], sequencer.released_ms)
-                sequencer.push(share[5], share[6], upstream, position, share[:5])
+                sequencer.push(share[5], share[6], upstream, position, share[:5], origin)
         alerts: list[Any] = []
         for _seq, time_ms, (tenant, window, kind, part, share) in sequencer.release():
             alerts.extend(rollup.advance(time_ms))
@@ -129,13 +171,9 @@ class RollupStage:
                 )
             else:
                 result.changelog.append((dumps([partition, "fired", alert.tenant, window]), b"1"))
-        added, removed = sequencer.take_changes()  # the commit record last: _Stage._finish
-        result.held_records = len(added) + len(removed)
-        for (upstream, position), held in added:
-            result.changelog.append(
-                (changelog_key(partition, ["held", upstream, position]), dumps(held))
-            )
-        for upstream, position in removed:
+        stale = sequencer.take_stale()  # the commit record last: _Stage._finish
+        result.held_records = len(stale)
+        for upstream, position in stale:
             result.changelog.append((changelog_key(partition, ["held", upstream, position]), None))
         meta = [
             rollup.tick_ms,
@@ -146,7 +184,7 @@ class RollupStage:
         result.changelog.append((changelog_key(partition, ["order"]), dumps(meta)))
         if offset is not None:
             self.next_envelope[partition] = offset + 1
-            result.changelog.append((commit_key(partition), dumps(offset + 1)))
+            result.changelog.append((commit_key(partition), commit_record(offset + 1, sequencer)))
         result.held = len(sequencer)
         return result
 

@@ -21,8 +21,12 @@ order. Rows go through a ``Sequencer`` (``pipeline.core.sequence``) that holds t
 every upstream partition has marked a later event time, then releases them sorted by
 ``(occurred_ms, event_id)``. Every upstream sends its mark to every downstream partition
 (ingest to the account stage in its envelopes; the account and source stages to the
-source stage and the rollup as mark rows), even with no rows for it. The held rows,
-the marks and the release position are in the changelog like the rest of the state.
+source stage and the rollup as mark rows), even with no rows for it. The marks and the
+release position are in the changelog like the rest of the state; the held rows are not
+(they are in the stage's input already): the commit record says which input message holds
+the oldest of them (``[next, hold_from]``), a restore resumes the input there, and the
+messages below ``next`` only hold their rows again (``Sequencer.rehold``: no outputs, no
+changelog records), so the stage holds exactly what it held when it wrote the record.
 """
 
 from __future__ import annotations
@@ -38,7 +42,14 @@ from pipeline.core.outbox import ACCOUNT_SHARE, SOURCE_SHARE, UNKNOWN_SHARE, Out
 from pipeline.core.policy import Policy, TenantPolicy
 from pipeline.core.sequence import NO_MARK, Sequencer
 from pipeline.core.source import SourceShard
-from pipeline.stream.envelopes import StageOutput, changelog_key, collect, commit_key
+from pipeline.stream.envelopes import (
+    StageOutput,
+    changelog_key,
+    collect,
+    commit_key,
+    commit_record,
+    commit_value,
+)
 from pipeline.stream.partitioning import source_partition
 
 
@@ -113,6 +124,9 @@ class _Stage:
         # gap: the upstream watermarks above would otherwise skip the rows of an envelope
         # that arrives after a later one as replays.
         self.next_envelope: dict[int, int | None] = {}
+        # Per partition restored with rows held: the offset its commit record named next.
+        # Messages below it are read again only to hold their rows again (``_rehold``).
+        self.rehold_until: dict[int, int] = {}
 
     def owns(self, partition: int) -> bool:
         return partition in self.shards
@@ -127,6 +141,7 @@ class _Stage:
         )
         inputs: dict[int, int] = {}
         next_envelope: int | None = None
+        hold_from: int | None = None
         sequencer = Sequencer(self.upstreams)
         for raw_key, raw_value in records:
             key = loads(raw_key)
@@ -137,8 +152,8 @@ class _Stage:
                 inputs = {int(p): int(o) for p, o in value["positions"].items()}
                 sequencer.restore_meta(value["order"])
             elif key[1] == "next":
-                next_envelope = int(value)
-            elif key[1] == "held":
+                next_envelope, hold_from = commit_value(value)
+            elif key[1] == "held":  # a held row in a changelog written before hold_from
                 sequencer.restore((key[2], key[3]), value)
             else:
                 shard.restore(key[1:], value)
@@ -150,8 +165,29 @@ class _Stage:
         self.sent_marks[partition] = NO_MARK  # the first envelope sends the watermark again
         self.inputs[partition] = inputs
         self.next_envelope[partition] = next_envelope
+        self.rehold_until.pop(partition, None)
+        if next_envelope is not None and hold_from is not None and hold_from < next_envelope:
+            self.next_envelope[partition] = hold_from
+            self.rehold_until[partition] = next_envelope
         result = StageOutput()
         collect(out, result)
+        return result
+
+    def reholding(self, partition: int, offset: int) -> bool:
+        """True while ``offset`` is below the restored commit record's next message: its
+        rows were applied or held before the restore, and are only held again."""
+        return offset < self.rehold_until.get(partition, -1)
+
+    def _reheld(self, partition: int, offset: int, result: StageOutput) -> StageOutput:
+        """After ``_rehold`` pushed a message's rows: no outputs and no changelog records
+        (the state is what the restored records say), only the stage's position."""
+        self.next_envelope[partition] = offset + 1
+        if offset + 1 >= self.rehold_until[partition]:
+            del self.rehold_until[partition]
+        sequencer = self.sequencers[partition]
+        if sequencer.released_ms > self.sent_marks.get(partition, NO_MARK):
+            result.mark_ms = self.sent_marks[partition] = sequencer.released_ms
+        result.held = len(sequencer)
         return result
 
     upstreams = 1  # upstream partitions feeding each partition (set by the subclass)
@@ -162,6 +198,14 @@ class _Stage:
         self.sent_marks.pop(partition, None)
         self.inputs.pop(partition, None)
         self.next_envelope.pop(partition, None)
+        self.rehold_until.pop(partition, None)
+
+    def skip_to(self, partition: int, offset: int) -> None:
+        """Apply ``partition``'s input from ``offset`` on: the messages before it are gone
+        (past the topic's retention), and so are the rows they held."""
+        self.next_envelope[partition] = offset
+        if self.rehold_until.get(partition, -1) <= offset:
+            self.rehold_until.pop(partition, None)
 
     def expected(self, partition: int) -> int | None:
         """Offset of the next envelope to apply on ``partition`` (None: not yet known)."""
@@ -195,25 +239,22 @@ class _Stage:
             result.mark_ms = self.sent_marks[partition] = sequencer.released_ms
         result.held = len(sequencer)
         # A crash may leave any prefix of these records written (they can span several
-        # record batches); the restore counts them only once the commit record, the
-        # envelope offset, is there (``commit_key``, written last): state, rows newly
-        # held and released, the upstream positions and release position, the offset.
+        # record batches); the restore counts them only once the commit record is there
+        # (``commit_key``, written last): state, the upstream positions and release
+        # position, then the next offset and the message holding the oldest held row.
+        changelog = result.changelog
         for key, value in shard.take_dirty():
-            result.changelog.append(
+            changelog.append(
                 (changelog_key(partition, key), dumps(value) if value is not None else None)
             )
-        added, removed = sequencer.take_changes()
-        result.held_records = len(added) + len(removed)
-        for (upstream, position), held in added:
-            result.changelog.append(
-                (changelog_key(partition, ["held", upstream, position]), dumps(held))
-            )
-        for upstream, position in removed:
-            result.changelog.append((changelog_key(partition, ["held", upstream, position]), None))
+        stale = sequencer.take_stale()
+        result.held_records = len(stale)
+        for upstream, position in stale:
+            changelog.append((changelog_key(partition, ["held", upstream, position]), None))
         positions = {str(p): o for p, o in self.inputs[partition].items()}
         progress = {"positions": positions, "order": sequencer.meta()}
-        result.changelog.append((changelog_key(partition, ["inputs"]), dumps(progress)))
-        result.changelog.append((commit_key(partition), dumps(offset + 1)))
+        changelog.append((changelog_key(partition, ["inputs"]), dumps(progress)))
+        changelog.append((commit_key(partition), commit_record(offset + 1, sequencer)))
 
     def _fresh(self, partition: int, upstream: int, position: int) -> bool:
         """True once per upstream position: replays at or below the watermark are skipped."""
@@ -260,6 +301,12 @@ class AccountStage(_Stage):
         if inputs is not None:
             sequencer.upstreams = inputs
         result = StageOutput()
+        if self.reholding(partition, offset):
+            for row in rows:
+                sequencer.rehold(row[5], row[4], row[0], row[1], row, offset)
+            for in_part, mark_ms in marks or ():
+                sequencer.mark(in_part, mark_ms)
+            return self._reheld(partition, offset, result)
         out = Outbox()
         released_ms = sequencer.released_ms
         for row in rows:
@@ -269,7 +316,7 @@ class AccountStage(_Stage):
                 continue
             if row[5] < released_ms:
                 result.note_late(in_part, in_off, row[5], released_ms)
-            sequencer.push(row[5], row[4], in_part, in_off, row)
+            sequencer.push(row[5], row[4], in_part, in_off, row, offset)
         for in_part, mark_ms in marks or ():
             sequencer.mark(in_part, mark_ms)
         watermark = shard.watermark_ms
@@ -342,6 +389,13 @@ class SourceStage(_Stage):
         shard: SourceShard = self.shards[partition]
         sequencer = self.sequencers[partition]
         result = StageOutput()
+        if self.reholding(partition, offset):
+            for row in rows:
+                if row[1] < 0:
+                    sequencer.mark(row[0], row[2])
+                else:
+                    sequencer.rehold(row[3], row[2], row[0], row[1], row, offset)
+            return self._reheld(partition, offset, result)
         out = Outbox()
         released_ms = sequencer.released_ms
         for row in rows:
@@ -353,7 +407,7 @@ class SourceStage(_Stage):
                 continue
             if row[3] < released_ms:
                 result.note_late(row[0], row[1], row[3], released_ms)
-            sequencer.push(row[3], row[2], row[0], row[1], row)
+            sequencer.push(row[3], row[2], row[0], row[1], row, offset)
         watermark = shard.watermark_ms
         for seq, occurred_ms, row in self._release(partition):
             attempt = Attempt.from_row(row[2:])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -116,7 +117,7 @@ def test_sequencer_releases_in_event_time_order_whatever_the_arrival(
         upstream = rnd.choice([u for u, q in queues.items() if q])
         time_ms = queues[upstream].pop(0)
         sequencer.push(
-            time_ms, f"e{upstream}-{positions[upstream]}", upstream, positions[upstream], time_ms
+            time_ms, f"e{upstream}-{positions[upstream]}", upstream, positions[upstream], time_ms, 0
         )
         positions[upstream] += 1
         for u in range(4):
@@ -212,20 +213,92 @@ def test_a_share_below_the_released_watermark_is_reported_late_with_its_coordina
     assert stage.sequencers[0].late == 1
 
 
-def test_only_rows_held_across_envelopes_cost_changelog_records() -> None:
-    """held_records: a row released in the envelope that brought it writes none; one held
-    across envelopes writes two (held, then deleted), one per envelope."""
+def test_held_rows_cost_no_changelog_records_and_the_commit_names_the_oldest_message_holding_one() -> (
+    None
+):
+    """A row held across envelopes writes no record; the commit record is [next, hold_from],
+    hold_from the first message with a row still held (next when none is)."""
+    from pipeline.stream.envelopes import commit_key
     from pipeline.stream.stages import SourceStage
 
     def forward(seq: int, at_ms: int) -> list[object]:
         attempt = [f"e{seq}", at_ms, "default", "a" * 32, "203.0.113.7", None, None, False]
         return [0, seq, *attempt, "login", False, "bad_password"]
 
+    def commit(result: Any) -> Any:
+        return dict(result.changelog)[commit_key(0)]
+
     stage = SourceStage(POLICY, partitions=1)
     stage.rebuild(0, [])
     first = stage.process(0, 0, [forward(1, 1_000), forward(2, 3_000), [0, -1, 2_000]])
-    assert (first.counted, first.held, first.held_records) == (1, 1, 1)
-    second = stage.process(0, 1, [[0, -1, 4_000]])
-    assert (second.counted, second.held, second.held_records) == (1, 0, 1)
-    third = stage.process(0, 2, [forward(3, 5_000), [0, -1, 6_000]])
-    assert (third.counted, third.held, third.held_records) == (1, 0, 0)
+    assert (first.counted, first.held, first.held_records, commit(first)) == (1, 1, 0, b"[1,0]")
+    assert not any(b'"held"' in key for key, _ in first.changelog)
+    second = stage.process(0, 1, [forward(3, 5_000), [0, -1, 2_500]])
+    assert (second.counted, second.held, commit(second)) == (0, 2, b"[2,0]")
+    third = stage.process(0, 2, [[0, -1, 4_000]])
+    assert (third.counted, third.held, commit(third)) == (1, 1, b"[3,1]")
+    fourth = stage.process(0, 3, [[0, -1, 6_000]])
+    assert (fourth.counted, fourth.held, commit(fourth)) == (1, 0, b"[4,4]")
+
+
+def test_a_restore_reads_the_input_again_from_hold_from_and_holds_exactly_what_was_held() -> None:
+    """Rebuilt from the changelog after message 2, the stage expects message 1 again; messages
+    1-2 only hold their rows again (no outputs, no records), then message 3 releases what the
+    stage that never stopped releases, with the same changelog."""
+    from pipeline.stream.stages import SourceStage
+
+    def forward(seq: int, at_ms: int) -> list[object]:
+        attempt = [f"e{seq}", at_ms, "default", "a" * 32, "203.0.113.7", None, None, False]
+        return [0, seq, *attempt, "login", False, "bad_password"]
+
+    messages = [
+        [forward(1, 1_000), [0, -1, 2_000]],
+        [forward(2, 3_000), forward(3, 2_500), [0, -1, 2_400]],
+        [forward(4, 5_000), [0, -1, 2_600]],
+        [[0, -1, 9_000]],
+    ]
+    live = SourceStage(POLICY, partitions=1)
+    live.rebuild(0, [])
+    changelog: dict[bytes, bytes | None] = {}
+    for offset, rows in enumerate(messages[:3]):
+        changelog.update(live.process(0, offset, rows).changelog)
+    restored = SourceStage(POLICY, partitions=1)
+    restored.rebuild(0, [(k, v) for k, v in changelog.items() if v is not None])
+    assert (restored.expected(0), len(restored.sequencers[0])) == (1, 0)
+    for offset in (1, 2):
+        again = restored.process(0, offset, messages[offset])
+        assert (again.counted, again.changelog, again.decisions, again.alerts) == (0, [], [], [])
+    assert restored.expected(0) == 3
+    assert len(restored.sequencers[0]) == len(live.sequencers[0]) == 2
+    after, expected = restored.process(0, 3, messages[3]), live.process(0, 3, messages[3])
+    assert (after.counted, after.changelog, after.decisions) == (
+        expected.counted,
+        expected.changelog,
+        expected.decisions,
+    )
+    assert after.counted == 2
+
+
+def test_held_rows_an_older_worker_wrote_as_records_restore_and_their_records_are_deleted() -> None:
+    """A changelog with held-row records and a bare next offset (written before hold_from):
+    the row is held again, and once released its record gets a tombstone."""
+    from pipeline.contracts.codec import dumps
+    from pipeline.stream.envelopes import changelog_key, commit_key
+    from pipeline.stream.stages import SourceStage
+
+    attempt = ["e2", 3_000, "default", "a" * 32, "203.0.113.7", None, None, False]
+    row = [0, 2, *attempt, "login", False, "bad_password"]
+    held_key = changelog_key(0, ["held", 0, 2])
+    progress = {"positions": {"0": 2}, "order": [1, 2_000, [[0, 2_000]], [1_000, "e1", 0, 1]]}
+    legacy = [
+        (held_key, dumps([3_000, "e2", row])),
+        (changelog_key(0, ["inputs"]), dumps(progress)),
+        (commit_key(0), dumps(1)),
+    ]
+    stage = SourceStage(POLICY, partitions=1)
+    stage.rebuild(0, legacy)
+    assert (stage.expected(0), len(stage.sequencers[0])) == (1, 1)
+    result = stage.process(0, 1, [[0, -1, 4_000]])
+    assert (result.counted, result.held, result.held_records) == (1, 0, 1)
+    assert (held_key, None) in result.changelog
+    assert dict(result.changelog)[commit_key(0)] == b"[2,2]"
