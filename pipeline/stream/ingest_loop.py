@@ -26,6 +26,7 @@ from pipeline.contracts.codec import dumps
 from pipeline.kafka_client import client_kwargs
 from pipeline.logs import get_logger
 from pipeline.settings import Settings
+from pipeline.stream.chains import ChangelogChains
 from pipeline.stream.envelopes import account_envelopes
 from pipeline.stream.ingest import DeadLetter, Ingest
 from pipeline.stream.marks import InputMarks
@@ -43,7 +44,9 @@ SendDead = Callable[[DeadLetter], Awaitable[Awaitable[Any]]]
 
 
 class Commits:
-    """Input offsets committed in batch order, each once its batch's sends are acknowledged.
+    """Input offsets committed in batch order, each once its batch's sends are acknowledged
+    (one ``ChangelogChains`` chain: the same ordered, bounded wait as the stages' changelog
+    writes).
 
     ``add`` returns at once unless ``limit`` batches are already waiting (then it waits for
     the oldest). A failed send fails its commit and every later one; the next ``add`` or
@@ -54,8 +57,7 @@ class Commits:
 
     def __init__(self, consumer: AIOKafkaConsumer, limit: int = MAX_BATCHES_IN_FLIGHT) -> None:
         self.consumer = consumer
-        self.limit = limit
-        self.waiting: list[asyncio.Future[None]] = []
+        self.chain = ChangelogChains(max_inflight=limit)
 
     async def add(
         self,
@@ -64,33 +66,20 @@ class Commits:
         then: Callable[[], None],
     ) -> None:
         """Commit ``offsets`` after ``pending`` and every earlier batch; then call ``then``."""
-        waiting = self.waiting
-        while waiting and (waiting[0].done() or len(waiting) >= self.limit):
-            await waiting.pop(0)
-        previous = waiting[-1] if waiting else None
-        waiting.append(asyncio.ensure_future(self._commit(previous, pending, offsets, then)))
+
+        async def commit() -> None:
+            if offsets:
+                try:
+                    await self.consumer.commit(offsets)
+                except (CommitFailedError, IllegalStateError) as exc:
+                    log.warning("ingest_commit_refused", error=repr(exc))
+            then()
+
+        await self.chain.add("input", pending, commit)
 
     async def drain(self) -> None:
         """Wait until every waiting batch is committed (before a rebalance or a stop)."""
-        while self.waiting:
-            await self.waiting.pop(0)
-
-    async def _commit(
-        self,
-        previous: asyncio.Future[None] | None,
-        pending: list[Awaitable[Any]],
-        offsets: dict[TopicPartition, int],
-        then: Callable[[], None],
-    ) -> None:
-        if previous is not None:
-            await previous
-        await asyncio.gather(*pending)
-        if offsets:
-            try:
-                await self.consumer.commit(offsets)
-            except (CommitFailedError, IllegalStateError) as exc:
-                log.warning("ingest_commit_refused", error=repr(exc))
-        then()
+        await self.chain.drain()
 
 
 class RereadLast(ConsumerRebalanceListener):  # type: ignore[misc]
