@@ -9,7 +9,7 @@ import os
 from collections.abc import Mapping
 
 # (young, middle, old): CPython's defaults are (700, 10, 10).
-GC_THRESHOLDS = (200_000, 20, 100)
+GC_THRESHOLDS = (50_000, 20, 100)
 
 
 def tune_gc() -> tuple[int, int, int]:
@@ -18,10 +18,9 @@ def tune_gc() -> tuple[int, int, int]:
     A worker holds hundreds of thousands of table entries that reference counting frees;
     with CPython's default thresholds the cycle collector walks them again and again (a
     quarter of the compiled core's time in ``bench.bench_core``, mostly full passes). A
-    young collection every 200,000 net allocations (50,000 until 2026-12-01: the stages
-    in memory spent 5 % less CPU at 200,000, bench/README.md), with older generations
-    20x and 100x rarer, still finds the rare reference cycle (exception tracebacks,
-    futures) within seconds. Returns the thresholds that were in force before.
+    young collection every 50,000 net allocations, with older generations 20x and 100x
+    rarer, still finds the rare reference cycle (exception tracebacks, futures) within
+    seconds. Returns the thresholds that were in force before.
     """
     before = gc.get_threshold()
     gc.set_threshold(*GC_THRESHOLDS)

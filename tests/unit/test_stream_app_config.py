@@ -23,7 +23,7 @@ def test_tune_gc_sets_the_worker_thresholds_and_returns_the_old_ones() -> None:
     before = gc.get_threshold()
     try:
         assert tune_gc() == before
-        assert gc.get_threshold() == GC_THRESHOLDS == (200_000, 20, 100)
+        assert gc.get_threshold() == GC_THRESHOLDS == (50_000, 20, 100)
     finally:
         gc.set_threshold(*before)
 
