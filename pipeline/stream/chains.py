@@ -16,8 +16,6 @@ A failed send fails its task and every later one of the partition; the next ``ad
 would have made it. If the process dies with envelopes still waiting, their changelog
 was never written: the stage's persisted next-envelope offset is behind, and the
 envelopes are applied again after the restart (``pipeline.stream.progress``).
-
-Ingest's input commits wait the same way, on one chain (``ingest_loop.Commits``).
 """
 
 from __future__ import annotations

@@ -4,10 +4,6 @@ one envelope per account partition (``pipeline.stream.envelopes``) with the inpu
 partitions' event-time marks (``pipeline.stream.marks``), bad events to the dead-letter
 topic. Input offsets are committed only once every envelope and dead letter of the batch
 is acknowledged: a crash re-reads the batch, and the account stage skips what it applied.
-
-The wait for those acknowledgements and the commit run in the background, in batch order
-(``Commits``), while the loop reads the next batch: the loop does not stall a broker round
-trip per batch (at most ``MAX_BATCHES_IN_FLIGHT`` batches wait, so memory stays bounded).
 """
 
 from __future__ import annotations
@@ -18,7 +14,6 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
-from aiokafka.errors import CommitFailedError, IllegalStateError
 from aiokafka.structs import TopicPartition
 
 from pipeline.clock import wall_ms
@@ -26,7 +21,6 @@ from pipeline.contracts.codec import dumps
 from pipeline.kafka_client import client_kwargs
 from pipeline.logs import get_logger
 from pipeline.settings import Settings
-from pipeline.stream.chains import ChangelogChains
 from pipeline.stream.envelopes import account_envelopes
 from pipeline.stream.ingest import DeadLetter, Ingest
 from pipeline.stream.marks import InputMarks
@@ -36,50 +30,8 @@ from pipeline.topics import Topics
 
 log = get_logger("worker")
 
-MAX_BATCHES_IN_FLIGHT = 4
-"""Batches whose acknowledgements and commit may wait in the background at once."""
-
 SendEnvelope = Callable[[int, bytes], Awaitable[Awaitable[Any]]]
 SendDead = Callable[[DeadLetter], Awaitable[Awaitable[Any]]]
-
-
-class Commits:
-    """Input offsets committed in batch order, each once its batch's sends are acknowledged
-    (one ``ChangelogChains`` chain: the same ordered, bounded wait as the stages' changelog
-    writes).
-
-    ``add`` returns at once unless ``limit`` batches are already waiting (then it waits for
-    the oldest). A failed send fails its commit and every later one; the next ``add`` or
-    ``drain`` raises it, so the loop crashes as an inline wait would have made it. A commit
-    the group refuses because a rebalance took the partitions is logged and dropped: the
-    next owner reads from the last committed offset, and the account stage skips rows it
-    applied."""
-
-    def __init__(self, consumer: AIOKafkaConsumer, limit: int = MAX_BATCHES_IN_FLIGHT) -> None:
-        self.consumer = consumer
-        self.chain = ChangelogChains(max_inflight=limit)
-
-    async def add(
-        self,
-        pending: list[Awaitable[Any]],
-        offsets: dict[TopicPartition, int],
-        then: Callable[[], None],
-    ) -> None:
-        """Commit ``offsets`` after ``pending`` and every earlier batch; then call ``then``."""
-
-        async def commit() -> None:
-            if offsets:
-                try:
-                    await self.consumer.commit(offsets)
-                except (CommitFailedError, IllegalStateError) as exc:
-                    log.warning("ingest_commit_refused", error=repr(exc))
-            then()
-
-        await self.chain.add("input", pending, commit)
-
-    async def drain(self) -> None:
-        """Wait until every waiting batch is committed (before a rebalance or a stop)."""
-        await self.chain.drain()
 
 
 class RereadLast(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -91,16 +43,11 @@ class RereadLast(ConsumerRebalanceListener):  # type: ignore[misc]
     The account stage skips the re-read row as a replay (it remembers the highest input
     offset it applied per input partition)."""
 
-    def __init__(self, consumer: AIOKafkaConsumer, commits: Commits) -> None:
+    def __init__(self, consumer: AIOKafkaConsumer) -> None:
         self.consumer = consumer
-        self.commits = commits
 
     async def on_partitions_revoked(self, revoked: Any) -> None:
-        # Commit what is acknowledged before the partitions move (what is not is re-read).
-        try:
-            await self.commits.drain()
-        except Exception as exc:  # a failed send: the loop raises it at its next add
-            log.error("ingest_commit_failed", error=repr(exc))
+        return None
 
     async def on_partitions_assigned(self, assigned: Any) -> None:
         for tp in assigned:
@@ -145,8 +92,7 @@ class IngestLoop:
             max_partition_fetch_bytes=4 * 1024 * 1024,
             fetch_max_wait_ms=s.worker.batch_max_wait_ms,
         )
-        self.commits = Commits(consumer)
-        consumer.subscribe([self.topics.input], listener=RereadLast(consumer, self.commits))
+        consumer.subscribe([self.topics.input], listener=RereadLast(consumer))
         await consumer.start()
         self.ready.set()
         try:
@@ -155,10 +101,7 @@ class IngestLoop:
                 batch = await self._gather_batch(consumer, undecodable)
                 await self._ingest_batch(consumer, batch, undecodable)
         finally:
-            try:
-                await self.commits.drain()
-            finally:
-                await consumer.stop()
+            await consumer.stop()
 
     async def _gather_batch(
         self, consumer: AIOKafkaConsumer, undecodable: list[DeadLetter]
@@ -281,19 +224,12 @@ class IngestLoop:
         # Offsets are committed only once every envelope and dead letter is acknowledged:
         # a crash before that re-reads the batch, and the account stage skips what it
         # already applied (it remembers the highest input offset per input partition).
-        # The wait runs in the background, in batch order (``Commits``).
-        lags = {}
+        await asyncio.gather(*pending)
+        if not commits:
+            return
+        await consumer.commit(commits)
+        self.metrics.ingested(result.valid, result.reasons)
         for tp, messages in batch.items():
             highwater = consumer.highwater(tp)
             if highwater is not None and messages:
-                lags[tp.partition] = highwater - messages[-1].offset - 1
-
-        valid, reasons = result.valid, result.reasons  # not the rows: they may be freed
-
-        def committed() -> None:
-            if commits:
-                self.metrics.ingested(valid, reasons)
-            for partition, lag in lags.items():
-                self.metrics.lag(partition, lag)
-
-        await self.commits.add(pending, commits, committed)
+                self.metrics.lag(tp.partition, highwater - messages[-1].offset - 1)

@@ -45,6 +45,10 @@ class RollupStage:
     def owns(self, partition: int) -> bool:
         return partition in self.rollups
 
+    def reholding(self, partition: int, offset: int) -> bool:
+        """True while ``offset`` is below the restored commit record's next message."""
+        return offset < self.rehold_until.get(partition, -1)
+
     def skip_to(self, partition: int, offset: int) -> None:
         """Apply ``partition``'s input from ``offset`` on: the messages before it are gone
         (past the topic's retention), and so are the rows they held."""
@@ -135,7 +139,7 @@ class RollupStage:
         """Hold shares ``[tenant, window, kind, part, share, time_ms, event_id, seq]`` and
         take marks ``[None, watermark_ms, kind, part]``; record what the watermark passes.
         ``offset`` is the message's (the next one expected is recorded with the state)."""
-        if offset is not None and offset < self.rehold_until.get(partition, -1):
+        if offset is not None and self.reholding(partition, offset):
             return self._rehold(partition, shares, offset)
         rollup = self.rollups[partition]
         sequencer = self.sequencers[partition]
