@@ -86,3 +86,47 @@ class InputOrder:
         """``tp`` was revoked."""
         self.sought_s.pop(tp, None)
         self.behind_since_s.pop(tp, None)
+
+
+class InputPosition:
+    """Per stage partition: the offset of the next input message to apply, and after a
+    restore with rows held, the offset below which messages only hold their rows again
+    (``hold_from`` up to the restored ``next``: ``pipeline.stream.stages``). Both stages and
+    the rollup keep their input position through this."""
+
+    def __init__(self) -> None:
+        self.next_envelope: dict[int, int | None] = {}
+        self.rehold_until: dict[int, int] = {}
+
+    def expected(self, partition: int) -> int | None:
+        """Offset of the next message to apply on ``partition`` (None: not yet known)."""
+        return self.next_envelope.get(partition)
+
+    def resume(self, partition: int, next_offset: int | None, hold_from: int | None) -> None:
+        """Restored: apply from ``hold_from`` on, only holding rows again below ``next``."""
+        self.next_envelope[partition] = next_offset
+        self.rehold_until.pop(partition, None)
+        if next_offset is not None and hold_from is not None and hold_from < next_offset:
+            self.next_envelope[partition] = hold_from
+            self.rehold_until[partition] = next_offset
+
+    def reholding(self, partition: int, offset: int) -> bool:
+        """True while ``offset`` is below the restored commit record's next message."""
+        return offset < self.rehold_until.get(partition, -1)
+
+    def advance(self, partition: int, offset: int) -> None:
+        """Message ``offset`` was applied (or its rows held again)."""
+        self.next_envelope[partition] = offset + 1
+        if self.rehold_until.get(partition, -1) <= offset + 1:
+            self.rehold_until.pop(partition, None)
+
+    def skip_to(self, partition: int, offset: int) -> None:
+        """Apply ``partition``'s input from ``offset`` on: the messages before it are gone
+        (past the topic's retention), and so are the rows they held."""
+        self.next_envelope[partition] = offset
+        if self.rehold_until.get(partition, -1) <= offset:
+            self.rehold_until.pop(partition, None)
+
+    def forget(self, partition: int) -> None:
+        self.next_envelope.pop(partition, None)
+        self.rehold_until.pop(partition, None)

@@ -19,9 +19,10 @@ from pipeline.stream.envelopes import (
     commit_record,
     commit_value,
 )
+from pipeline.stream.progress import InputPosition
 
 
-class RollupStage:
+class RollupStage(InputPosition):
     """Tenant shares in, ``spray_tenant`` (rule 8) and ``stuffing_tenant`` alerts out.
     Shares are absolute values (each shard's latest count), so replays and duplicates are
     harmless. They are held by a ``Sequencer`` over every account and source partition and
@@ -34,31 +35,13 @@ class RollupStage:
         self.partitions = partitions
         self.rollups: dict[int, TenantRollup] = {}
         self.sequencers: dict[int, Sequencer] = {}
-        # Per partition: the offset of the next shares message to apply (None until
-        # known). Like the other stages', messages are applied in offset order with no
-        # gap: a message faust dropped would otherwise leave its shares unrecorded.
-        self.next_envelope: dict[int, int | None] = {}
-        # As in the other stages: messages below the restored next one hold their shares
-        # again, nothing more (the held shares are not in the changelog).
-        self.rehold_until: dict[int, int] = {}
+        # Like the other stages', messages are applied in offset order with no gap (a
+        # message faust dropped would otherwise leave its shares unrecorded), and after a
+        # restore those below the restored next one only hold their shares again.
+        InputPosition.__init__(self)
 
     def owns(self, partition: int) -> bool:
         return partition in self.rollups
-
-    def reholding(self, partition: int, offset: int) -> bool:
-        """True while ``offset`` is below the restored commit record's next message."""
-        return offset < self.rehold_until.get(partition, -1)
-
-    def skip_to(self, partition: int, offset: int) -> None:
-        """Apply ``partition``'s input from ``offset`` on: the messages before it are gone
-        (past the topic's retention), and so are the rows they held."""
-        self.next_envelope[partition] = offset
-        if self.rehold_until.get(partition, -1) <= offset:
-            self.rehold_until.pop(partition, None)
-
-    def expected(self, partition: int) -> int | None:
-        """Offset of the next shares message to apply on ``partition`` (None: not known)."""
-        return self.next_envelope.get(partition)
 
     def rebuild(self, partition: int, records: Iterable[tuple[bytes, bytes]]) -> None:
         rollup = TenantRollup(self.policy)
@@ -104,17 +87,12 @@ class RollupStage:
         sequencer.finish_restore()
         self.rollups[partition] = rollup
         self.sequencers[partition] = sequencer
-        self.next_envelope[partition] = next_envelope
-        self.rehold_until.pop(partition, None)
-        if next_envelope is not None and hold_from is not None and hold_from < next_envelope:
-            self.next_envelope[partition] = hold_from
-            self.rehold_until[partition] = next_envelope
+        self.resume(partition, next_envelope, hold_from)
 
     def drop(self, partition: int) -> None:
         self.rollups.pop(partition, None)
         self.sequencers.pop(partition, None)
-        self.next_envelope.pop(partition, None)
-        self.rehold_until.pop(partition, None)
+        self.forget(partition)
 
     def _rehold(self, partition: int, shares: list[list[Any]], offset: int) -> StageOutput:
         """A message below the restored next one: hold its shares that were held, no more."""
@@ -126,9 +104,7 @@ class RollupStage:
             else:
                 position = 2 * share[7] + (share[2] == UNKNOWN_SHARE)
                 sequencer.rehold(share[5], share[6], upstream, position, share[:5], offset)
-        self.next_envelope[partition] = offset + 1
-        if offset + 1 >= self.rehold_until[partition]:
-            del self.rehold_until[partition]
+        self.advance(partition, offset)
         result = StageOutput()
         result.held = len(sequencer)
         return result
@@ -187,7 +163,7 @@ class RollupStage:
         ]
         result.changelog.append((changelog_key(partition, ["order"]), dumps(meta)))
         if offset is not None:
-            self.next_envelope[partition] = offset + 1
+            self.advance(partition, offset)
             result.changelog.append((commit_key(partition), commit_record(offset + 1, sequencer)))
         result.held = len(sequencer)
         return result

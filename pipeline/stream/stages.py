@@ -51,6 +51,7 @@ from pipeline.stream.envelopes import (
     commit_value,
 )
 from pipeline.stream.partitioning import source_partition
+from pipeline.stream.progress import InputPosition
 
 
 def _share_rows(
@@ -95,7 +96,7 @@ def partition_share(policy: Policy, partitions: int) -> Policy:
     )
 
 
-class _Stage:
+class _Stage(InputPosition):
     """Shards by partition, upstream watermarks, rebuild from changelog records."""
 
     shard_type: type[AccountShard] | type[SourceShard]
@@ -119,14 +120,10 @@ class _Stage:
         self.sequencers: dict[int, Sequencer] = {}
         self.sent_marks: dict[int, int] = {}
         self.inputs: dict[int, dict[int, int]] = {}
-        # Per partition: the offset of the next envelope of this stage's own input to
-        # apply (None until known). Envelopes must be applied in offset order with no
-        # gap: the upstream watermarks above would otherwise skip the rows of an envelope
-        # that arrives after a later one as replays.
-        self.next_envelope: dict[int, int | None] = {}
-        # Per partition restored with rows held: the offset its commit record named next.
-        # Messages below it are read again only to hold their rows again (``_rehold``).
-        self.rehold_until: dict[int, int] = {}
+        # Envelopes must be applied in offset order with no gap (the upstream watermarks
+        # above would otherwise skip the rows of an envelope that arrives after a later
+        # one as replays): the input position, and the messages to hold rows again.
+        InputPosition.__init__(self)
 
     def owns(self, partition: int) -> bool:
         return partition in self.shards
@@ -164,26 +161,15 @@ class _Stage:
         self.sequencers[partition] = sequencer
         self.sent_marks[partition] = NO_MARK  # the first envelope sends the watermark again
         self.inputs[partition] = inputs
-        self.next_envelope[partition] = next_envelope
-        self.rehold_until.pop(partition, None)
-        if next_envelope is not None and hold_from is not None and hold_from < next_envelope:
-            self.next_envelope[partition] = hold_from
-            self.rehold_until[partition] = next_envelope
+        self.resume(partition, next_envelope, hold_from)
         result = StageOutput()
         collect(out, result)
         return result
 
-    def reholding(self, partition: int, offset: int) -> bool:
-        """True while ``offset`` is below the restored commit record's next message: its
-        rows were applied or held before the restore, and are only held again."""
-        return offset < self.rehold_until.get(partition, -1)
-
     def _reheld(self, partition: int, offset: int, result: StageOutput) -> StageOutput:
         """After ``_rehold`` pushed a message's rows: no outputs and no changelog records
         (the state is what the restored records say), only the stage's position."""
-        self.next_envelope[partition] = offset + 1
-        if offset + 1 >= self.rehold_until[partition]:
-            del self.rehold_until[partition]
+        self.advance(partition, offset)
         sequencer = self.sequencers[partition]
         if sequencer.released_ms > self.sent_marks.get(partition, NO_MARK):
             result.mark_ms = self.sent_marks[partition] = sequencer.released_ms
@@ -197,19 +183,7 @@ class _Stage:
         self.sequencers.pop(partition, None)
         self.sent_marks.pop(partition, None)
         self.inputs.pop(partition, None)
-        self.next_envelope.pop(partition, None)
-        self.rehold_until.pop(partition, None)
-
-    def skip_to(self, partition: int, offset: int) -> None:
-        """Apply ``partition``'s input from ``offset`` on: the messages before it are gone
-        (past the topic's retention), and so are the rows they held."""
-        self.next_envelope[partition] = offset
-        if self.rehold_until.get(partition, -1) <= offset:
-            self.rehold_until.pop(partition, None)
-
-    def expected(self, partition: int) -> int | None:
-        """Offset of the next envelope to apply on ``partition`` (None: not yet known)."""
-        return self.next_envelope.get(partition)
+        self.forget(partition)
 
     def expire(self, now_ms: int) -> list[tuple[bytes, None]]:
         """Tombstones for decisions past their expiry on the wall clock (no event needed),
@@ -231,7 +205,7 @@ class _Stage:
     def _finish(
         self, partition: int, offset: int, shard: Any, out: Outbox, result: StageOutput
     ) -> None:
-        self.next_envelope[partition] = offset + 1
+        self.advance(partition, offset)
         sequencer = self.sequencers[partition]
         shard.advance(shard.watermark_ms, out)
         collect(out, result)
