@@ -19,39 +19,33 @@ per stage, written as record batches after an envelope's outputs are acknowledge
 assignment the worker reads each assigned partition's changelog back with an aiokafka
 reader (``pipeline.stream.restore``) and rebuilds the shard from it before the
 partition's first envelope, expiring what was kept past its time. Two workers in one group
-own disjoint partitions, so a limit is enforced once, never twice.
+own disjoint partitions, so a limit is enforced once, never twice. What the stages send,
+and the changelog's wait for it, is ``pipeline.stream.emit``'s.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Iterable
+from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 import faust
 from aiokafka.structs import TopicPartition
 
 from pipeline.clock import wall_ms
-from pipeline.contracts.codec import dumps, loads
+from pipeline.contracts.codec import loads
 from pipeline.core.outbox import ACCOUNT_SHARE, SOURCE_SHARE
 from pipeline.core.policy import Policy
 from pipeline.kafka_client import security_kwargs
 from pipeline.logs import get_logger
 from pipeline.settings import Settings
-from pipeline.stream.batching import Batcher
-from pipeline.stream.chains import ChangelogChains
-from pipeline.stream.envelopes import (
-    MAX_ROWS_PER_MESSAGE,
-    StageOutput,
-    commit_key,
-    latest_shares,
-)
-from pipeline.stream.faust_app import RAW, new_app
-from pipeline.stream.ingest import DeadLetter, Ingest
+from pipeline.stream.emit import Emitter
+from pipeline.stream.envelopes import commit_key
+from pipeline.stream.faust_app import new_app
+from pipeline.stream.ingest import Ingest
 from pipeline.stream.ingest_loop import IngestLoop
 from pipeline.stream.metrics import WorkerMetrics, log_late
-from pipeline.stream.partitioning import tenant_partition
 from pipeline.stream.progress import Admit, InputOrder
 from pipeline.stream.restore import ChangelogRestore, LiveRecords
 from pipeline.stream.rollup_stage import RollupStage
@@ -59,10 +53,6 @@ from pipeline.stream.stages import AccountStage, SourceStage
 from pipeline.topics import Topics
 
 log = get_logger("worker")
-
-
-_STAGE_OF_KIND = {ACCOUNT_SHARE: "account", SOURCE_SHARE: "source", "r": "rollup"}
-"""The stage whose outputs ``Worker._emit`` sends, by its ``kind``."""
 
 
 class Worker:
@@ -85,29 +75,25 @@ class Worker:
         )
         self.sources = SourceStage(policy, kafka.partitions)
         self.rollup = RollupStage(policy, kafka.partitions)
+        self.app = new_app(settings)
+        self.out = Emitter(
+            self.app,
+            self.topics,
+            kafka.partitions,
+            self.metrics,
+            linger_ms=settings.worker.forward_linger_ms,
+        )
         self.ingest_loop = IngestLoop(
             settings,
             self.topics,
             self.ingest,
             self.metrics,
-            send_envelope=self._send_envelope,
-            send_dead=self._send_dead,
+            send_envelope=self.out.send_envelope,
+            send_dead=self.out.send_dead,
         )
         # Envelopes in offset order whatever faust delivers (pipeline.stream.progress);
         # per agent topic, its channel (queue) and whether it is mid-envelope.
         self.order = InputOrder()
-        self.chains = ChangelogChains()
-        # Forwards and tenant shares of several envelopes go out together (batching.py).
-        linger_ms = settings.worker.forward_linger_ms
-        self.forwarder = Batcher(
-            self._send_forwards, linger_ms=linger_ms, max_rows=MAX_ROWS_PER_MESSAGE
-        )
-        self.sharer = Batcher(
-            self._send_shares,
-            linger_ms=linger_ms,
-            max_rows=MAX_ROWS_PER_MESSAGE,
-            merge=latest_shares,
-        )
         self.channels: dict[str, Any] = {}
         self.busy: dict[str, bool] = {}
         t = self.topics
@@ -120,26 +106,17 @@ class Worker:
         self.restore = ChangelogRestore(
             kafka.bootstrap_servers, self._install, security_kwargs(kafka), commit_key
         )
-        self.app = self._build_app()
+        self._wire(self.app)
 
     # -- the faust app ------------------------------------------------------------------
 
-    def _build_app(self) -> faust.App:
-        app = new_app(self.settings)
-        t = self.topics
-        self.by_account = app.topic(t.by_account, partitions=self.partitions, **RAW)
-        self.by_source = app.topic(t.by_source, partitions=self.partitions, **RAW)
-        self.shares = app.topic(t.shares, partitions=self.partitions, **RAW)
-        self.decisions = app.topic(t.decisions, partitions=self.partitions, **RAW)
-        self.alerts = app.topic(t.alerts, partitions=self.partitions, **RAW)
-        self.notices = app.topic(t.notices, partitions=self.partitions, **RAW)
-        self.dlq = app.topic(t.dlq, partitions=self.partitions, **RAW)
-        self.audit = app.topic(t.audit, partitions=self.partitions, **RAW)
+    def _wire(self, app: faust.App) -> None:
+        """Register the agents, tasks, timer, signals and pages on ``app``."""
         # No faust tables: the changelog topics are created with the others
         # (pipeline.topics, compacted) and read back by pipeline.stream.restore.
-        app.agent(self.by_account, name="account-stage")(self._account_agent)
-        app.agent(self.by_source, name="source-stage")(self._source_agent)
-        app.agent(self.shares, name="rollup-stage")(self._rollup_agent)
+        app.agent(self.out.by_account, name="account-stage")(self._account_agent)
+        app.agent(self.out.by_source, name="source-stage")(self._source_agent)
+        app.agent(self.out.shares, name="rollup-stage")(self._rollup_agent)
         app.task(self._quiet_library_logging)
         app.task(self.ingest_loop.run)
         app.timer(1.0)(self._expire_tick)
@@ -147,7 +124,6 @@ class Worker:
         app.on_partitions_assigned.connect(self._on_assigned)  # type: ignore[arg-type]
         app.on_before_shutdown.connect(self._on_shutdown)  # type: ignore[arg-type]
         self._add_views(app)
-        return app
 
     def _add_views(self, app: faust.App) -> None:
         # faust calls a page function as fun(view, request); plain closures, not methods.
@@ -177,16 +153,6 @@ class Worker:
             if type(handler).__name__ == "SpinnerHandler":
                 root.removeHandler(handler)
 
-    async def _send_envelope(self, partition: int, envelope: bytes) -> Awaitable[Any]:
-        return await self.by_account.send(
-            key=str(partition).encode(), value=envelope, partition=partition
-        )
-
-    async def _send_dead(self, dead: DeadLetter) -> Awaitable[Any]:
-        return await self.dlq.send(
-            key=dead.record.key, value=dead.record.value, headers=dead.headers()
-        )
-
     # -- agents -------------------------------------------------------------------------
 
     async def _install(self, changelog: TopicPartition, live: LiveRecords) -> None:
@@ -202,7 +168,7 @@ class Worker:
             else self.sources
         )
         rebuilt = stage.rebuild(partition, live.items())
-        await self._emit(
+        await self.out.emit(
             rebuilt,
             changelog.topic,
             partition,
@@ -245,7 +211,7 @@ class Worker:
                 )
             else:
                 result = self.sources.process(partition, message.offset, rows)
-            await self._emit(result, changelog, partition, name[0])
+            await self.out.emit(result, changelog, partition, name[0])
             self.metrics.stage(name, len(rows), result, time.perf_counter() - started)
             log_late(name, message, result)
 
@@ -316,7 +282,7 @@ class Worker:
             if not await self._in_order(self.rollup, message):
                 continue
             result = self.rollup.process(partition, loads(message.value), message.offset)
-            await self._emit(result, changelog, partition)
+            await self.out.emit(result, changelog, partition)
             log_late("rollup", message, result)
 
     async def _messages(self, stream: Any) -> AsyncIterator[Any]:
@@ -331,76 +297,6 @@ class Worker:
             finally:
                 self.busy[topic] = False
 
-    async def _emit(
-        self, result: StageOutput, changelog: str, partition: int, kind: str = "r"
-    ) -> None:
-        """Send a stage's outputs; once they are acknowledged, its changelog. A new mark of
-        the account (``kind`` ACCOUNT_SHARE) or source (SOURCE_SHARE) stage goes to every downstream
-        partition, with rows or alone."""
-        pending: list[Awaitable[Any]] = []
-        for key, value in result.decisions:
-            pending.append(await self.decisions.send(key=key, value=value))
-        for alert in result.alerts:
-            pending.append(await self.alerts.send(value=alert))
-        for key, notice in result.notices:
-            pending.append(await self.notices.send(key=key, value=notice))
-        for audit in result.audit_messages():
-            pending.append(
-                await self.audit.send(key=str(partition).encode(), value=audit, partition=partition)
-            )
-        gathering = {self.forwarder.add(target, rows) for target, rows in result.forwards.items()}
-        for share in result.shares:
-            gathering.add(self.sharer.add(tenant_partition(share[0], self.partitions), [share]))
-        if result.mark_ms is not None and kind != "r":
-            # Marks carry no state, so the changelog does not wait for them (a forward's
-            # linger would hold every envelope's changelog); a mark lost in a crash is sent
-            # again by the first envelope after the restore (``_Stage.rebuild``).
-            for target in range(self.partitions):
-                if kind == ACCOUNT_SHARE:
-                    self.forwarder.add(target, [[partition, -1, result.mark_ms]])
-                self.sharer.add(target, [[None, result.mark_ms, kind, partition]])
-        pending.extend(gathering)
-        # The changelog is written once these are acknowledged: decisions, alerts, forwards
-        # and audit rows are skipped for rows whose state shows them applied, so they must
-        # be durable before that state is (the changelog goes straight to the producer and
-        # could overtake them). The wait runs in the background (pipeline.stream.chains).
-        if result.changelog:
-            records = result.changelog
-            await self.chains.add(
-                (changelog, partition),
-                pending,
-                lambda: self._send_changelog(changelog, partition, records),
-            )
-        self.metrics.emitted(result, _STAGE_OF_KIND[kind])
-
-    async def _send_forwards(self, target: int, rows: list[list[Any]]) -> Awaitable[Any]:
-        envelope = dumps({"v": 1, "rows": rows})
-        return await self.by_source.send(key=str(target).encode(), value=envelope, partition=target)
-
-    async def _send_shares(self, target: int, shares: list[list[Any]]) -> Awaitable[Any]:
-        return await self.shares.send(
-            key=str(target).encode(), value=dumps(shares), partition=target
-        )
-
-    async def _send_changelog(
-        self, topic: str, partition: int, records: list[tuple[bytes, bytes | None]]
-    ) -> None:
-        """An envelope's changed keys as whole record batches on the stage's changelog.
-
-        A faust table's ``send_changelog`` cost one trip through faust's producer buffer
-        and one produce future per key (tens of microseconds each); a record batch costs
-        about a microsecond per key. The producer is faust's (it flushes it before it
-        commits input offsets)."""
-        faust_producer: Any = self.app.producer
-        producer = faust_producer._ensure_producer()  # the aiokafka producer faust flushes
-        batch = producer.create_batch()
-        for key, value in records:
-            if batch.append(key=key, value=value, timestamp=None) is None:
-                await producer.send_batch(batch, topic, partition=partition)
-                batch = producer.create_batch()
-                batch.append(key=key, value=value, timestamp=None)
-        await producer.send_batch(batch, topic, partition=partition)
-
     # -- timers, rebalances, web ----------------------------------------------------------
 
     async def _expire_tick(self) -> None:
@@ -408,7 +304,7 @@ class Worker:
         await self._seek_stranded()
         now = wall_ms()
         for key, value in [*self.accounts.expire(now), *self.sources.expire(now)]:
-            await self.decisions.send(key=key, value=value)
+            await self.out.send_decision(key, value)
             self.metrics.decisions_total.labels(kind="tombstone").inc()
 
     def _unrestored(self, assigned: Iterable[TopicPartition]) -> list[TopicPartition]:
@@ -468,16 +364,7 @@ class Worker:
     async def _on_shutdown(self, sender: Any, *args: Any, **kwargs: Any) -> None:
         """Write every changelog still waiting for acknowledgements before faust stops."""
         await self.restore.stop()
-        await self._drain_chains(None)
-
-    async def _drain_chains(self, keys: Iterable[Any] | None) -> None:
-        try:
-            # The chains wait for forwards and shares still gathering: send those first.
-            await self.forwarder.flush_all()
-            await self.sharer.flush_all()
-            await self.chains.drain(keys)
-        except Exception as exc:  # a send failed: the agent that owns it crashes on it too
-            log.error("changelog_write_failed", error=repr(exc))
+        await self.out.drain(None)
 
     async def _on_revoked(self, sender: Any, *args: Any, **kwargs: Any) -> None:
         revoked: Iterable[TopicPartition] = args[0] if args else kwargs.get("revoked", ())
@@ -488,7 +375,7 @@ class Worker:
             for tp in revoked
             if tp.topic in self.changelogs
         ]
-        await self._drain_chains(changelogs)
+        await self.out.drain(changelogs)
         self.restore.cancel([TopicPartition(topic, partition) for topic, partition in changelogs])
         for tp in revoked:
             self.order.forget(tp)

@@ -1,0 +1,170 @@
+"""What the worker sends: a stage's outputs, then, once they are acknowledged, its changelog.
+
+Invariant: a stage's changelog records for an envelope reach the producer only after
+every output of that envelope (decisions, alerts, notices, audit rows, forwards, shares)
+is acknowledged. Decisions, alerts, forwards and audit rows are skipped for rows whose
+state shows them applied, so they must be durable before that state is; the wait runs in
+the background, one chain per changelog partition (``pipeline.stream.chains``).
+
+The worker (``pipeline.stream.app``) owns the faust app and the stages; this module owns
+the faust topics it writes to and the gathering of forwards and tenant shares
+(``pipeline.stream.batching``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Iterable
+from typing import Any
+
+import faust
+
+from pipeline.contracts.codec import dumps
+from pipeline.core.outbox import ACCOUNT_SHARE, SOURCE_SHARE
+from pipeline.logs import get_logger
+from pipeline.stream.batching import Batcher
+from pipeline.stream.chains import ChangelogChains
+from pipeline.stream.envelopes import MAX_ROWS_PER_MESSAGE, StageOutput, latest_shares
+from pipeline.stream.faust_app import RAW
+from pipeline.stream.ingest import DeadLetter
+from pipeline.stream.metrics import WorkerMetrics
+from pipeline.stream.partitioning import tenant_partition
+from pipeline.topics import Topics
+
+log = get_logger("worker")
+
+ROLLUP = "r"
+"""The ``kind`` of the rollup stage's outputs (the account and source stages use their
+share kinds, ACCOUNT_SHARE and SOURCE_SHARE)."""
+
+_STAGE_OF_KIND = {ACCOUNT_SHARE: "account", SOURCE_SHARE: "source", ROLLUP: "rollup"}
+"""The stage whose outputs ``Emitter.emit`` sends, by its ``kind``."""
+
+
+class Emitter:
+    """The faust topics of one worker and the sends to them."""
+
+    def __init__(
+        self,
+        app: faust.App,
+        topics: Topics,
+        partitions: int,
+        metrics: WorkerMetrics,
+        linger_ms: int,
+    ) -> None:
+        self.app = app
+        self.partitions = partitions
+        self.metrics = metrics
+        t = topics
+        self.by_account = app.topic(t.by_account, partitions=partitions, **RAW)
+        self.by_source = app.topic(t.by_source, partitions=partitions, **RAW)
+        self.shares = app.topic(t.shares, partitions=partitions, **RAW)
+        self.decisions = app.topic(t.decisions, partitions=partitions, **RAW)
+        self.alerts = app.topic(t.alerts, partitions=partitions, **RAW)
+        self.notices = app.topic(t.notices, partitions=partitions, **RAW)
+        self.dlq = app.topic(t.dlq, partitions=partitions, **RAW)
+        self.audit = app.topic(t.audit, partitions=partitions, **RAW)
+        self.chains = ChangelogChains()
+        # Forwards and tenant shares of several envelopes go out together (batching.py).
+        self.forwarder = Batcher(
+            self._send_forwards, linger_ms=linger_ms, max_rows=MAX_ROWS_PER_MESSAGE
+        )
+        self.sharer = Batcher(
+            self._send_shares,
+            linger_ms=linger_ms,
+            max_rows=MAX_ROWS_PER_MESSAGE,
+            merge=latest_shares,
+        )
+
+    async def send_envelope(self, partition: int, envelope: bytes) -> Awaitable[Any]:
+        """One ingest envelope to its ``attempts-by-account`` partition."""
+        return await self.by_account.send(
+            key=str(partition).encode(), value=envelope, partition=partition
+        )
+
+    async def send_dead(self, dead: DeadLetter) -> Awaitable[Any]:
+        """A dead letter, the original bytes with the reason in its headers."""
+        return await self.dlq.send(
+            key=dead.record.key, value=dead.record.value, headers=dead.headers()
+        )
+
+    async def send_decision(self, key: bytes, value: bytes | None) -> Awaitable[Any]:
+        """A decision or (``value`` None) its tombstone."""
+        return await self.decisions.send(key=key, value=value)
+
+    async def emit(
+        self, result: StageOutput, changelog: str, partition: int, kind: str = ROLLUP
+    ) -> None:
+        """Send a stage's outputs; once they are acknowledged, its changelog. A new mark of
+        the account (``kind`` ACCOUNT_SHARE) or source (SOURCE_SHARE) stage goes to every
+        downstream partition, with rows or alone."""
+        pending: list[Awaitable[Any]] = []
+        for key, value in result.decisions:
+            pending.append(await self.decisions.send(key=key, value=value))
+        for alert in result.alerts:
+            pending.append(await self.alerts.send(value=alert))
+        for key, notice in result.notices:
+            pending.append(await self.notices.send(key=key, value=notice))
+        for audit in result.audit_messages():
+            pending.append(
+                await self.audit.send(key=str(partition).encode(), value=audit, partition=partition)
+            )
+        gathering = {self.forwarder.add(target, rows) for target, rows in result.forwards.items()}
+        for share in result.shares:
+            gathering.add(self.sharer.add(tenant_partition(share[0], self.partitions), [share]))
+        if result.mark_ms is not None and kind != ROLLUP:
+            # Marks carry no state, so the changelog does not wait for them (a forward's
+            # linger would hold every envelope's changelog); a mark lost in a crash is sent
+            # again by the first envelope after the restore (``_Stage.rebuild``).
+            for target in range(self.partitions):
+                if kind == ACCOUNT_SHARE:
+                    self.forwarder.add(target, [[partition, -1, result.mark_ms]])
+                self.sharer.add(target, [[None, result.mark_ms, kind, partition]])
+        pending.extend(gathering)
+        # The changelog could overtake the outputs on the producer: it waits for them.
+        if result.changelog:
+            records = result.changelog
+            await self.chains.add(
+                (changelog, partition),
+                pending,
+                lambda: self._send_changelog(changelog, partition, records),
+            )
+        self.metrics.emitted(result, _STAGE_OF_KIND[kind])
+
+    async def drain(self, keys: Iterable[Any] | None) -> None:
+        """Write the changelogs still waiting, of ``keys`` (changelog, partition) or (None)
+        all of them; a failed send is logged (the agent that owns it crashes on it too)."""
+        try:
+            # The chains wait for forwards and shares still gathering: send those first.
+            await self.forwarder.flush_all()
+            await self.sharer.flush_all()
+            await self.chains.drain(keys)
+        except Exception as exc:
+            log.error("changelog_write_failed", error=repr(exc))
+
+    async def _send_forwards(self, target: int, rows: list[list[Any]]) -> Awaitable[Any]:
+        envelope = dumps({"v": 1, "rows": rows})
+        return await self.by_source.send(key=str(target).encode(), value=envelope, partition=target)
+
+    async def _send_shares(self, target: int, shares: list[list[Any]]) -> Awaitable[Any]:
+        return await self.shares.send(
+            key=str(target).encode(), value=dumps(shares), partition=target
+        )
+
+    async def _send_changelog(
+        self, topic: str, partition: int, records: list[tuple[bytes, bytes | None]]
+    ) -> None:
+        """An envelope's changed keys as whole record batches on the stage's changelog.
+
+        A faust table's ``send_changelog`` cost one trip through faust's producer buffer
+        and one produce future per key (tens of microseconds each); a record batch costs
+        about a microsecond per key. The producer is faust's (it flushes it before it
+        commits input offsets)."""
+        faust_producer: Any = self.app.producer
+        producer = faust_producer._ensure_producer()  # the aiokafka producer faust flushes
+        batch = producer.create_batch()
+        for key, value in records:
+            if batch.append(key=key, value=value, timestamp=None) is None:
+                await producer.send_batch(batch, topic, partition=partition)
+                batch = producer.create_batch()
+                batch.append(key=key, value=value, timestamp=None)
+        await producer.send_batch(batch, topic, partition=partition)
