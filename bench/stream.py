@@ -831,6 +831,7 @@ async def probe_latencies(ctx: Context, names: Names, probes: int, gap_s: float)
     producer = AIOKafkaProducer(bootstrap_servers=ctx.bootstrap, acks=1, linger_ms=0)
     await asyncio.gather(producer.start(), consumer.start(), feed.start())
     sent_at: dict[str, float] = {}
+    first_sent: list[float] = []
     to_topic: dict[str, float] = {}
     to_edge: dict[str, float] = {}
     pending_edge: dict[str, tuple[str, str]] = {}
@@ -874,6 +875,7 @@ async def probe_latencies(ctx: Context, names: Names, probes: int, gap_s: float)
             key, value, ts = failure(f"pr{run_tag}-{i}-4", account, ip, wall_ms())
             pending_edge[ip] = (account, "default")
             sent_at[ip] = time.perf_counter()
+            first_sent[:] = first_sent or [sent_at[ip]]
             await producer.send_and_wait(names.input, key=key, value=value, timestamp_ms=ts)
             await asyncio.sleep(gap_s)
         deadline = time.perf_counter() + 10
@@ -890,6 +892,15 @@ async def probe_latencies(ctx: Context, names: Names, probes: int, gap_s: float)
         "edge_visible": len(to_edge),
         "to_topic": latency_summary(list(to_topic.values())),
         "to_edge": latency_summary(list(to_edge.values())),
+        # When the slowest were sent (seconds after the first probe): a stall at the
+        # start, a saturated worker (rising to the end) or a pause mid-run.
+        "slowest_to_topic": [
+            {"sent_s": round(sent_at[ip] - first_sent[0], 1), "ms": round(s * 1000, 1)}
+            for ip, s in sorted(to_topic.items(), key=lambda kv: -kv[1])[:5]
+        ],
+        "undecided_sent_s": sorted(
+            round(sent_at[ip] - first_sent[0], 1) for ip in sent_at if ip not in to_topic
+        )[:10],
     }
 
 

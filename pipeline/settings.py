@@ -176,6 +176,16 @@ class WorkerSettings(_Section):
     batch_max_wait_ms: int = Field(
         20, ge=1, description="ingest fills a batch for this long after its first record"
     )
+    ingest_ahead_max_envelopes: int = Field(
+        32,
+        ge=0,
+        le=1_000_000,
+        description=(
+            "ingest waits (1 s at most) while this worker's account stage has more of its"
+            " envelopes than this still to apply, so a saturated worker reads larger batches;"
+            " 0: never waits"
+        ),
+    )
     forward_linger_ms: int = Field(
         50,
         ge=0,

@@ -90,6 +90,7 @@ class Worker:
             self.metrics,
             send_envelope=self.out.send_envelope,
             send_dead=self.out.send_dead,
+            applied=self._account_applied,
         )
         # Envelopes in offset order whatever faust delivers (pipeline.stream.progress);
         # per agent topic, its channel (queue) and whether it is mid-envelope.
@@ -155,6 +156,11 @@ class Worker:
 
     # -- agents -------------------------------------------------------------------------
 
+    def _account_applied(self, partition: int) -> int | None:
+        """The account stage's next offset on ``partition`` if it holds it here (ingest's
+        backpressure, ``pipeline.stream.ingest_loop``)."""
+        return self.accounts.expected(partition) if self.accounts.owns(partition) else None
+
     async def _install(self, changelog: TopicPartition, live: LiveRecords) -> None:
         """Rebuild a stage's shard from its partition's live changelog records (called by
         ``ChangelogRestore`` once it has read the partition back)."""
@@ -212,6 +218,8 @@ class Worker:
             else:
                 result = self.sources.process(partition, message.offset, rows)
             await self.out.emit(result, changelog, partition, name[0])
+            if stage is self.accounts:
+                self.ingest_loop.stage_progressed()
             self.metrics.stage(name, len(rows), result, time.perf_counter() - started)
             log_late(name, message, result)
 

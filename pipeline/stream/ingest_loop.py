@@ -4,6 +4,14 @@ one envelope per account partition (``pipeline.stream.envelopes``) with the inpu
 partitions' event-time marks (``pipeline.stream.marks``), bad events to the dead-letter
 topic. Input offsets are committed only once every envelope and dead letter of the batch
 is acknowledged: a crash re-reads the batch, and the account stage skips what it applied.
+
+Backpressure: while this worker's account stage has more than
+``worker.ingest_ahead_max_envelopes`` of ingest's envelopes still to apply, ingest waits
+(at most ``HOLD_MAX_MS``) before reading its next batch. A saturated worker's backlog then
+forms at the input, where the next batch takes up to ``batch_max_events`` of it, instead of
+as a queue of small envelopes, each costing the stages a fixed amount (B2 in
+bench/README.md). Ingest never waits longer than that, so a stalled or restoring stage
+only makes its batches larger.
 """
 
 from __future__ import annotations
@@ -32,6 +40,26 @@ log = get_logger("worker")
 
 SendEnvelope = Callable[[int, bytes], Awaitable[Awaitable[Any]]]
 SendDead = Callable[[DeadLetter], Awaitable[Awaitable[Any]]]
+Applied = Callable[[int], "int | None"]
+
+HOLD_MAX_MS = 1000
+"""The longest ingest waits for the account stage before it reads its next batch."""
+
+
+def envelopes_ahead(sent_next: dict[int, int], applied: Applied) -> int:
+    """Envelopes sent to the account partitions this worker's stage owns and has not
+    applied: per partition, the offset after the last one sent, less the one the stage
+    expects next (``applied`` is None for a partition another worker owns)."""
+    ahead = 0
+    for partition, sent in sent_next.items():
+        expected = applied(partition)
+        if expected is not None and sent > expected:
+            ahead += sent - expected
+    return ahead
+
+
+def _not_here(partition: int) -> int | None:
+    return None
 
 
 class RereadLast(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -68,6 +96,7 @@ class IngestLoop:
         *,
         send_envelope: SendEnvelope,
         send_dead: SendDead,
+        applied: Applied = _not_here,
     ) -> None:
         self.settings = settings
         self.topics = topics
@@ -76,6 +105,11 @@ class IngestLoop:
         self.metrics = metrics
         self.send_envelope = send_envelope
         self.send_dead = send_dead
+        # The account stage's next expected offset on a partition it owns here (None:
+        # not here), and the offset after the last envelope ingest sent to each partition.
+        self.applied = applied
+        self.sent_next: dict[int, int] = {}
+        self.progressed = asyncio.Event()
         # Event-time marks of the input partitions ingest reads (pipeline.stream.marks).
         self.marks = InputMarks(idle_ms=settings.worker.input_idle_ms)
         self.sent_marks: list[list[int]] = []
@@ -97,11 +131,36 @@ class IngestLoop:
         self.ready.set()
         try:
             while True:
+                await self._hold()
                 undecodable: list[DeadLetter] = []
                 batch = await self._gather_batch(consumer, undecodable)
                 await self._ingest_batch(consumer, batch, undecodable)
         finally:
             await consumer.stop()
+
+    def stage_progressed(self) -> None:
+        """The account stage applied an envelope: a held ingest looks again."""
+        self.progressed.set()
+
+    async def _hold(self) -> None:
+        """Wait while the account stage here is more than ``ingest_ahead_max_envelopes``
+        behind ingest, for ``HOLD_MAX_MS`` at most (a saturated worker's batches grow).
+        Woken by ``stage_progressed``, so the stage never idles while ingest is held."""
+        limit = self.settings.worker.ingest_ahead_max_envelopes
+        if not limit or envelopes_ahead(self.sent_next, self.applied) <= limit:
+            return
+        started = time.monotonic()
+        deadline = started + HOLD_MAX_MS / 1000
+        while envelopes_ahead(self.sent_next, self.applied) > limit:
+            left_s = deadline - time.monotonic()
+            if left_s <= 0:
+                break
+            self.progressed.clear()
+            try:
+                await asyncio.wait_for(self.progressed.wait(), left_s)
+            except TimeoutError:
+                break
+        self.metrics.ingest_held_seconds_total.inc(time.monotonic() - started)
 
     async def _gather_batch(
         self, consumer: AIOKafkaConsumer, undecodable: list[DeadLetter]
@@ -219,12 +278,16 @@ class IngestLoop:
         ):
             envelope = dumps({"v": 1, "rows": rows, "marks": envelope_marks, "inputs": inputs})
             pending.append(await self.send_envelope(partition, envelope))
+        envelopes = len(pending)
         for dead in result.dead:
             pending.append(await self.send_dead(dead))
         # Offsets are committed only once every envelope and dead letter is acknowledged:
         # a crash before that re-reads the batch, and the account stage skips what it
         # already applied (it remembers the highest input offset per input partition).
-        await asyncio.gather(*pending)
+        acks = await asyncio.gather(*pending)
+        sent_next = self.sent_next
+        for ack in acks[:envelopes]:
+            sent_next[ack.partition] = max(sent_next.get(ack.partition, 0), ack.offset + 1)
         if not commits:
             return
         await consumer.commit(commits)

@@ -85,6 +85,11 @@ class WorkerMetrics:
         self.ingest_lag = Gauge(
             "authpipe_ingest_lag_messages", "input messages not yet read", ["partition"], registry=r
         )
+        self.ingest_held_seconds_total = Counter(
+            "authpipe_ingest_held_seconds_total",
+            "seconds ingest waited for the account stage before reading (backpressure)",
+            registry=r,
+        )
         self.held_rows_deleted_total = Counter(
             "authpipe_stage_held_rows_deleted_total",
             "restores whose oldest held row's input message was past the topic's retention",
