@@ -59,10 +59,8 @@ class Worker:
     """Builds the faust app and holds the stages; faust callbacks are thin calls in."""
 
     def __init__(self, settings: Settings, policy: Policy) -> None:
-        self.settings = settings
         self.policy = policy
         kafka = settings.kafka
-        self.partitions = kafka.partitions
         self.topics = Topics.from_settings(kafka)
         self.metrics = WorkerMetrics()
         self.ingest = Ingest.from_settings(settings, policy)

@@ -40,7 +40,7 @@ log = get_logger("worker")
 
 SendEnvelope = Callable[[int, bytes], Awaitable[Awaitable[Any]]]
 SendDead = Callable[[DeadLetter], Awaitable[Awaitable[Any]]]
-Applied = Callable[[int], "int | None"]
+Applied = Callable[[int], int | None]
 
 HOLD_MAX_MS = 1000
 """The longest ingest waits for the account stage before it reads its next batch."""
