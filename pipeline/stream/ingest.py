@@ -150,8 +150,6 @@ class Ingest:
         for record in records:
             try:
                 event = decode_attempt(record.value, max_bytes=max_bytes)
-                if event.tenant not in admitted:
-                    self.admit_tenant(event.tenant)
                 attempt = normalise(event)
                 if attempt.occurred_ms > limit_ms:
                     raise DecodeError("future_timestamp", "occurred_at is beyond the allowed skew")
@@ -162,6 +160,9 @@ class Ingest:
                         if attempt.occurred_ms < 0
                         else "occurred_at is older than ingest.max_past_skew_ms",
                     )
+                # Admitted last: an event dead-lettered for any other reason takes no slot.
+                if event.tenant not in admitted:
+                    self.admit_tenant(event.tenant)
             except (DecodeError, InvalidAttempt) as exc:
                 result.dead.append(DeadLetter(record, exc.reason, exc.detail))
                 result.reasons[exc.reason] += 1
