@@ -32,7 +32,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pipeline.contracts.codec import DecodeError, decision_model, decode_decision, encode
-from pipeline.contracts.models import Decision, datetime_to_ms, format_utc_ms, ms_to_datetime
+from pipeline.contracts.models import (
+    TENANT_RULE,
+    Decision,
+    datetime_to_ms,
+    format_utc_ms,
+    ms_to_datetime,
+    valid_tenant,
+)
 from pipeline.core.decisions import MANUAL
 from pipeline.core.errors import InvalidAttempt
 from pipeline.core.grouping import check_block_source, within_grouping
@@ -49,7 +56,6 @@ RULE = "manual"
 TIMEOUT_S = 30.0
 _TTL = re.compile(r"([1-9][0-9]{0,8})(s|m|h|d)")
 _UNIT_MS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
-_TENANT = re.compile(r"[^|\s]{1,64}")
 
 
 class ManualError(AuthpipeError):
@@ -68,10 +74,10 @@ def parse_ttl(text: str) -> int:
 
 
 def check_tenant(text: str) -> str:
-    if text == "-" or not _TENANT.fullmatch(text):
-        raise ValueError(
-            f"tenant {text[:70]!r} must be 1 to 64 characters without '|' or spaces, not '-'"
-        )
+    """``text`` if the one tenant validator (``contracts.models.valid_tenant``) passes it;
+    ValueError otherwise (what ingest would dead-letter can never be blocked)."""
+    if not valid_tenant(text):
+        raise ValueError(f"{text[:70]!r}: {TENANT_RULE}")
     return text
 
 
@@ -102,7 +108,9 @@ def manual_decision(
     now_ms: int,
 ) -> Decision:
     """The operator's block as a decision. Raises ValueError for a source wider than the
-    grouping or an account that is blank after normalisation."""
+    grouping, an account that is blank after normalisation or a tenant the one tenant
+    validator refuses."""
+    check_tenant(target.tenant)
     rules = normaliser.sources
     source = digest = None
     if target.source is not None:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import hashlib
 
+from pipeline.contracts.models import TENANT_RULE, valid_tenant
+
 DIGEST_BYTES = 16
 NONE = "-"
 
@@ -75,6 +77,18 @@ def parse_key(text: str) -> Key:
     if not scope or not tenant:
         raise ValueError(f"decision key {text[:200]!r} lacks a scope or tenant")
     return (scope, tenant, account, source, device)
+
+
+def parse_wire_key(text: str) -> Key:
+    """``parse_key`` for a key read off the decisions topic (the edge, the sink, ``authpipe
+    decisions``): its tenant must also pass the one tenant validator
+    (``pipeline.contracts.models.valid_tenant``), so a key that no worker or operator can
+    have written (``Acme``, control characters) is refused, never applied or stored.
+    Raises ValueError saying what is wrong."""
+    key = parse_key(text)
+    if not valid_tenant(key[1]):
+        raise ValueError(f"decision key {text[:200]!r}: {TENANT_RULE}")
+    return key
 
 
 def stable_id(*parts: str | int) -> str:

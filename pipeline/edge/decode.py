@@ -16,7 +16,7 @@ from pipeline.contracts.codec import DecodeError
 from pipeline.contracts.codec import decode_decision as decode
 from pipeline.contracts.models import Scope
 from pipeline.core.decisions import Active
-from pipeline.core.keys import Key, parse_key
+from pipeline.core.keys import Key, parse_wire_key
 from pipeline.edge.blocklist import valid_source
 
 SCOPES = frozenset(get_args(Scope))
@@ -24,12 +24,13 @@ SCOPES = frozenset(get_args(Scope))
 
 def decode_key(raw: bytes | None, ipv4_prefix: int = 32, ipv6_prefix: int = 64) -> tuple[Key, str]:
     """A Kafka key as a decision key and its text; raises DecodeError("bad_key"/"bad_source").
-    A source wider than the grouping (``ipv4_prefix``/``ipv6_prefix``) is a bad source."""
+    A key whose tenant fails the one tenant validator is a bad key; a source wider than the
+    grouping (``ipv4_prefix``/``ipv6_prefix``) is a bad source."""
     if not raw:
         raise DecodeError("bad_key", "the message has no key")
     try:
         text = raw.decode("utf-8")
-        scope, tenant, account, source, device = parse_key(text)
+        scope, tenant, account, source, device = parse_wire_key(text)
     except (UnicodeDecodeError, ValueError) as exc:
         raise DecodeError("bad_key", str(exc)[:200]) from None
     if scope not in SCOPES:
@@ -70,4 +71,4 @@ def decode_decision(wire_key: str, raw: bytes, source_ok: Callable[[str], bool])
         value = decode(raw, source_ok=source_ok, key=wire_key)
     except DecodeError as exc:
         raise DecodeError(_EDGE_REASON.get(exc.reason, "bad_value"), exc.detail) from None
-    return Active(value.decision_id, value.action, value.expires_at_ms, value.rule)
+    return Active(value.decision_id, value.action, value.expires_at_ms, value.rule, value.challenge)

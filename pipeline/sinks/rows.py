@@ -22,7 +22,7 @@ from pipeline.contracts.codec import (
     loads,
 )
 from pipeline.contracts.models import AUDIT_COLUMNS, parse_utc_ms
-from pipeline.core.keys import parse_key
+from pipeline.core.keys import Key, parse_wire_key
 from pipeline.sinks.ratecap import MINUTE_MS, TS_MS
 from pipeline.sinks.tables import UINT16_MAX, LaneKind, decision_row
 from pipeline.wiring import source_check
@@ -147,26 +147,41 @@ def decision_message(
     grouping: tuple[int, int] = (32, 64),
 ) -> Message:
     """A decision (or a tombstone: null value, fields from the key) as a decisions row.
-    A source decision wider than the grouping (``(ipv4_prefix, ipv6_prefix)``) is bad."""
+
+    The Kafka key is read first (``bad_key``: not UTF-8, malformed, or a tenant the one
+    tenant validator refuses); a value must carry that same key (``key_mismatch``) and
+    its tenant (``tenant_mismatch``). A source decision wider than the grouping
+    (``(ipv4_prefix, ipv6_prefix)``) is bad."""
+    text, parsed = _wire_key(key)
     if value is None:
-        decision = _tombstone(key, timestamp_ms)
+        decision = _tombstone(text, parsed, timestamp_ms)
     else:
-        decision = decode_decision(value, source_ok=source_check(*grouping))
+        decision = decode_decision(value, source_ok=source_check(*grouping), key=text)
+        if decision.tenant != parsed[1]:
+            raise DecodeError(
+                "tenant_mismatch",
+                f"the value's tenant {decision.tenant[:70]!r} differs from its key's {parsed[1]!r}",
+            )
     row = decision_row(
         decision, tombstone=value is None, topic=topic, partition=partition, offset=offset
     )
     return Message(offset, [row])
 
 
-def _tombstone(key: bytes | None, timestamp_ms: int) -> DecisionValue:
-    """A tombstone's fields from its key (``pipeline.core.keys``); both times are the lift."""
+def _wire_key(key: bytes | None) -> tuple[str, Key]:
+    """A decisions message's Kafka key, as text and parsed (``pipeline.core.keys``)."""
     try:
         text = (key or b"").decode("utf-8")
-        scope, tenant, account, source, device = parse_key(text)
+        return text, parse_wire_key(text)
     except UnicodeDecodeError:
-        raise DecodeError("bad_key", "the tombstone key is not UTF-8") from None
+        raise DecodeError("bad_key", "the decision key is not UTF-8") from None
     except ValueError as exc:
-        raise DecodeError("bad_key", f"a tombstone key: {exc}") from None
+        raise DecodeError("bad_key", str(exc)) from None
+
+
+def _tombstone(text: str, key: Key, timestamp_ms: int) -> DecisionValue:
+    """A tombstone's fields from its key; both times are the lift."""
+    scope, tenant, account, source, device = key
     return DecisionValue(
         decision_id="",
         key=text,

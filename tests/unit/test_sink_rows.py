@@ -23,8 +23,8 @@ BLOCK = (EXAMPLES / "decision.block.json").read_bytes()
 
 def test_a_decision_row_names_every_column() -> None:
     """A decision's row, read by DECISIONS_COLUMNS, holds each field under its own name."""
-    (row,) = decision_message("auth.throttle-decisions", 3, 17, 0, b"k", BLOCK).rows
     body = orjson.loads(BLOCK)
+    (row,) = decision_message("auth.throttle-decisions", 3, 17, 0, body["key"].encode(), BLOCK).rows
     assert dict(zip(DECISIONS_COLUMNS, row, strict=True)) == {
         **{name: body.get(name) for name in DECISIONS_COLUMNS[:13]},
         "issued_at": 1_795_985_109_123,
