@@ -43,7 +43,7 @@ from pipeline.contracts.models import (
 from pipeline.core.decisions import MANUAL
 from pipeline.core.errors import InvalidAttempt
 from pipeline.core.grouping import check_block_source, within_grouping
-from pipeline.core.keys import decision_key, format_key, stable_id
+from pipeline.core.keys import decision_key, format_key, parse_wire_key, stable_id
 from pipeline.core.policy import MAX_BLOCK_MS
 from pipeline.errors import AuthpipeError
 from pipeline.wiring import build_normaliser, grouping_check
@@ -151,8 +151,11 @@ def active_decisions(
     now_ms: int,
     source_ok: Callable[[str], bool] = within_grouping,
 ) -> list[Decision]:
-    """The decisions a compacted topic holds now: the latest value per key, not a
-    tombstone, not expired, in key order. Records that are not decisions are skipped."""
+    """The decisions a compacted topic holds now: the latest value per Kafka key, not a
+    tombstone, not expired, in key order. Each value is paired with the key it was
+    published under: a value whose own ``key`` differs (``key_mismatch``), a key that is
+    not a decision key with a valid tenant (``parse_wire_key``) and records that are not
+    decisions are skipped, so what ``remove`` lifts is always the key that holds it."""
     latest: dict[bytes, bytes | None] = {}
     for key, value in records:
         if key:
@@ -163,8 +166,10 @@ def active_decisions(
         if value is None:
             continue
         try:
-            decision = decision_model(decode_decision(value, source_ok=source_ok))
-        except DecodeError:
+            text = key.decode("utf-8")
+            parse_wire_key(text)
+            decision = decision_model(decode_decision(value, source_ok=source_ok, key=text))
+        except (UnicodeDecodeError, ValueError, DecodeError):
             continue
         if datetime_to_ms(decision.expires_at) > now_ms:
             out.append(decision)
@@ -250,7 +255,7 @@ def remove(settings: Settings, decision_id: str) -> Decision:
     if not found:
         raise ManualError(f"no active decision has id {decision_id}; see authpipe decisions list")
     decision = found[0]
-    if decision.rule != RULE:
+    if decision.rule != RULE or parse_wire_key(decision.key)[4] != MANUAL:
         raise ManualError(
             f"decision {decision_id} was issued by rule {decision.rule}, not by an operator; "
             "it ends at its expiry (tune the policy or its allowlist to change that)"
