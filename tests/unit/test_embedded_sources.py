@@ -13,9 +13,9 @@ from pipeline import cli
 from pipeline.contracts.codec import DecodeError, encode
 from pipeline.core.grouping import check_block_source, within_grouping
 from pipeline.edge.blocklist import valid_source
-from pipeline.manual import Target, manual_decision
 from pipeline.sinks.rows import decision_message
 from tests.unit.test_edge_support import T0, message, new_view, normaliser, source_key
+from tests.unit.test_manual_remove import operator_block
 
 PEERS = [
     "64:ff9b::1.2.3.4",  # NAT64
@@ -78,14 +78,7 @@ def test_the_cli_refuses_a_nat64_slash_64(capsys: pytest.CaptureFixture[str]) ->
 def test_a_nat64_block_refuses_the_translated_client_at_the_edge() -> None:
     """The operator's block on 64:ff9b::1.2.3.4 is stored as 1.2.3.4 and refuses a check
     from that NAT64 peer and from 1.2.3.4, not from 1.2.3.5."""
-    block = manual_decision(
-        Target("default", source="64:ff9b::1.2.3.4"),
-        normaliser(),
-        ttl_ms=3_600_000,
-        reason="x",
-        operator="op",
-        now_ms=T0,
-    )
+    block = operator_block("64:ff9b::1.2.3.4")
     assert (block.source, block.key) == ("1.2.3.4", "source|default|-|1.2.3.4|manual")
     view = new_view()
     assert view.apply(block.key.encode(), encode(block)) == "put"

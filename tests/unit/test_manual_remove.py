@@ -14,7 +14,8 @@ from tests.unit.test_edge_support import SETTINGS, T0, normaliser
 Records = list[tuple[bytes | None, bytes | None]]
 
 
-def _block(source: str, operator: str = "op") -> Decision:
+def operator_block(source: str, operator: str = "op") -> Decision:
+    """An operator's block of ``source`` in tenant default for an hour, made at T0."""
     return manual_decision(
         Target("default", source=source),
         normaliser(),
@@ -49,8 +50,8 @@ def test_a_value_under_another_key_is_not_listed_and_cannot_be_removed(
     """A value naming the real block's key, published under another key, is skipped: list
     shows only the real block, and removing the impostor's id lifts nothing."""
     records, sent = topic
-    real = _block("1.2.3.4")
-    impostor = _block("1.2.3.4", operator="mallory")
+    real = operator_block("1.2.3.4")
+    impostor = operator_block("1.2.3.4", operator="mallory")
     records += [
         (real.key.encode(), encode(real)),
         (b"source|default|-|5.6.7.8|manual", encode(impostor)),
@@ -69,7 +70,7 @@ def test_a_manual_looking_value_under_a_rule_key_is_not_removed(
     """A value saying rule 'manual' under a key without 'manual' in the device slot (a
     rule's key) is refused: remove never tombstones a rule's key."""
     records, sent = topic
-    forged = _block("1.2.3.4").model_copy(update={"key": "source|default|-|1.2.3.4|-"})
+    forged = operator_block("1.2.3.4").model_copy(update={"key": "source|default|-|1.2.3.4|-"})
     records.append((forged.key.encode(), encode(forged)))
     with pytest.raises(ManualError, match="not by an operator"):
         manual.remove(SETTINGS, forged.decision_id)
