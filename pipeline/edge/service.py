@@ -27,6 +27,23 @@ class EdgeBindError(EdgeError):
     """The service could not listen on its address."""
 
 
+class EdgeTokenRequired(EdgeError):
+    """The edge would listen off loopback without ``edge.token``."""
+
+
+def require_token(settings: Settings, host: str) -> None:
+    """Raise EdgeTokenRequired when ``host`` is not a loopback address and ``edge.token``
+    is unset: off loopback anyone who can reach the port could read the block-list and
+    probe which accounts are blocked, so the token is required there (loopback stays
+    open for a gateway on the same host)."""
+    if not settings.edge.token and not _loopback(host):
+        raise EdgeTokenRequired(
+            f"edge.token is not set and the edge would listen on {host or 'every address'} "
+            "(not loopback): set AUTHPIPE_EDGE_TOKEN to a random secret the gateways send "
+            "as a bearer token, or listen on 127.0.0.1"
+        )
+
+
 def _loopback(host: str) -> bool:
     try:
         return ipaddress.ip_address(host).is_loopback
@@ -58,7 +75,9 @@ async def _listen(
 
 
 async def serve(settings: Settings, host: str, port: int, stop: asyncio.Event) -> None:
-    """Follow the decisions topic and serve HTTP on ``host:port`` until ``stop`` is set."""
+    """Follow the decisions topic and serve HTTP on ``host:port`` until ``stop`` is set.
+    Raises EdgeTokenRequired before connecting anywhere (``require_token``)."""
+    require_token(settings, host)
     feed = DecisionFeed.from_settings(settings)
     app = create_app(
         feed.view,
@@ -71,8 +90,6 @@ async def serve(settings: Settings, host: str, port: int, stop: asyncio.Event) -
     await runner.setup()
     try:
         bound = await _listen(runner, host, port, settings.edge)
-        if not settings.edge.token and not _loopback(host):
-            log.warning("edge_open_bind", host=host, hint="set edge.token (AUTHPIPE_EDGE_TOKEN)")
         log.info("edge_listening", host=host, port=bound, topic=feed.config.topic)
         await feed.start()
         await stop.wait()
@@ -91,9 +108,10 @@ async def _serve_until_signal(settings: Settings, host: str, port: int) -> None:
 
 
 def run_edge(settings: Settings, host: str | None = None, port: int | None = None) -> int:
-    """``authpipe edge serve``: runs until SIGINT/SIGTERM; returns the exit code."""
+    """``authpipe edge serve``: runs until SIGINT/SIGTERM; returns the exit code. Raises
+    EdgeTokenRequired (exit 1, one line) off loopback without ``edge.token``."""
     edge = settings.edge
-    asyncio.run(
-        _serve_until_signal(settings, host or edge.host, edge.port if port is None else port)
-    )
+    host = host or edge.host
+    require_token(settings, host)
+    asyncio.run(_serve_until_signal(settings, host, edge.port if port is None else port))
     return 0
