@@ -110,7 +110,11 @@ class ClickHouseSettings(_Section):
     path: Path = Field(Path(".state/chdb"), description="chdb data directory (embedded mode)")
     database: str = Field("authpipe", description="database that holds every authpipe table")
     ttl_days: int = Field(90, ge=1, description="TTL of raw attempt rows")
-    store_plain_account: bool = Field(False, description="also store the typed account in plain")
+    store_plain_account: bool = Field(
+        False,
+        description="also store the typed account in plain (it then travels on "
+        "<app>.attempts-by-account and auth.audit: docs/contract.md)",
+    )
     cluster: str | None = Field(
         None, description="ClickHouse cluster name: migrate writes ON CLUSTER DDL (replicated)"
     )
