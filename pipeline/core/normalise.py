@@ -199,8 +199,11 @@ def client_address(
 
     Only hops appended by trusted proxies are believed: walking from the right, the first
     untrusted address is the client, and anything to its left is the client's own claim.
-    Hops are read by ``parse_hop`` (``ip:port`` and ``[v6]:port`` too); empty entries
-    are no hops (proxies append an address, ``unknown`` or ``_hidden``, never nothing,
+    An entry holding a comma-joined header value (``"6.6.6.6, 198.51.100.2"``, as some
+    frameworks hand over a whole X-Forwarded-For line) is split on its commas into its
+    hops, as the edge splits a header string, so a list of header lines reads like the one
+    joined header. Hops are read by ``parse_hop`` (``ip:port`` and ``[v6]:port`` too);
+    empty entries are no hops (proxies append an address, ``unknown`` or ``_hidden``, never nothing,
     and the edge's header split drops them too). A hop that still does not parse stops
     the walk, failing closed: the trusted proxy that appended it (the hop to its right,
     or the peer) is the source, never a claim further left. If
@@ -212,6 +215,8 @@ def client_address(
         raise InvalidAttempt("bad_peer_ip", f"peer_ip {peer_ip[:64]!r} is not an IP address")
     if not trusted_proxies or peer not in trusted_proxies:
         return peer
+    if any("," in hop for hop in forwarded_for):
+        forwarded_for = [part for hop in forwarded_for for part in hop.split(",")]
     last_trusted = peer
     for hop_text in reversed(forwarded_for):
         hop = parse_hop(hop_text)

@@ -74,8 +74,9 @@ def forwarded_chars(forwarded_for: str | tuple[str, ...]) -> int:
 
 
 def split_forwarded(forwarded_for: str | Sequence[str]) -> tuple[str, ...]:
-    """``forwarded_for`` as hops: a comma-separated header value or a sequence of strings;
-    at most ``FORWARDED_MAX_HOPS`` hops of ``FORWARDED_MAX_HOP_CHARS`` characters each and
+    """``forwarded_for`` as hops: a comma-separated header value or a sequence of strings
+    (header lines or hops: an entry holding commas is split on them, as the header value
+    is, and as ``pipeline.core.normalise.client_address`` reads it); at most ``FORWARDED_MAX_HOPS`` hops of ``FORWARDED_MAX_HOP_CHARS`` characters each and
     ``FORWARDED_MAX_CHARS`` in all (a caller cannot make the edge keep or parse more)."""
     if isinstance(forwarded_for, str):
         total = len(forwarded_for)
@@ -86,6 +87,8 @@ def split_forwarded(forwarded_for: str | Sequence[str]) -> tuple[str, ...]:
         if not all(isinstance(hop, str) for hop in hops):
             raise CheckInputError("forwarded_for", "forwarded_for entries must be strings")
         total = forwarded_chars(hops)
+        if total <= FORWARDED_MAX_CHARS and any("," in hop for hop in hops):
+            hops = split_forwarded(",".join(hops))
     if total > FORWARDED_MAX_CHARS:
         raise CheckInputError(
             "forwarded_for", f"forwarded_for is longer than {FORWARDED_MAX_CHARS} characters"
