@@ -54,13 +54,13 @@ def _span(cfg: SimConfig, name: str) -> tuple[int, int]:
     return cfg.start_ms + int(cfg.duration_ms * first), cfg.start_ms + int(cfg.duration_ms * last)
 
 
-def _paced(rng: random.Random, t0: int, t1: int, n: int) -> list[int]:
+def paced(rng: random.Random, t0: int, t1: int, n: int) -> list[int]:
     """``n`` times evenly paced over [t0, t1) with jitter, in order."""
     step = (t1 - t0) / max(n, 1)
     return [int(t0 + (i + rng.random()) * step) for i in range(n)]
 
 
-def _failure(
+def failure(
     tenant: str, account: str, ip: str, ua: str, reason: str = "bad_password", **extra: Any
 ) -> dict[str, Any]:
     return {
@@ -122,8 +122,8 @@ def brute_force(cfg: SimConfig, rng: random.Random) -> list[Draft]:
     t0, t1 = _span(cfg, "brute_force")
     account = "victim.brute_force@example.com"
     label = Label("brute_force", "attacker", "attacker:brute_force", "attacker")
-    fields = _failure(MAIN_TENANT, account, "203.0.113.7", "python-requests/2.31.0")
-    return [Draft(t, fields, label) for t in _paced(rng, t0, t1, 240)]
+    fields = failure(MAIN_TENANT, account, "203.0.113.7", "python-requests/2.31.0")
+    return [Draft(t, fields, label) for t in paced(rng, t0, t1, 240)]
 
 
 def distributed_brute_force(cfg: SimConfig, rng: random.Random) -> list[Draft]:
@@ -132,18 +132,18 @@ def distributed_brute_force(cfg: SimConfig, rng: random.Random) -> list[Draft]:
     tries = [(ip, k) for ip in pool_addresses(0, 1200, rng) for k in range(1 + rng.randrange(3))]
     rng.shuffle(tries)
     out = []
-    for t, (ip, _) in zip(_paced(rng, t0, t1, len(tries)), tries, strict=True):
+    for t, (ip, _) in zip(paced(rng, t0, t1, len(tries)), tries, strict=True):
         label = Label("distributed_brute_force", "attacker", f"bot:{ip}", "attacker")
         out.append(
-            Draft(t, _failure(MAIN_TENANT, victim.account, ip, BROWSER_UAS[len(ip) % 4]), label)
+            Draft(t, failure(MAIN_TENANT, victim.account, ip, BROWSER_UAS[len(ip) % 4]), label)
         )
     out.extend(
-        _owner_logins("distributed_brute_force", victim, victim.devices[0], _paced(rng, t0, t1, 6))
+        _owner_logins("distributed_brute_force", victim, victim.devices[0], paced(rng, t0, t1, 6))
     )
     return out
 
 
-def _spray_targets(
+def spray_targets(
     rng: random.Random,
     population: int,
     count: int,
@@ -155,7 +155,7 @@ def _spray_targets(
     known = min(round(count * (1 - unknown_share)), population)
     targets = [(account(i), "bad_password") for i in rng.sample(range(population), known)]
     targets += [
-        (f"{_word(rng)}.{_word(rng)}{rng.randrange(100)}@{domain}", "unknown_account")
+        (f"{word(rng)}.{word(rng)}{rng.randrange(100)}@{domain}", "unknown_account")
         for _ in range(count - known)
     ]
     rng.shuffle(targets)
@@ -190,29 +190,27 @@ _SYLLABLES = (
 )
 
 
-def _word(rng: random.Random) -> str:
+def word(rng: random.Random) -> str:
     return "".join(rng.choice(_SYLLABLES) for _ in range(2 + rng.randrange(2)))
 
 
 def spray(cfg: SimConfig, rng: random.Random) -> list[Draft]:
     t0, t1 = _span(cfg, "spray")
     population = main_population(cfg.rate_per_s)
-    targets = _spray_targets(rng, population, 3000, default_account, 0.10, "example.com")
+    targets = spray_targets(rng, population, 3000, default_account, 0.10, "example.com")
     label = Label("spray", "attacker", "attacker:spray", "attacker")
     attempts = [target for _ in range(2) for target in targets]  # two passwords, in passes
     out = []
-    for t, (account, reason) in zip(_paced(rng, t0, t1, len(attempts)), attempts, strict=True):
+    for t, (account, reason) in zip(paced(rng, t0, t1, len(attempts)), attempts, strict=True):
         out.append(
-            Draft(t, _failure(MAIN_TENANT, account, "203.0.113.50", BROWSER_UAS[2], reason), label)
+            Draft(t, failure(MAIN_TENANT, account, "203.0.113.50", BROWSER_UAS[2], reason), label)
         )
     return out
 
 
 def low_and_slow_spray(cfg: SimConfig, rng: random.Random) -> list[Draft]:
     t0, t1 = _span(cfg, "low_and_slow_spray")
-    targets = _spray_targets(
-        rng, SHAPE.small_tenant_users, 1500, acme_account, 0.15, "acme.example"
-    )
+    targets = spray_targets(rng, SHAPE.small_tenant_users, 1500, acme_account, 0.15, "acme.example")
     sources = pool_addresses(1, 150, rng)
     plan: list[tuple[str, str, str]] = []
     for shift in (0, len(sources) // 2):  # two passwords; each address gets 10 per pass
@@ -222,9 +220,9 @@ def low_and_slow_spray(cfg: SimConfig, rng: random.Random) -> list[Draft]:
             (sources[(j + shift) % len(sources)], *target) for j, target in enumerate(order)
         )
     out = []
-    for t, (ip, account, reason) in zip(_paced(rng, t0, t1, len(plan)), plan, strict=True):
+    for t, (ip, account, reason) in zip(paced(rng, t0, t1, len(plan)), plan, strict=True):
         label = Label("low_and_slow_spray", "attacker", f"bot:{ip}", "attacker")
-        out.append(Draft(t, _failure(SMALL_TENANT, account, ip, BROWSER_UAS[0], reason), label))
+        out.append(Draft(t, failure(SMALL_TENANT, account, ip, BROWSER_UAS[0], reason), label))
     return out
 
 
@@ -233,15 +231,15 @@ def credential_stuffing(cfg: SimConfig, rng: random.Random) -> list[Draft]:
     population = main_population(cfg.rate_per_s)
     sources = pool_addresses(2, 60, rng)
     out = []
-    for i, t in enumerate(_paced(rng, t0, t1, 4200)):
+    for i, t in enumerate(paced(rng, t0, t1, 4200)):
         ip = sources[i % len(sources)]
         label = Label("credential_stuffing", "attacker", f"proxy:{ip}", "attacker")
         ua = BROWSER_UAS[rng.randrange(4)]
         if rng.random() < 0.88:
-            account = f"{_word(rng)}{rng.randrange(10_000)}@mail.example"
-            fields = _failure(MAIN_TENANT, account, ip, ua, "unknown_account")
+            account = f"{word(rng)}{rng.randrange(10_000)}@mail.example"
+            fields = failure(MAIN_TENANT, account, ip, ua, "unknown_account")
         else:
-            fields = _failure(MAIN_TENANT, default_account(rng.randrange(population)), ip, ua)
+            fields = failure(MAIN_TENANT, default_account(rng.randrange(population)), ip, ua)
             if rng.random() < 0.03:  # a reused password: the pair is valid here too
                 fields = {**fields, "outcome": "success"}
                 del fields["failure_reason"]
@@ -253,17 +251,17 @@ def lockout_dos(cfg: SimConfig, rng: random.Random) -> list[Draft]:
     t0, t1 = _span(cfg, "lockout_dos")
     victim = _victim(cfg, "lockout_dos")
     label = Label("lockout_dos", "attacker", "attacker:lockout_dos", "attacker")
-    fields = _failure(MAIN_TENANT, victim.account, "203.0.113.66", "curl/8.5.0")
-    out = [Draft(t, fields, label) for t in _paced(rng, t0, t1, 400)]
+    fields = failure(MAIN_TENANT, victim.account, "203.0.113.66", "curl/8.5.0")
+    out = [Draft(t, fields, label) for t in paced(rng, t0, t1, 400)]
     out.extend(
-        _owner_logins("lockout_dos", victim, victim.devices[0], _paced(rng, t0, t1, 10), typo_at=4)
+        _owner_logins("lockout_dos", victim, victim.devices[0], paced(rng, t0, t1, 10), typo_at=4)
     )
     # A second owner with no trusted device: the lock holds them too (seed 002's cost,
     # capped at an hour); the notice topic mails them the way out (seed 001).
     other = make_user(cfg.seed, MAIN_TENANT, "victim-lockout_dos-untrusted", 0)
     account = "victim.lockout_dos.untrusted@example.com"
-    fields = _failure(MAIN_TENANT, account, "203.0.113.67", "curl/8.5.0")
-    out.extend(Draft(t, fields, label) for t in _paced(rng, t0, t1, 400))
+    fields = failure(MAIN_TENANT, account, "203.0.113.67", "curl/8.5.0")
+    out.extend(Draft(t, fields, label) for t in paced(rng, t0, t1, 400))
     owner = Label(
         "lockout_dos", "owner", "owner:lockout_dos:untrusted", "owner_without_trusted_device"
     )
@@ -276,7 +274,7 @@ def lockout_dos(cfg: SimConfig, rng: random.Random) -> list[Draft]:
         "user_agent": BROWSER_UAS[1],
         "outcome": "success",
     }
-    out.extend(Draft(t, base, owner) for t in _paced(rng, t0, t1, 10))
+    out.extend(Draft(t, base, owner) for t in paced(rng, t0, t1, 10))
     return out
 
 
@@ -291,7 +289,7 @@ def low_and_slow_bruteforce(cfg: SimConfig, rng: random.Random) -> list[Draft]:
     label = Label(
         "low_and_slow_bruteforce", "attacker", "attacker:low_and_slow_bruteforce", "attacker"
     )
-    fields = _failure(MAIN_TENANT, account, "203.0.113.24", "python-requests/2.31.0")
+    fields = failure(MAIN_TENANT, account, "203.0.113.24", "python-requests/2.31.0")
     return [Draft(t, fields, label) for t in _every(t0, t1, SLOW_SINGLE_EVERY_MS)]
 
 
@@ -305,7 +303,7 @@ def low_and_slow_bruteforce_rotating(cfg: SimConfig, rng: random.Random) -> list
     for i, t in enumerate(_every(t0, t1, SLOW_ROTATING_EVERY_MS)):
         ip = sources[i % len(sources)]
         label = Label(name, "attacker", f"bot:{ip}", "attacker")
-        out.append(Draft(t, _failure(MAIN_TENANT, account, ip, BROWSER_UAS[3]), label))
+        out.append(Draft(t, failure(MAIN_TENANT, account, ip, BROWSER_UAS[3]), label))
     return out
 
 
@@ -333,7 +331,7 @@ def uia_bruteforce(cfg: SimConfig, rng: random.Random) -> list[Draft]:
             },
             thief,
         )
-        for t in _paced(rng, t0, t1, 60)
+        for t in paced(rng, t0, t1, 60)
     ]
     phone = Device(f"{laptop.device_id[:-2]}-1", "phone", PHONE_UAS[0])
     owner = Label("uia_bruteforce", "owner", "owner:uia_bruteforce", "owner_trusted_device")
@@ -348,7 +346,7 @@ def uia_bruteforce(cfg: SimConfig, rng: random.Random) -> list[Draft]:
         "user_agent": phone.user_agent,
     }
     out.append(Draft(t0, {**base, "flow": "login", "outcome": "success"}, owner))
-    for t in _paced(rng, t0 + 1, t1, 8):
+    for t in paced(rng, t0 + 1, t1, 8):
         out.append(
             Draft(
                 t, {**base, "flow": "uia", "session_id": own_session, "outcome": "success"}, owner

@@ -43,7 +43,7 @@ def _digest(*parts: object) -> bytes:
     return hashlib.blake2b(text.encode(), digest_size=16).digest()
 
 
-def _v6_address(prefix: str, rng: random.Random) -> str:
+def v6_address(prefix: str, rng: random.Random) -> str:
     iid = rng.getrandbits(64)
     groups = [(iid >> shift) & 0xFFFF for shift in (48, 32, 16, 0)]
     return prefix + ":" + ":".join(f"{g:x}" for g in groups)
@@ -285,7 +285,7 @@ class _SessionWriter:
         if device is not None and device.kind == "phone":
             return ipv4(MOBILE_V4_BASE + rng.randrange(MOBILE_V4_SIZE))
         if user.v6_prefix:
-            return _v6_address(user.v6_prefix, rng)
+            return v6_address(user.v6_prefix, rng)
         return user.home_v4
 
 
