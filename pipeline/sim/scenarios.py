@@ -49,6 +49,12 @@ Scenarios (sizes fixed, placed on the timeline by ``PLACEMENT`` as fractions of 
   guess every 20 s for the whole run (4,320 in 24 h), each address under every window.
 * ``uia_bruteforce``: a thief holding the victim's laptop session guesses 60 times via
   re-auth while the owner keeps working on the phone.
+
+Group ``holdout`` (issue 24, not in ``mixed``): attacks through residential proxy pools
+(``stuffing_pool_once``, ``stuffing_pool_twice``, ``spray_pool``, ``stuffing_own_account``,
+``second_wave``, ``mfa_code_guessing``; ``pipeline.sim.holdout``) and the people who look
+like them (``identifier_tryers``, ``stale_usernames``, ``library``, ``forgot_password``,
+``office_guest_wifi``; ``pipeline.sim.holdout_people``).
 """
 
 from __future__ import annotations
@@ -64,11 +70,15 @@ from pipeline.contracts.models import format_utc_ms, ms_to_datetime
 from pipeline.errors import AuthpipeError
 from pipeline.sim.attacks import ATTACK_BUILDERS
 from pipeline.sim.drafts import BASELINE, SECOND_MS, Draft, Label, SimConfig
+from pipeline.sim.holdout import HOLDOUT_ATTACKS
+from pipeline.sim.holdout_people import HOLDOUT_PEOPLE
 from pipeline.sim.population import baseline
 
 __all__ = [
     "ATTACKS",
     "BASELINE",
+    "HOLDOUT",
+    "HOLDOUT_SCENARIOS",
     "MIXED",
     "MIXED_SCENARIOS",
     "SCENARIOS",
@@ -91,12 +101,20 @@ ATTACKS = (
     "lockout_dos",
     "uia_bruteforce",
 )
+HOLDOUT_BUILDERS = {**HOLDOUT_ATTACKS, **HOLDOUT_PEOPLE}
+HOLDOUT_SCENARIOS = tuple(HOLDOUT_BUILDERS)
+"""The shapes of issue 24 (``pipeline.sim.holdout``, ``pipeline.sim.holdout_people``)."""
 SLOW_ATTACKS = ("low_and_slow_bruteforce", "low_and_slow_bruteforce_rotating")
 """Paced in absolute time (a guess every 4 min, every 20 s), so they mean something only
 in runs of hours (``--duration-s 86400``): named explicitly, not part of ``mixed``."""
 MIXED_SCENARIOS = (BASELINE, *ATTACKS)
-SCENARIOS = (*MIXED_SCENARIOS, *SLOW_ATTACKS)
+SCENARIOS = (*MIXED_SCENARIOS, *SLOW_ATTACKS, *HOLDOUT_SCENARIOS)
 MIXED = "mixed"
+HOLDOUT = "holdout"
+GROUPS = {MIXED: MIXED_SCENARIOS, HOLDOUT: HOLDOUT_SCENARIOS}
+"""Names that select several scenarios: ``holdout`` is the shapes of issue 24
+(``pipeline.sim.holdout``), none of them in ``mixed``."""
+BUILDERS = {**ATTACK_BUILDERS, **HOLDOUT_BUILDERS}
 
 
 class ScenarioError(AuthpipeError):
@@ -127,24 +145,24 @@ class SimEvent:
 
 
 def parse_scenarios(text: str) -> tuple[str, ...]:
-    """``mixed`` (baseline and every attack but the slow ones) or a comma-separated list."""
+    """A comma-separated list of scenarios and groups (``mixed``: baseline and every attack
+    but the slow ones; ``holdout``: the issue 24 shapes), in canonical order."""
     names = [part.strip() for part in text.split(",") if part.strip()]
-    if names == [MIXED]:
-        return MIXED_SCENARIOS
-    unknown = [name for name in names if name not in SCENARIOS]
+    chosen = {s for name in names for s in GROUPS.get(name, (name,))}
+    unknown = [name for name in names if name not in GROUPS and name not in SCENARIOS]
     if unknown or not names:
         raise ScenarioError(
-            f"unknown scenario {', '.join(unknown) or repr(text)}; choose {MIXED} or a "
-            f"comma-separated list of: {', '.join(SCENARIOS)}"
+            f"unknown scenario {', '.join(unknown) or repr(text)}; choose {MIXED}, {HOLDOUT} "
+            f"or a comma-separated list of: {', '.join(SCENARIOS)}"
         )
-    return tuple(name for name in SCENARIOS if name in names)
+    return tuple(name for name in SCENARIOS if name in chosen)
 
 
 # -- the merged stream --------------------------------------------------------------------
 
 
 def _attack_stream(cfg: SimConfig, name: str) -> Iterator[Draft]:
-    drafts = ATTACK_BUILDERS[name](cfg, random.Random(f"{cfg.seed}/{name}"))
+    drafts = BUILDERS[name](cfg, random.Random(f"{cfg.seed}/{name}"))
     drafts.sort(key=lambda d: d.occurred_ms)
     return iter(drafts)
 
