@@ -3,13 +3,26 @@
 The flow of one attempt:
 
 1. ask the edge (``POST /v1/check``) whether this attempt may be tried at all; the answer
-   is ``{"allowed": bool, "retry_after_ms": int}`` and nothing else;
-2. verify exactly ONE password hash whatever happened: the account's hash if the edge
-   allowed the attempt and the account exists, otherwise a dummy hash of the same cost.
-   A refusal, an unknown account and a wrong password then take the same time, so the
-   response time tells an attacker nothing;
-3. report the attempt to ``auth.login-attempts`` (``failure_reason="refused"`` when the
-   edge refused), so the pipeline keeps counting.
+   is ``{"allowed": bool, "retry_after_ms": int, "challenge": "captcha"|"step_up"|null}``
+   (``challenge`` may be absent: an older edge). It is read defensively (``read_answer``):
+   anything but a JSON object with a boolean ``allowed`` is an edge failure;
+2. ``challenge == "captcha"``: before the password is looked at, the client must answer a
+   CAPTCHA (``CaptchaVerifier``; ``StubCaptcha`` marks where a real provider goes). No
+   answer yet: the demand goes back and nothing is reported. An answer is reported as an
+   event with ``flow="challenge"``, ``challenge="captcha"`` and its outcome; a failed one
+   ends the attempt there (the password is never checked, so the answer says nothing
+   about the account);
+3. verify exactly ONE password hash: the account's hash if the edge allowed the attempt
+   and the account exists, otherwise a dummy hash of the same cost. A refusal, an
+   unknown account and a wrong password then take the same time, so the response time
+   tells an attacker nothing;
+4. report the attempt to ``auth.login-attempts`` (``failure_reason="refused"`` when the
+   edge refused), so the pipeline keeps counting;
+5. ``challenge == "step_up"`` and the password was right from a device that is not
+   trusted: the login is not complete. ``StepUps`` mails a one-time code bound to the
+   account and the device and returns a ticket; ``finish_step_up`` checks the code (one
+   try per ticket, 10 minutes), asking the edge first with ``flow="mfa"``, and reports
+   the outcome as a ``flow="mfa"`` event (``bad_second_factor`` when wrong).
 
 If the edge cannot be reached within ``EDGE_TIMEOUT_S`` the handler fails open (the
 attempt is tried and still reported, so the worker keeps counting it); set
@@ -19,12 +32,19 @@ The owner's way out (seed 001's unlock mail): when an untrusted lock trips on an
 (the consecutive-failure lock, the ceiling, the lifetime bound), the worker publishes at
 most one notice per account per window to ``auth.account-notices``. It names the account
 only by its keyed digest; ``NoticeMailer`` maps the digest back through the service's own
-accounts (``account_digest``, with the digest key shared with authpipe) and mails the
-owner a sign-in link that, on success, trusts the device (then the lock never applies to
-it). ``consume_notices`` runs it over the topic; here it prints what it would send.
+accounts, digested by authpipe's own Normaliser (``pipeline.wiring.build_normaliser``:
+the same ignorable-character strip, NFKC, case folding and case-sensitive tenants as the
+worker, with the digest key shared with authpipe), and mails the owner a sign-in link
+(``UnlockLinks``): single-use, valid ``UNLOCK_TTL_S`` (15 minutes), for that account only,
+and it trusts exactly the one device that redeems it (then the lock never applies to it).
+``consume_notices`` runs it over the topic with the same TLS/SASL client options as
+every authpipe client (``pipeline.kafka_client.client_kwargs``); a malformed notice, or a
+mail that cannot be sent, is logged and skipped, never stops the mail of the others. Here
+it prints what it would send.
 
-Only the standard library and aiohttp (for the edge) are needed; the optional report
-uses aiokafka. Run the edge with ``authpipe edge serve`` next to the login service.
+The login handler needs only the standard library and aiohttp (for the edge); the notice
+consumer also uses authpipe itself (the Normaliser and the Kafka options) and aiokafka.
+Run the edge with ``authpipe edge serve`` next to the login service.
 """
 
 from __future__ import annotations
@@ -32,17 +52,22 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
+import json
 import logging
 import os
 import secrets
+import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import aiohttp
+
+if TYPE_CHECKING:
+    from pipeline.core.attempt import Normaliser
 
 EDGE_URL = os.environ.get("AUTHPIPE_EDGE_URL", "http://127.0.0.1:8080")
 EDGE_TOKEN = os.environ.get("AUTHPIPE_EDGE_TOKEN")
@@ -50,11 +75,10 @@ EDGE_TIMEOUT_S = 0.1
 FAIL_OPEN = True
 SERVICE = "example-login"
 SCRYPT = {"n": 2**14, "r": 8, "p": 1, "dklen": 32}
-# The account-digest secret shared with authpipe (``identity.digest_key``; the local stack
-# writes it to ``.state/digest.key``). Needed only to map notices back to accounts.
-DIGEST_KEY = os.environ.get("AUTHPIPE_IDENTITY_DIGEST_KEY", "")
+CHALLENGES = ("captcha", "step_up")
+UNLOCK_TTL_S = 15 * 60
+STEP_UP_TTL_S = 10 * 60
 NOTICES_TOPIC = os.environ.get("AUTHPIPE_KAFKA_NOTICES_TOPIC", "auth.account-notices")
-BOOTSTRAP = os.environ.get("AUTHPIPE_KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092")
 
 log = logging.getLogger("login")
 
@@ -79,6 +103,115 @@ def verify_password(password: str, stored: str) -> bool:
 DUMMY_HASH = hash_password(secrets.token_urlsafe(32))
 
 
+# -- one-time secrets: unlock links and step-up codes ----------------------------------
+
+
+def _sha256(text: str) -> bytes:
+    return hashlib.sha256(text.encode()).digest()
+
+
+class OneTimeSecrets:
+    """Secrets that are single-use, short-lived and bound to a subject (a tuple such as
+    (tenant, account, device)). Only their SHA-256 is kept, at most ``max_entries`` (the
+    oldest go first); a service with several instances keeps them in its database."""
+
+    def __init__(
+        self, ttl_s: float, clock: Callable[[], float] = time.time, max_entries: int = 100_000
+    ) -> None:
+        self.ttl_s, self.clock, self.max_entries = ttl_s, clock, max_entries
+        self._live: OrderedDict[bytes, tuple[tuple[str, ...], float, bytes]] = OrderedDict()
+
+    def issue(self, subject: tuple[str, ...], proof: str = "") -> str:
+        """A new secret for ``subject``; redeeming it later also needs ``proof`` (e.g. the
+        code mailed beside a ticket)."""
+        secret = secrets.token_urlsafe(32)
+        self._live[_sha256(secret)] = (subject, self.clock() + self.ttl_s, _sha256(proof))
+        while len(self._live) > self.max_entries:
+            self._live.popitem(last=False)
+        return secret
+
+    def redeem(self, secret: str, subject: tuple[str, ...], proof: str = "") -> bool:
+        """True once: for the subject it was issued for, with its proof, before it expires.
+        Any attempt, right or wrong, uses it up (a guessed code gets one try)."""
+        entry = self._live.pop(_sha256(secret), None)
+        if entry is None:
+            return False
+        issued_for, expires, proof_hash = entry
+        return (
+            self.clock() < expires
+            and len(issued_for) == len(subject)
+            and all(hmac.compare_digest(a, b) for a, b in zip(issued_for, subject, strict=True))
+            and hmac.compare_digest(proof_hash, _sha256(proof))
+        )
+
+
+class UnlockLinks:
+    """The owner's unlock links: one per mail, for one account, single-use, valid
+    ``UNLOCK_TTL_S``; the device that redeems it is the one trusted afterwards (the link
+    cannot be used again, on that device or another)."""
+
+    def __init__(self, ttl_s: float = UNLOCK_TTL_S, clock: Callable[[], float] = time.time) -> None:
+        self.tokens = OneTimeSecrets(ttl_s, clock)
+        self.trusted: set[tuple[str, str, str]] = set()  # (tenant, account, device id)
+
+    def link(self, tenant: str, account: str) -> str:
+        return f"https://login.example/unlock?t={self.tokens.issue((tenant, account))}"
+
+    def redeem(self, token: str, tenant: str, account: str, device_id: str) -> bool:
+        """Sign the owner in and trust ``device_id`` for the account, once."""
+        if not device_id or not self.tokens.redeem(token, (tenant, account)):
+            return False
+        self.trusted.add((tenant, account, device_id))
+        return True
+
+
+class CaptchaVerifier(Protocol):
+    async def verify(self, response: str, peer_ip: str) -> bool: ...
+
+
+class StubCaptcha:
+    """A stand-in CAPTCHA: THIS IS WHERE A REAL CAPTCHA PROVIDER GOES. Replace ``verify``
+    with a call to your provider's verification API (send it the client's response token
+    and address; believe only its answer). The stub accepts the tokens it issued itself,
+    once each, so the example and its tests can run without a provider."""
+
+    def __init__(self) -> None:
+        self.tokens = OneTimeSecrets(STEP_UP_TTL_S)
+
+    def solved(self, peer_ip: str) -> str:
+        """What a client that solved the stub's puzzle would send (tests and demos)."""
+        return self.tokens.issue((peer_ip,))
+
+    async def verify(self, response: str, peer_ip: str) -> bool:
+        return self.tokens.redeem(response, (peer_ip,))
+
+
+async def print_mail(to: str, subject: str, body: str) -> None:
+    print(f"would mail {to}: {subject}\n  {body}")
+
+
+Mailer = Callable[[str, str, str], Awaitable[None]]
+
+
+class StepUps:
+    """Second factors by e-mail code: ``start`` after a correct password from an untrusted
+    device mails a 6-digit code and returns a ticket for the client's session; the pair
+    redeems once, within ``STEP_UP_TTL_S``, for the same account and device."""
+
+    def __init__(self, send: Mailer = print_mail, ttl_s: float = STEP_UP_TTL_S) -> None:
+        self.send = send
+        self.tickets = OneTimeSecrets(ttl_s)
+
+    async def start(self, attempt: Attempt) -> str:
+        code = f"{secrets.randbelow(1_000_000):06d}"
+        ticket = self.tickets.issue(_subject(attempt), code)
+        await self.send(attempt.account, "Your sign-in code", f"Your code is {code}.")
+        return ticket
+
+    def finish(self, attempt: Attempt, ticket: str, code: str) -> bool:
+        return self.tickets.redeem(ticket, _subject(attempt), code)
+
+
 # -- the edge ---------------------------------------------------------------------------
 
 
@@ -94,6 +227,39 @@ class Attempt:
     device_trusted: bool = False  # the cookie is verified trusted for this account
     tenant: str = "default"
     flow: str = "login"
+    captcha_response: str | None = None  # the client's answer, when one was demanded
+
+
+def _subject(attempt: Attempt) -> tuple[str, ...]:
+    return (attempt.tenant, attempt.account, attempt.device_id or "")
+
+
+@dataclass(frozen=True)
+class EdgeAnswer:
+    allowed: bool
+    retry_after_ms: int = 0
+    challenge: str | None = None  # "captcha", "step_up" or None
+
+
+class EdgeError(ValueError):
+    """The edge's answer is not what it sends."""
+
+
+def read_answer(answer: object) -> EdgeAnswer:
+    """The check's JSON, read defensively: ``allowed`` must be a boolean; a missing or bad
+    ``retry_after_ms`` is 0; a missing or null ``challenge`` (an older edge) is none, an
+    unknown kind (a newer edge) is a CAPTCHA, the challenge every client can answer."""
+    if not isinstance(answer, dict) or not isinstance(answer.get("allowed"), bool):
+        raise EdgeError("the edge's answer has no boolean 'allowed'")
+    retry = answer.get("retry_after_ms")
+    retry_ms = retry if isinstance(retry, int) and not isinstance(retry, bool) and retry > 0 else 0
+    challenge = answer.get("challenge")
+    if challenge is not None and challenge not in CHALLENGES:
+        log.warning(
+            "the edge asked for challenge %r, unknown here; asking for a CAPTCHA", challenge
+        )
+        challenge = "captcha"
+    return EdgeAnswer(answer["allowed"], retry_ms, challenge)
 
 
 class EdgeClient:
@@ -104,8 +270,8 @@ class EdgeClient:
         self.url = url.rstrip("/") + "/v1/check"
         self.headers = {"Authorization": f"Bearer {EDGE_TOKEN}"} if EDGE_TOKEN else {}
 
-    async def check(self, attempt: Attempt) -> tuple[bool, int]:
-        """(allowed, retry_after_ms); fails open or closed per FAIL_OPEN on any error."""
+    async def check(self, attempt: Attempt, flow: str | None = None) -> EdgeAnswer:
+        """The edge's answer; fails open or closed per FAIL_OPEN on any error."""
         body = {
             "tenant": attempt.tenant,
             "account": attempt.account,
@@ -113,19 +279,18 @@ class EdgeClient:
             "forwarded_for": list(attempt.forwarded_for),
             "device": attempt.device_id,
             "trusted": attempt.device_trusted,
-            "flow": attempt.flow,
+            "flow": flow or attempt.flow,
         }
         try:
             async with asyncio.timeout(EDGE_TIMEOUT_S):
                 async with self.session.post(self.url, json=body, headers=self.headers) as resp:
                     resp.raise_for_status()
-                    answer = await resp.json()
-            return bool(answer["allowed"]), int(answer["retry_after_ms"])
-        except (aiohttp.ClientError, TimeoutError, KeyError, ValueError) as exc:
+                    return read_answer(await resp.json())
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             log.warning(
                 "edge check failed (%s); failing %s", exc, "open" if FAIL_OPEN else "closed"
             )
-            return FAIL_OPEN, 0
+            return EdgeAnswer(FAIL_OPEN)
 
 
 # -- the handler ------------------------------------------------------------------------
@@ -135,9 +300,16 @@ class EdgeClient:
 class LoginResult:
     ok: bool
     retry_after_ms: int  # > 0 when the edge refused: a Retry-After for the client
+    challenge: str | None = None  # what the client must do next: "captcha" or "step_up"
+    step_up_ticket: str | None = None  # with "step_up": the ticket finish_step_up takes
 
 
 Report = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+async def _report(report: Report | None, event: dict[str, Any]) -> None:
+    if report is not None:
+        await report(event)
 
 
 async def login(
@@ -145,33 +317,84 @@ async def login(
     edge: EdgeClient,
     password_hashes: Mapping[str, str],
     report: Report | None = None,
+    *,
+    captcha: CaptchaVerifier | None = None,
+    step_ups: StepUps | None = None,
 ) -> LoginResult:
-    """Check at the edge, verify exactly one hash, report the attempt."""
-    allowed, retry_after_ms = await edge.check(attempt)
-    stored = password_hashes.get(attempt.account) if allowed else None
+    """Check at the edge, answer its challenge, verify exactly one hash, report."""
+    answer = await edge.check(attempt)
+    if answer.allowed and answer.challenge == "captcha":
+        if attempt.captcha_response is None:
+            return LoginResult(False, 0, "captcha")  # ask first; nothing was tried yet
+        passed = captcha is not None and await captcha.verify(
+            attempt.captcha_response, attempt.peer_ip
+        )
+        if captcha is None:
+            log.warning("the edge asked for a CAPTCHA and no verifier is configured")
+        await _report(
+            report,
+            attempt_event(
+                attempt, passed, None if passed else "other", flow="challenge", challenge="captcha"
+            ),
+        )
+        if not passed:
+            return LoginResult(False, 0, "captcha")
+    stored = password_hashes.get(attempt.account) if answer.allowed else None
     # One scrypt either way, off the event loop: the account's hash, or the dummy one.
     matches = await asyncio.to_thread(verify_password, attempt.password, stored or DUMMY_HASH)
-    ok = allowed and stored is not None and matches
-    if not allowed:
+    ok = answer.allowed and stored is not None and matches
+    if not answer.allowed:
         reason: str | None = "refused"
     elif stored is None:
         reason = "unknown_account"
     else:
         reason = None if ok else "bad_password"
-    if report is not None:
-        await report(attempt_event(attempt, ok, reason))
-    return LoginResult(ok, 0 if allowed else retry_after_ms)
+    await _report(report, attempt_event(attempt, ok, reason))
+    if ok and answer.challenge == "step_up" and not attempt.device_trusted:
+        if step_ups is None:
+            log.warning("the edge asked for a second factor and no StepUps is configured")
+            return LoginResult(False, 0, "step_up")
+        return LoginResult(False, 0, "step_up", await step_ups.start(attempt))
+    return LoginResult(ok, 0 if answer.allowed else answer.retry_after_ms)
 
 
-def attempt_event(attempt: Attempt, ok: bool, failure_reason: str | None) -> dict[str, Any]:
+async def finish_step_up(
+    attempt: Attempt,
+    ticket: str,
+    code: str,
+    edge: EdgeClient,
+    step_ups: StepUps,
+    report: Report | None = None,
+) -> LoginResult:
+    """The second step of a ``step_up``: ask the edge (``flow="mfa"``: the second factor
+    has its own limits), check the code against the ticket (once), report the outcome as
+    a ``flow="mfa"`` event."""
+    answer = await edge.check(attempt, flow="mfa")
+    ok = step_ups.finish(attempt, ticket, code)  # used up either way
+    if not answer.allowed:
+        ok, reason = False, "refused"
+    else:
+        reason = None if ok else "bad_second_factor"
+    await _report(report, attempt_event(attempt, ok, reason, flow="mfa"))
+    return LoginResult(ok, 0 if answer.allowed else answer.retry_after_ms)
+
+
+def attempt_event(
+    attempt: Attempt,
+    ok: bool,
+    failure_reason: str | None,
+    *,
+    flow: str | None = None,
+    challenge: str | None = None,
+) -> dict[str, Any]:
     """The ``login_attempt`` v1 event for ``auth.login-attempts`` (never the password)."""
     now = datetime.now(UTC)
-    return {
+    event = {
         "event_id": str(uuid.uuid4()),
         "occurred_at": now.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
         "tenant": attempt.tenant,
         "service": SERVICE,
-        "flow": attempt.flow,
+        "flow": flow or attempt.flow,
         "account": attempt.account,
         "peer_ip": attempt.peer_ip,
         "forwarded_for": list(attempt.forwarded_for),
@@ -180,11 +403,13 @@ def attempt_event(attempt: Attempt, ok: bool, failure_reason: str | None) -> dic
         "outcome": "success" if ok else "failure",
         "failure_reason": failure_reason,
     }
+    if challenge is not None:
+        event["challenge"] = challenge
+    return event
 
 
 def kafka_report(producer: Any, topic: str = "auth.login-attempts") -> Report:
     """A ``report`` that sends events with an ``aiokafka.AIOKafkaProducer``."""
-    import json
 
     async def send(event: dict[str, Any]) -> None:
         await producer.send(topic, json.dumps(event).encode())
@@ -195,22 +420,35 @@ def kafka_report(producer: Any, topic: str = "auth.login-attempts") -> Report:
 # -- the owner's way out: notices from auth.account-notices ---------------------------------
 
 
-def account_digest(tenant: str, account: str, key: str = DIGEST_KEY) -> str:
-    """authpipe's keyed account digest: BLAKE2b-128 over the NFKC, trimmed, case-folded
-    account (for a tenant that is not case-sensitive), with the shared digest key."""
-    import unicodedata
+def authpipe_normaliser() -> Normaliser:
+    """authpipe's own Normaliser from its settings (``AUTHPIPE_*``, ``authpipe.toml``): the
+    digest key, ``ingest.case_sensitive_tenants`` and the policy's case-sensitive tenants,
+    exactly as the worker builds it."""
+    from pipeline.settings import load_settings
+    from pipeline.wiring import build_normaliser
 
-    if not key:
-        raise ValueError("set AUTHPIPE_IDENTITY_DIGEST_KEY to authpipe's identity.digest_key")
-    text = unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", account).strip().casefold())
-    raw = key.encode()
-    h = hashlib.blake2b(digest_size=16, key=raw if len(raw) <= 64 else hashlib.blake2b(raw).digest())
-    for part in (b"acct\x00", tenant.encode(), b"\x00", text.encode("utf-8", "surrogatepass")):
-        h.update(part)
-    return h.hexdigest()
+    return build_normaliser(load_settings())
 
 
-Mailer = Callable[[str, str, str], Awaitable[None]]
+class BadNotice(ValueError):
+    """A notice that is not one: skipped, never mailed."""
+
+
+_NOTICE_TEXT = ("notice_id", "tenant", "account_digest", "reason", "expires_at")
+
+
+def parse_notice(raw: bytes | None) -> dict[str, Any]:
+    """A notice's JSON with its text fields checked; raises BadNotice."""
+    try:
+        notice = json.loads(raw or b"")
+    except ValueError:
+        raise BadNotice("not JSON") from None
+    if not isinstance(notice, dict):
+        raise BadNotice("not a JSON object")
+    bad = [name for name in _NOTICE_TEXT if not isinstance(notice.get(name), str)]
+    if bad:
+        raise BadNotice("missing or not text: " + ", ".join(bad))
+    return notice
 
 
 class NoticeMailer:
@@ -221,55 +459,65 @@ class NoticeMailer:
     with several instances would keep them in its database)."""
 
     def __init__(
-        self, accounts: Mapping[tuple[str, str], str], send: Mailer, remember: int = 100_000
+        self,
+        accounts: Mapping[tuple[str, str], str],
+        send: Mailer,
+        links: UnlockLinks | None = None,
+        remember: int = 100_000,
     ) -> None:
-        # (tenant, digest) -> the account's mail address, from the service's own records.
+        # (tenant, digest) -> the account (its mail address), from the service's own records.
         self.accounts = accounts
         self.send = send
+        self.links = links or UnlockLinks()
         self.remember = remember
         self.mailed: OrderedDict[str, None] = OrderedDict()
 
     @classmethod
     def for_users(
-        cls, tenant: str, users: Sequence[str], send: Mailer, key: str = DIGEST_KEY
+        cls,
+        tenant: str,
+        users: Sequence[str],
+        send: Mailer,
+        normaliser: Normaliser,
+        links: UnlockLinks | None = None,
     ) -> NoticeMailer:
-        return cls({(tenant, account_digest(tenant, u, key)): u for u in users}, send)
+        """A mailer for ``users`` of ``tenant``, digested by authpipe's ``normaliser``."""
+        digest = normaliser.account_digest
+        return cls({(tenant, digest(tenant, user)): user for user in users}, send, links)
 
     async def handle(self, notice: Mapping[str, Any]) -> bool:
         """Mail the owner; False when the digest is not one of ours (an unknown account:
         the pipeline counts those too, and there is nobody to tell) or the notice was
         mailed already (a copy re-sent after a worker's restart)."""
-        address = self.accounts.get((notice["tenant"], notice["account_digest"]))
-        if address is None or notice["notice_id"] in self.mailed:
+        tenant = notice["tenant"]
+        account = self.accounts.get((tenant, notice["account_digest"]))
+        if account is None or notice["notice_id"] in self.mailed:
             return False
-        link = f"https://login.example/unlock?t={secrets.token_urlsafe(24)}"
+        link = self.links.link(tenant, account)
         body = (
             f"Someone failed to sign in to your account many times ({notice['reason']}); "
             f"sign-ins from new devices are paused until {notice['expires_at']}. If it was "
-            f"you, this link signs you in and remembers this device: {link}"
+            f"you, this link (valid {UNLOCK_TTL_S // 60} minutes, once) signs you in and "
+            f"remembers the device you open it on: {link}"
         )
-        await self.send(address, "Unusual sign-in attempts on your account", body)
+        await self.send(account, "Unusual sign-in attempts on your account", body)
         self.mailed[notice["notice_id"]] = None
         if len(self.mailed) > self.remember:
             self.mailed.popitem(last=False)
         return True
 
 
-async def print_mail(to: str, subject: str, body: str) -> None:
-    print(f"would mail {to}: {subject}\n  {body}")
-
-
 async def consume_notices(consumer: Any, mailer: NoticeMailer) -> None:
-    """Run ``mailer`` over an ``aiokafka.AIOKafkaConsumer`` subscribed to the notices topic."""
-    import json
-
+    """Run ``mailer`` over an ``aiokafka.AIOKafkaConsumer`` subscribed to the notices topic.
+    A malformed notice, or a mail that cannot be sent, is logged and skipped: it never
+    stops the mail of the notices after it."""
     async for message in consumer:
         try:
-            notice = json.loads(message.value)
-        except ValueError:
-            log.warning("skipping a notice that is not JSON at offset %s", message.offset)
-            continue
-        await mailer.handle(notice)
+            await mailer.handle(parse_notice(message.value))
+        except BadNotice as exc:
+            log.warning("skipping a bad notice at offset %s: %s", message.offset, exc)
+        except Exception:  # a mail server down must not stop the other owners' mail
+            log.exception("mailing the notice at offset %s failed; skipped", message.offset)
 
 
 async def main() -> None:
@@ -278,20 +526,33 @@ async def main() -> None:
     async with aiohttp.ClientSession() as session:
         edge = EdgeClient(session)
         attempt = Attempt("alice@example.com", "guess", peer_ip="203.0.113.9")
-        print(await login(attempt, edge, users))
+        print(await login(attempt, edge, users, captcha=StubCaptcha(), step_ups=StepUps()))
+
+
+def notices_consumer() -> Any:
+    """An ``AIOKafkaConsumer`` of the notices topic with authpipe's Kafka settings: the
+    same bootstrap servers and TLS/SASL options as every authpipe client."""
+    from aiokafka import AIOKafkaConsumer
+
+    from pipeline.kafka_client import client_kwargs
+    from pipeline.settings import load_settings
+
+    kafka = load_settings().kafka
+    return AIOKafkaConsumer(
+        NOTICES_TOPIC,
+        **client_kwargs(kafka),
+        group_id=f"{SERVICE}-notices",
+        auto_offset_reset="earliest",
+    )
 
 
 async def notices_main(users: Sequence[str]) -> None:
     """Print the unlock mail for every notice on the topic about one of ``users``."""
-    from aiokafka import AIOKafkaConsumer
-
-    consumer = AIOKafkaConsumer(
-        NOTICES_TOPIC, bootstrap_servers=BOOTSTRAP, group_id=f"{SERVICE}-notices",
-        auto_offset_reset="earliest",
-    )  # fmt: skip
+    consumer = notices_consumer()
+    mailer = NoticeMailer.for_users("default", users, print_mail, authpipe_normaliser())
     await consumer.start()
     try:
-        await consume_notices(consumer, NoticeMailer.for_users("default", users, print_mail))
+        await consume_notices(consumer, mailer)
     finally:
         await consumer.stop()
 

@@ -147,11 +147,13 @@ async def test_login_service_mails_the_owner_for_a_notice_about_its_account() ->
     from pipeline.contracts.codec import encode
     from pipeline.core.engine import Engine
     from pipeline.core.keys import Digester
+    from pipeline.settings import Settings
+    from pipeline.wiring import build_normaliser
     from tests.conftest import TEST_DIGEST_KEY
     from tests.unit.test_core_support import att
 
     digest = Digester(TEST_DIGEST_KEY).account("default", "alice@example.com")
-    assert login_service.account_digest("default", ACCOUNT, TEST_DIGEST_KEY) == digest
+    normaliser = build_normaliser(Settings(identity={"digest_key": TEST_DIGEST_KEY}))
     engine = Engine()
     engine.step_batch([att(i * 1000, account=digest, source=f"203.0.113.{i}") for i in range(5)])
     (notice,) = engine.out.notices
@@ -160,11 +162,13 @@ async def test_login_service_mails_the_owner_for_a_notice_about_its_account() ->
     async def send(to: str, subject: str, body: str) -> None:
         sent.append((to, subject, body))
 
-    mailer = login_service.NoticeMailer.for_users("default", [ACCOUNT], send, TEST_DIGEST_KEY)
+    mailer = login_service.NoticeMailer.for_users("default", [ACCOUNT], send, normaliser)
     assert await mailer.handle(orjson.loads(encode(notice))) is True
     ((to, _, body),) = sent
     assert (
-        to == ACCOUNT and "remembers this device" in body and notice.model_dump_json() not in body
+        to == ACCOUNT
+        and "remembers the device you open it on" in body
+        and notice.model_dump_json() not in body
     )
     other = {**orjson.loads(encode(notice)), "account_digest": "f" * 32}
     assert await mailer.handle(other) is False and len(sent) == 1
