@@ -45,7 +45,25 @@ def _worker(args: argparse.Namespace, settings: Settings) -> int:
 
     if args.policy is not None:
         settings = settings.model_copy(update={"policy_path": args.policy})
+    _publish_fingerprint(settings)
     return run_worker(settings)
+
+
+def _publish_fingerprint(settings: Settings) -> None:
+    """The worker's normalisation fingerprint for edges and operators to compare with
+    (``pipeline.fingerprint``); a broker that refuses it (ACLs, down) is logged, and the
+    worker starts anyway. A bad policy or setting raises here as the worker would."""
+    import asyncio
+
+    from pipeline.fingerprint import FingerprintError, publish_fingerprint
+    from pipeline.logs import get_logger
+    from pipeline.wiring import load_policy
+
+    policy = load_policy(settings.policy_path)
+    try:
+        asyncio.run(publish_fingerprint(settings, policy))
+    except FingerprintError as exc:
+        get_logger("worker").warning("normalisation_fingerprint_unpublished", error=str(exc))
 
 
 def _edge(args: argparse.Namespace, settings: Settings) -> int:

@@ -234,6 +234,26 @@ async def _publish(settings: Settings, key: str, value: bytes | None) -> None:
         await producer.stop()
 
 
+async def _check_normalisation(settings: Settings) -> None:
+    """Raise ManualError when the worker's normalisation fingerprint differs from this
+    command's (``pipeline.fingerprint``): its digests or sources would never match."""
+    from pipeline.fingerprint import fingerprint, mismatch, read_fingerprint
+    from pipeline.kafka_client import security_kwargs
+
+    kafka = settings.kafka
+    worker = await read_fingerprint(
+        kafka.bootstrap_servers, kafka.decisions_topic, security_kwargs(kafka)
+    )
+    line = mismatch(worker, fingerprint(settings), "command")
+    if line is not None:
+        raise ManualError(f"{line}; nothing was published")
+
+
+async def _add(settings: Settings, decision: Decision) -> None:
+    await _check_normalisation(settings)
+    await _publish(settings, decision.key, encode(decision))
+
+
 def add(settings: Settings, target: Target, *, ttl_ms: int, reason: str, operator: str) -> Decision:
     decision = manual_decision(
         target,
@@ -243,7 +263,7 @@ def add(settings: Settings, target: Target, *, ttl_ms: int, reason: str, operato
         operator=operator,
         now_ms=time.time_ns() // 1_000_000,
     )
-    asyncio.run(_publish(settings, decision.key, encode(decision)))
+    asyncio.run(_add(settings, decision))
     return decision
 
 

@@ -7,7 +7,9 @@ for longer than the topic's ``delete.retention.ms`` misses tombstones, never exp
 view drops a decision at its ``expires_at``); a restarted edge that finds only a malformed
 value for a key after compaction has no decision for that key.
 
-The feed is ready once it has read up to the end offsets it saw at start; it exposes lag
+The feed is ready once it has read up to the end offsets it saw at start, and while the
+worker's normalisation fingerprint (``pipeline.fingerprint``, checked every
+``fingerprint_check_s``) does not differ from the edge's; it exposes lag
 (messages not yet read) and staleness (time since the broker last answered a fetch of
 every partition). A broker error, or a bug, is logged and the topic read again after
 ``retry_backoff_s``: enforcement never stops for good.
@@ -31,6 +33,7 @@ from aiokafka.structs import TopicPartition
 from pipeline.clock import wall_ms
 from pipeline.edge.errors import EdgeError
 from pipeline.edge.view import DecisionView
+from pipeline.fingerprint import fingerprint, mismatch, read_fingerprint
 from pipeline.logs import get_logger
 from pipeline.wiring import build_normaliser
 
@@ -79,6 +82,10 @@ class FeedConfig:
     request_timeout_ms: int = 30_000
     # TLS/SASL options of every client the feed opens (pipeline.kafka_client.security_kwargs).
     security: Mapping[str, Any] = field(default_factory=dict)
+    # This edge's normalisation (pipeline.fingerprint), compared with the worker's; None:
+    # not compared.
+    fingerprint: Mapping[str, str] | None = None
+    fingerprint_check_s: float = 30.0
 
 
 class DecisionFeed:
@@ -94,6 +101,11 @@ class DecisionFeed:
         self._ready = asyncio.Event()
         self._waiting: str | None = f"connecting to the broker at {config.bootstrap_servers}"
         self._started_wall_ms = 0
+        self._watch: asyncio.Task[None] | None = None
+        self.mismatch: str | None = None
+        """What differs from the worker's normalisation (None: nothing known to differ)."""
+        self._fingerprint_unknown = False
+        self._fingerprint_checked = config.fingerprint is None
         self.load_ms: int | None = None
         self.errors = 0
 
@@ -108,7 +120,10 @@ class DecisionFeed:
 
         kafka = settings.kafka
         config = FeedConfig(
-            kafka.bootstrap_servers, kafka.decisions_topic, security=security_kwargs(kafka)
+            kafka.bootstrap_servers,
+            kafka.decisions_topic,
+            security=security_kwargs(kafka),
+            fingerprint=fingerprint(settings),
         )
         return cls(view, config)
 
@@ -119,13 +134,18 @@ class DecisionFeed:
         if self._task is None:
             self._started_wall_ms = wall_ms()
             self._task = asyncio.create_task(self._supervise(), name="authpipe-edge-feed")
+        if self._watch is None and self.config.fingerprint is not None:
+            self._watch = asyncio.create_task(
+                self._watch_fingerprint(), name="authpipe-edge-fingerprint"
+            )
 
     async def stop(self) -> None:
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        for task in (self._task, self._watch):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._task = self._watch = None
 
     async def __aenter__(self) -> DecisionFeed:
         await self.start()
@@ -150,11 +170,17 @@ class DecisionFeed:
     # -- health --------------------------------------------------------------------------
 
     def ready(self) -> bool:
-        return self._ready.is_set()
+        return self._ready.is_set() and self._fingerprint_checked and self.mismatch is None
 
     def not_ready_reason(self) -> str | None:
         """Why the view is not ready (None once it is): what it waits for, in words."""
+        if self.mismatch is not None:
+            return self.mismatch
         if self._ready.is_set():
+            if not self._fingerprint_checked:
+                return (
+                    f"reading the worker's normalisation fingerprint beside {self.config.topic!r}"
+                )
             return None
         if self._waiting is not None:
             return self._waiting
@@ -182,6 +208,40 @@ class DecisionFeed:
         if len(known) < len(stamps):
             return None
         return max(0, wall_ms() - min(known))
+
+    # -- the worker's fingerprint ---------------------------------------------------------
+
+    async def check_fingerprint(self) -> None:
+        """Read the worker's fingerprint and compare it with this edge's (``mismatch``)."""
+        cfg = self.config
+        if cfg.fingerprint is None:
+            return
+        worker = await read_fingerprint(cfg.bootstrap_servers, cfg.topic, cfg.security)
+        self._fingerprint_checked = True
+        if worker is None:  # none published (yet), or unreadable: the last verdict stands
+            if not self._fingerprint_unknown:
+                log.warning("edge_normalisation_unknown", topic=cfg.topic)
+                self._fingerprint_unknown = True
+            return
+        self._fingerprint_unknown = False
+        line = mismatch(worker, cfg.fingerprint, "edge")
+        if line != self.mismatch:
+            if line is not None:
+                log.error("edge_normalisation_mismatch", topic=cfg.topic, reason=line)
+            else:
+                log.info("edge_normalisation_matches", topic=cfg.topic)
+        self.mismatch = line
+
+    async def _watch_fingerprint(self) -> None:
+        while True:
+            try:
+                await self.check_fingerprint()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                self._fingerprint_checked = True  # a bug here must not hold readiness back
+                log.exception("edge_fingerprint_check_crashed", topic=self.config.topic)
+            await asyncio.sleep(self.config.fingerprint_check_s)
 
     # -- the loop ------------------------------------------------------------------------
 
