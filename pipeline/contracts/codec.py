@@ -33,6 +33,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from pipeline.contracts.models import (
     Action,
     AppliesTo,
+    ChallengeKind,
     Decision,
     LoginAttempt,
     Scope,
@@ -84,6 +85,7 @@ UINT64_MAX: Final = 18_446_744_073_709_551_615
 SCOPES: Final = frozenset(get_args(Scope))
 APPLIES_TO: Final = frozenset(get_args(AppliesTo))
 ACTIONS: Final = frozenset(get_args(Action))
+CHALLENGES: Final = frozenset(get_args(ChallengeKind))
 OPERATOR_MAX_CHARS: Final = 128
 REASON_MAX_CHARS: Final = 512
 
@@ -119,6 +121,8 @@ class DecisionValue(NamedTuple):
     policy_version: str
     operator: str | None
     reason: str | None
+    challenge: str | None = None
+    """What a ``challenge`` decision (or its observe-mode twin) demands; None otherwise."""
 
 
 def decode_decision(
@@ -149,11 +153,12 @@ def decode_decision(
     account, source, device = get("account_digest"), get("source"), get("device_id")
     applies_to, action, policy_version = get("applies_to"), get("action"), get("policy_version")
     count, threshold, window_ms = get("count"), get("threshold"), get("window_ms")
-    issued_at, expires_at, operator, reason = (
+    issued_at, expires_at, operator, reason, challenge = (
         get("issued_at"),
         get("expires_at"),
         get("operator"),
         get("reason"),
+        get("challenge"),
     )
     # The common case in one expression; any miss re-checks field by field for the message.
     if not (
@@ -187,8 +192,11 @@ def decode_decision(
         and 0 <= threshold <= UINT32_MAX
         and window_ms.__class__ is int
         and 0 <= window_ms <= UINT64_MAX
+        and (challenge is None or (challenge.__class__ is str and challenge in CHALLENGES))
     ):
         raise _explain(body)
+    if action == "challenge" and challenge is None:
+        raise DecodeError("invalid_field", "a challenge decision must name its challenge")
     try:
         issued_at_ms, expires_at_ms = parse_utc_ms(issued_at), parse_utc_ms(expires_at)
     except ValueError as exc:
@@ -215,6 +223,7 @@ def decode_decision(
             policy_version,
             operator,
             reason,
+            challenge,
         )
     )
 
@@ -265,6 +274,11 @@ def _explain(body: dict[str, Any]) -> DecodeError:
         value = body[name]
         if not (value.__class__ is int and 0 <= value <= high):
             return DecodeError("invalid_field", f"{name} is not an integer in 0..{high}")
+    challenge = body.get("challenge")
+    if challenge is not None and (challenge.__class__ is not str or challenge not in CHALLENGES):
+        return DecodeError(
+            "invalid_field", f"challenge {str(challenge)[:40]!r} is not one of {sorted(CHALLENGES)}"
+        )
     return DecodeError("invalid_field", "issued_at or expires_at is not a string")
 
 

@@ -31,14 +31,28 @@ def valid_tenant(tenant: object) -> bool:
     return isinstance(tenant, str) and _TENANT.fullmatch(tenant) is not None
 
 
-Flow = Literal["login", "uia", "mfa", "recovery", "token"]
+Flow = Literal["login", "uia", "mfa", "recovery", "token", "reset", "challenge"]
+"""``reset``: a password reset completed through a link mailed to the account's own
+address (proof of mailbox control, like seed 001's unlock link); never refused by the
+lock, the ceiling or the lifetime bound, and a success ends the consecutive run.
+``recovery`` stays the flow of guessable recovery secrets (security answers, SMS codes),
+which count like passwords. ``challenge``: the outcome of a challenge the edge demanded
+(``challenge`` names its kind)."""
+ChallengeKind = Literal["captcha", "step_up"]
+"""``captcha``: proof of a human before the password is checked; ``step_up``: a second
+factor or e-mail code after a correct password from an untrusted client."""
 Outcome = Literal["success", "failure"]
 FailureReason = Literal["bad_password", "unknown_account", "bad_second_factor", "refused", "other"]
-Scope = Literal["account_source", "account", "device", "uia", "mfa", "source", "lock"]
+Scope = Literal[
+    "account_source", "account", "device", "uia", "mfa", "source", "lock", "tenant", "familiar"
+]
 NoticeReason = Literal["consecutive_lock", "account_ceiling", "lifetime_bound"]
 AppliesTo = Literal["untrusted", "device", "uia", "mfa", "all"]
-Action = Literal["block", "observe"]
-AppliedDecision = Literal["allowed", "block", "observe"]
+Action = Literal["block", "observe", "challenge", "exempt"]
+"""``challenge``: demand ``Decision.challenge`` instead of refusing; ``exempt``: the
+account is familiar at the source (``scope = "familiar"``), which lifts wave challenges
+and rule-issued source decisions for that pair."""
+AppliedDecision = Literal["allowed", "block", "observe", "challenge"]
 
 
 def format_utc_ms(value: datetime) -> str:
@@ -114,6 +128,9 @@ class LoginAttempt(_Input):
     session_id: str | None = Field(None, min_length=1, max_length=256, description="for uia")
     outcome: Outcome
     failure_reason: FailureReason | None = None
+    challenge: ChallengeKind | None = Field(
+        None, description="flow challenge: which challenge this event reports the outcome of"
+    )
     user_agent: str | None = Field(None, description="cut to 512 characters")
 
     @field_validator("tenant")
@@ -164,6 +181,10 @@ class Decision(_Output):
     )
     reason: str | None = Field(
         None, max_length=512, description="why (rule manual)", exclude_if=lambda v: v is None
+    )
+    # Only challenges (and their observe-mode twins) carry the kind they demand.
+    challenge: ChallengeKind | None = Field(
+        None, description="what a challenge decision demands", exclude_if=lambda v: v is None
     )
 
 

@@ -15,11 +15,13 @@ from pipeline.core.decisions import (
     Verdict,
     keys_for,
     lock_key,
+    mfa_account_key,
     mfa_key,
     uia_device_key,
     uia_key,
 )
 from pipeline.core.keys import Key
+from pipeline.core.lockout import StreakState
 from pipeline.core.outbox import Outbox
 from pipeline.core.records import build_alert
 from pipeline.core.rules import CounterRule, TenantRules
@@ -30,6 +32,7 @@ from pipeline.core.streaks import (
     late_failure,
     lock_failure,
     mark_streak,
+    mfa_bound_failure,
     mfa_failure,
     notify_owner,
     streak_entry,
@@ -59,7 +62,11 @@ class AccountShard(Shard):
         subjects = index.subjects
         # Only an account or source with an active decision can be refused: two string
         # lookups spare building the attempt's keys in the common case.
-        if subjects and (attempt.account in subjects or attempt.source in subjects):
+        if subjects and (
+            attempt.account in subjects
+            or attempt.source in subjects
+            or attempt.tenant in subjects  # a wave challenge (the Engine indexes them here)
+        ):
             verdict = index.check(keys_for(attempt), attempt.occurred_ms)
         else:
             verdict = ALLOWED
@@ -69,7 +76,13 @@ class AccountShard(Shard):
             if not attempt.success and attempt.failure_reason != "refused":
                 late_failure(self, attempt, rules, out, seq)
             return verdict
-        if attempt.success:
+        flow = attempt.flow
+        if flow == "challenge":
+            out.forwards.append(attempt)  # bot evidence is the source stage's
+        elif flow == "reset":
+            if attempt.success:
+                self._reset(attempt, rules, out, seq)
+        elif attempt.success:
             self._success(attempt, rules, out, seq)
         elif attempt.failure_reason != "refused":
             self._failure(attempt, rules, out, seq)
@@ -91,8 +104,12 @@ class AccountShard(Shard):
         # Each success resets its own counter; most find none (a dict miss, no call).
         flow = attempt.flow
         if flow in PASSWORD_FLOWS:
-            if not (attempt.trusted and attempt.device):
-                out.forwards.append(attempt)  # the source stage counts the source's real users
+            trusted = attempt.trusted and attempt.device is not None
+            if self._familiar(attempt, rules, out, seq):
+                # One more account of the source's real users (the source stage).
+                out.forwards.append(attempt._replace(failure_reason="familiar"))
+            elif not trusted:
+                out.forwards.append(attempt)  # a redemption of the pair, if it failed there
             key: Key = ("lock", tenant, account, None, None)
             streak = rules.streaks.mapping.get(key)
             if streak is not None and (
@@ -104,12 +121,12 @@ class AccountShard(Shard):
             key = ("account_source", tenant, account, attempt.source, None)
             entry = rules.pair_rule.entries.get(key)
             if entry is not None and entry.keep_until_ms > wm:
-                self._reset(rules.pair_rule, key, entry, out, seq)
+                self._clear(rules.pair_rule, key, entry, out, seq)
             if attempt.trusted and attempt.device:
                 key = ("device", tenant, account, None, attempt.device)
                 entry = rules.device.entries.get(key)
                 if entry is not None and entry.keep_until_ms > wm:
-                    self._reset(rules.device, key, entry, out, seq)
+                    self._clear(rules.device, key, entry, out, seq)
             return
         if flow == "uia":
             rule = rules.uia
@@ -118,18 +135,87 @@ class AccountShard(Shard):
             if device_key is not None:
                 entry = rule.entries.get(device_key)
                 if entry is not None and entry.keep_until_ms > wm:
-                    self._reset(rule, device_key, entry, out, seq)
+                    self._clear(rule, device_key, entry, out, seq)
         else:
             rule = rules.mfa
             key = mfa_key(tenant, account, attempt.source, attempt.device, attempt.session)
             streak = rules.streaks.mapping.get(key)
             if streak is not None:
                 clear_streak(self, key, streak, out, seq)
+            bound_key = mfa_account_key(tenant, account)
+            streak = rules.streaks.mapping.get(bound_key)
+            if streak is not None:
+                clear_streak(self, bound_key, streak, out, seq)
         entry = rule.entries.get(key)
         if entry is not None and entry.keep_until_ms > wm:
-            self._reset(rule, key, entry, out, seq)
+            self._clear(rule, key, entry, out, seq)
 
-    def _reset(self, rule: CounterRule, key: Key, entry: KeyState, out: Outbox, seq: int) -> None:
+    def _familiar(self, attempt: Attempt, rules: TenantRules, out: Outbox, seq: int) -> bool:
+        """The account succeeded from this source: publish (or renew, at most once per
+        ``familiar.renew_ms``) ``familiar|t|a|s|-``. True when published."""
+        if not rules.familiar_on:
+            return False
+        key: Key = ("familiar", attempt.tenant, attempt.account, attempt.source, None)
+        table = rules.familiar
+        entry = table.mapping.get(key)
+        now = attempt.occurred_ms
+        if entry is None:
+            entry = table.create(key, StreakState)
+        else:
+            table.mapping.move_to_end(key)
+            if now < entry.notice_until_ms or (seq >= 0 and entry.seq >= seq):
+                return False  # published within the renew period (the field is its end)
+        expires = now + rules.familiar_memory_ms
+        entry.blocked_until_ms = entry.keep_until_ms = expires
+        entry.notice_until_ms = now + rules.familiar_renew_ms
+        entry.rule = "familiar"
+        entry.decision_id = self.issue(
+            out,
+            "familiar",
+            "familiar",
+            key,
+            attempt.tenant,
+            attempt.account,
+            attempt.source,
+            None,
+            rules.familiar_cfg,
+            0,
+            now,
+            expires,
+            action="exempt",
+        )
+        if seq > entry.seq:
+            entry.seq = seq
+        if self.track_changes:
+            self.dirty[("familiar", key)] = None
+        return True
+
+    def _reset(self, attempt: Attempt, rules: TenantRules, out: Outbox, seq: int) -> None:
+        """A password reset proven through the mailbox (``flow = "reset"``): the owner
+        chose a new password, so every guess at the old one is moot. It ends the run (the
+        lock and the lifetime bound, the second factor's account bound, rule 7's streak),
+        clears the pair's counter and the ceiling's decision, and makes the pair familiar.
+        Nothing refuses it but an operator (``pipeline.core.decisions``)."""
+        tenant, account = attempt.tenant, attempt.account
+        for key in (lock_key(tenant, account), mfa_account_key(tenant, account)):
+            streak = rules.streaks.mapping.get(key)
+            if streak is not None:
+                clear_streak(self, key, streak, out, seq)
+        wm = self.watermark_ms
+        for rule, key in (
+            (rules.acct, ("account", tenant, account, None, None)),
+            (rules.pair_rule, ("account_source", tenant, account, attempt.source, None)),
+        ):
+            entry = rule.entries.get(key)
+            if entry is not None and entry.keep_until_ms > wm:
+                if rule is rules.acct:
+                    entry.streak = 0
+                    entry.lifetime_alerted = False
+                self._clear(rule, key, entry, out, seq)
+        if self._familiar(attempt, rules, out, seq):
+            out.forwards.append(attempt._replace(failure_reason="familiar"))
+
+    def _clear(self, rule: CounterRule, key: Key, entry: KeyState, out: Outbox, seq: int) -> None:
         """A success clears its own live counter and escalation, and lifts its decision.
         (An entry past its time is gone even before ``expire`` pops it: never reset.)"""
         if seq >= 0 and entry.seq >= seq:
@@ -185,6 +271,7 @@ class AccountShard(Shard):
         else:
             handle = attempt.device or attempt.session
             key = mfa_key(tenant, account, attempt.source, attempt.device, attempt.session)
+            mfa_bound_failure(self, attempt, rules, out, seq)
             if rules.mfa_curve:
                 mfa_failure(
                     self, attempt, rules, key, None if handle else attempt.source, handle, out, seq

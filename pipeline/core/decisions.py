@@ -5,26 +5,38 @@ an unexpired ``block`` decision applies to it; ``retry_after_ms`` is the longest
 remaining block. Which decisions apply is decided by key, so the check is a handful of
 dict lookups:
 
-* every flow: ``source|t|-|s|-`` (source blocks apply to all; off by default);
+* every flow but ``reset``: ``source|t|-|s|-`` (a rule's source decision), except a
+  password flow from a device trusted for the account: a rule-issued source decision
+  never refuses or challenges the owner's trusted device;
 * password flows from a trusted device: ``device|t|a|-|d`` only, never the
   account_source or account blocks: a stranger cannot lock the owner out of their device;
-* other password flows: ``account_source|t|a|s|-``, ``account|t|a|-|-`` and the
-  consecutive-failure lock ``lock|t|a|-|-`` (seed 002, and the lifetime bound);
+* other password flows: ``familiar|t|a|s|-`` (the account succeeded from this source:
+  an ``exempt`` that lifts the wave's challenge and rule-issued source decisions for the
+  pair), ``account_source|t|a|s|-``, ``account|t|a|-|-``, the consecutive-failure lock
+  ``lock|t|a|-|-`` (seed 002, and the lifetime bound) and the tenant's wave challenge
+  ``tenant|t|-|-|-``;
+* ``reset`` (a reset proven through the mailbox): operators' decisions only;
 * ``uia``: ``uia|t|a|-|<session or device>`` (or ``uia|t|a|s|-`` with neither), and
   ``uia|t|a|-|<device>`` as well when both a session and a device are given (seed 000:
   a new session per attempt from one device is still counted against that device);
-* ``mfa``: ``mfa|t|a|-|<device or session>`` (or ``mfa|t|a|s|-`` with neither);
+* ``mfa``: ``mfa|t|a|-|<device or session>`` (or ``mfa|t|a|s|-`` with neither), and the
+  account's consecutive bound over every device ``mfa|t|a|-|-`` (NIST's 100);
 * every flow, operators' decisions (``authpipe decisions add``): ``source|t|-|s|manual``
   and ``account|t|a|-|manual``. The ``manual`` device slot keeps them apart from the
   rules' keys, so a rule's tombstone never lifts an operator's block, nor the reverse.
+
+A ``challenge`` decision refuses nothing: the verdict is allowed and names the
+challenge (``captcha`` before the password is checked, ``step_up`` after a correct one);
+a block in force wins over it.
 """
 
 from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
+from pipeline.contracts.models import datetime_to_ms
 from pipeline.core.attempt import PASSWORD_FLOWS, Attempt
 from pipeline.core.keys import Key, decision_key
 
@@ -55,6 +67,21 @@ def lock_key(tenant: str, account: str) -> Key:
     return ("lock", tenant, account, None, None)
 
 
+def tenant_key(tenant: str) -> Key:
+    """The tenant's wave challenge (``pipeline.core.rollup``)."""
+    return ("tenant", tenant, None, None, None)
+
+
+def familiar_key(tenant: str, account: str, source: str) -> Key:
+    """The account's familiarity with a source (it succeeded from there)."""
+    return ("familiar", tenant, account, source, None)
+
+
+def mfa_account_key(tenant: str, account: str) -> Key:
+    """The account's consecutive second-factor bound, over every device and session."""
+    return ("mfa", tenant, account, None, None)
+
+
 def mfa_key(tenant: str, account: str, source: str, device: str | None, session: str | None) -> Key:
     """The second-factor bucket: per device, else per session, else per source."""
     handle = device or session
@@ -79,20 +106,19 @@ def applicable_keys(
     manual_account: Key = ("account", tenant, account, None, MANUAL)
     if flow in PASSWORD_FLOWS:
         if trusted and device:
-            return (
-                source_key,
-                ("device", tenant, account, None, device),
-                manual_source,
-                manual_account,
-            )
+            return (("device", tenant, account, None, device), manual_source, manual_account)
         return (
+            ("familiar", tenant, account, source, None),  # first: it exempts the ones after
             source_key,
             ("account_source", tenant, account, source, None),
             ("account", tenant, account, None, None),
             ("lock", tenant, account, None, None),
+            ("tenant", tenant, None, None, None),
             manual_source,
             manual_account,
         )
+    if flow == "reset":
+        return (manual_source, manual_account)
     if flow == "uia":
         uia = uia_key(tenant, account, source, session, device)
         if session and device:
@@ -104,12 +130,15 @@ def applicable_keys(
                 manual_account,
             )
         return (source_key, uia, manual_source, manual_account)
-    return (
-        source_key,
-        mfa_key(tenant, account, source, device, session),
-        manual_source,
-        manual_account,
-    )
+    if flow == "mfa":
+        return (
+            source_key,
+            mfa_key(tenant, account, source, device, session),
+            ("mfa", tenant, account, None, None),
+            manual_source,
+            manual_account,
+        )
+    return (source_key, manual_source, manual_account)
 
 
 def keys_for(attempt: Attempt) -> tuple[Key, ...]:
@@ -134,21 +163,27 @@ class Active(NamedTuple):
     action: str
     expires_ms: int
     rule: str
+    challenge: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Verdict:
-    """The answer of the check. Only ``allowed`` and ``retry_after_ms`` go to clients."""
+    """The answer of the check. Only ``allowed``, ``retry_after_ms`` and ``challenge``
+    go to clients."""
 
     allowed: bool
     retry_after_ms: int
     matched_key: Key | None = None
     observed_key: Key | None = None
+    challenge: str | None = None
+    challenge_key: Key | None = None
 
     @property
     def applied(self) -> str:
         if not self.allowed:
             return "block"
+        if self.challenge is not None:
+            return "challenge"
         return "observe" if self.observed_key else "allowed"
 
 
@@ -167,14 +202,17 @@ class DecisionIndex:
     instead of building the attempt's keys. That is the common case on the hot path.
     """
 
-    __slots__ = ("_active", "_announced", "_heap", "_wall_heap", "subjects")
+    __slots__ = ("_active", "_announce", "_announced", "_heap", "_wall_heap", "subjects")
 
-    def __init__(self) -> None:
+    def __init__(self, announce: bool = True) -> None:
         self._active: dict[Key, Active] = {}
         self._heap: list[tuple[int, str, Key]] = []
         # Decisions already tombstoned because the wall clock passed their expiry
         # (``announce_expired``): still in force for events older than that, never
-        # tombstoned twice.
+        # tombstoned twice. Only a worker announces (``announce``): a reader such as the
+        # edge never drains this heap, so it keeps none (it would grow with every
+        # decision ever applied).
+        self._announce = announce
         self._wall_heap: list[tuple[int, str, Key]] = []
         self._announced: dict[Key, str] = {}
         self.subjects: dict[str, int] = {}
@@ -183,21 +221,24 @@ class DecisionIndex:
         return len(self._active)
 
     def put(self, key: Key, active: Active) -> None:
-        if key not in self._active:
+        # An exempt refuses and demands nothing on its own: it is not a subject, so an
+        # account whose only decisions are exempts stays on the two-lookup fast path.
+        if key not in self._active and active.action != "exempt":
             subject = _subject(key)
             self.subjects[subject] = self.subjects.get(subject, 0) + 1
         self._active[key] = active
         # Ordered by (expiry, decision id): ids are unique, so keys (which may hold None)
         # are never compared.
         heapq.heappush(self._heap, (active.expires_ms, active.decision_id, key))
-        heapq.heappush(self._wall_heap, (active.expires_ms, active.decision_id, key))
+        if self._announce:
+            heapq.heappush(self._wall_heap, (active.expires_ms, active.decision_id, key))
 
     def lift(self, key: Key) -> Active | None:
         """Remove ``key``'s decision; returns it, or None when there is none (or when the
         wall clock already tombstoned it: the caller must not tombstone it again)."""
         active = self._active.pop(key, None)
         if active is not None:
-            self._forget(key)
+            self._forget(key, active)
             if self._announced.pop(key, None) == active.decision_id:
                 return None
         return active
@@ -216,7 +257,9 @@ class DecisionIndex:
                 out.append(key)
         return out
 
-    def _forget(self, key: Key) -> None:
+    def _forget(self, key: Key, active: Active) -> None:
+        if active.action == "exempt":
+            return
         subject = _subject(key)
         left = self.subjects[subject] - 1
         if left:
@@ -244,30 +287,62 @@ class DecisionIndex:
             current = self._active.get(key)
             if current is not None and current.decision_id == decision_id:
                 del self._active[key]
-                self._forget(key)
+                self._forget(key, current)
                 if self._announced.pop(key, None) != decision_id:
                     removed.append(key)
         return removed
 
     def check(self, keys: tuple[Key, ...], now_ms: int) -> Verdict:
-        """Refused iff an unexpired block applies; retry after the longest remaining one."""
+        """Refused iff an unexpired block applies; retry after the longest remaining one.
+        Else the first unexpired challenge names what to demand. An ``exempt`` (the
+        familiar pair, first among the keys) voids the tenant's wave challenge and the
+        rules' source decisions for this attempt; operators' decisions still apply."""
         retry_ms = 0
         matched: Key | None = None
         observed: Key | None = None
+        challenge: Key | None = None
+        kind: str | None = None
+        exempt = False
         active = self._active
         for key in keys:
             entry = active.get(key)
             if entry is None or entry.expires_ms <= now_ms:
                 continue
-            if entry.action == "block":
+            action = entry.action
+            if action == "exempt":
+                exempt = True
+                continue
+            if exempt and (key[0] == "tenant" or (key[0] == "source" and key[4] is None)):
+                continue
+            if action == "block":
                 remaining = entry.expires_ms - now_ms
                 if remaining > retry_ms:
                     retry_ms, matched = remaining, key
+            elif action == "challenge":
+                if challenge is None:
+                    challenge, kind = key, entry.challenge
             elif observed is None:
                 observed = key
-        if matched is None:
-            return Verdict(True, 0, None, observed) if observed else ALLOWED
-        return Verdict(False, retry_ms, matched, observed)
+        if matched is not None:
+            return Verdict(False, retry_ms, matched, observed)
+        if challenge is not None:
+            return Verdict(True, 0, None, observed, kind, challenge)
+        return Verdict(True, 0, None, observed) if observed else ALLOWED
+
+    def may_apply_tenant(self, tenant: str, account: str, source: str) -> bool:
+        """``may_apply``, or the tenant has a decision of its own (a wave challenge)."""
+        subjects = self.subjects
+        return bool(subjects) and (account in subjects or source in subjects or tenant in subjects)
+
+
+def index_wave(index: DecisionIndex, decisions: list[tuple[str, Any]]) -> None:
+    """Put the rollup's wave decisions (``(wire key, Decision)``) into ``index``."""
+    for _wire_key, d in decisions:
+        expires = datetime_to_ms(d.expires_at)
+        index.put(
+            ("tenant", d.tenant, None, None, None),
+            Active(d.decision_id, d.action, expires, d.rule, d.challenge),
+        )
 
 
 def _subject(key: Key) -> str:

@@ -22,7 +22,7 @@ from collections.abc import Iterable
 
 from pipeline.core.account import AccountShard
 from pipeline.core.attempt import Attempt
-from pipeline.core.decisions import Verdict
+from pipeline.core.decisions import Verdict, index_wave
 from pipeline.core.outbox import ACCOUNT_SHARE, SOURCE_SHARE, UNKNOWN_SHARE, Outbox, Shares
 from pipeline.core.policy import DEFAULT_POLICY, Policy
 from pipeline.core.rollup import FINAL_MS, TICK_MS, TenantRollup
@@ -65,6 +65,7 @@ class Engine:
         watermark second: enforcement itself is exact (the check compares expires_ms),
         only tombstones may trail by up to a second."""
         self.out.alerts.extend(self.rollup.advance(now_ms))
+        self._waves()
         self.accounts.advance(now_ms, self.out)
         self.sources.advance(now_ms, self.out)
         self._next_advance_ms = now_ms - now_ms % TICK_MS + TICK_MS
@@ -73,6 +74,17 @@ class Engine:
         """The end of a replay: evaluate rule 8 on everything recorded (what the stream
         does once its watermark passes the last event, e.g. when its input goes idle)."""
         self.out.alerts.extend(self.rollup.advance(FINAL_MS))
+        self._waves()
+
+    def _waves(self) -> None:
+        """Publish the rollup's wave challenges and index them (shared by both shards'
+        checks, like the gateway's view)."""
+        rollup = self.rollup
+        rollup.newly_fired.clear()  # only the stream's changelog records them
+        if rollup.decisions:
+            index_wave(self.accounts.index, rollup.decisions)
+            self.out.decisions.extend(rollup.decisions)
+            rollup.decisions.clear()
 
     def _record(self, shares: Shares, kind: str) -> None:
         """Hand the shares a step changed to the rollup (this process's only shard: 0)."""

@@ -41,8 +41,13 @@ class Outbox:
     notices: list[AccountNotice] = field(default_factory=list)
     unknown_shares: Shares = field(default_factory=dict)
     """The source stage's distinct unknown accounts (``stuffing_tenant``)."""
+    exempts: list[tuple[str, Decision]] = field(default_factory=list)
+    """Familiar pairs (action ``exempt``): published on the decisions topic like the
+    decisions, kept apart so a policy's decisions (and their diff) are not drowned by
+    one record per account and source its owner signs in from."""
 
     def clear(self) -> None:
+        self.exempts.clear()
         self.notices.clear()
         self.decisions.clear()
         self.alerts.clear()

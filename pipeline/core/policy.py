@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from pipeline.contracts.models import TENANT_RULE, valid_tenant
+from pipeline.contracts.models import TENANT_RULE, ChallengeKind, valid_tenant
 from pipeline.core.errors import PolicyError
 from pipeline.core.normalise import NetworkSet, parse_network
 
@@ -22,6 +22,7 @@ Mode = Literal["enforce", "observe"]
 MINUTE_MS = 60_000
 WINDOW_MS = 15 * MINUTE_MS
 HOUR_MS = 60 * MINUTE_MS
+DAY_MS = 24 * HOUR_MS
 MAX_WINDOW_MS = 7 * 24 * HOUR_MS
 MAX_BLOCK_MS = 366 * 24 * HOUR_MS
 """Longest block: keeps ``expires_at`` a representable timestamp whatever the config says."""
@@ -126,39 +127,116 @@ class NoticeConfig(_Frozen):
     window_ms: int = Field(24 * HOUR_MS, ge=1000, le=MAX_BLOCK_MS)
 
 
-class StuffingConfig(_Frozen):
-    """Credential stuffing, per source (``pipeline.core.stuffing`` has the rule).
+REMOVED_STUFFING_KEYS = (
+    "block_min_unknown",
+    "block_more_unknown",
+    "block_lower_ratio",
+    "success_factor",
+    "block_ms",
+    "mode",
+)
+"""The per-source stuffing block's settings, removed (issue 24): it refused people who
+tried several identifiers and answered whether accounts exist."""
 
-    Block (rule ``stuffing``, scope ``source``, for ``block_ms``) a source that within
-    ``window_ms`` failed against at least ``block_min_unknown`` distinct accounts that do
-    not exist, when those are at least ``unknown_ratio`` of its untrusted failures (or at
-    least ``block_lower_ratio`` once they are ``block_more_unknown``), they are more than
-    ``success_factor`` times its untrusted successes (a NAT's colleagues sign in), and
-    none of its users succeeded after failing from it (typo then success). ``mode = "observe"`` publishes the decision as observe-only. The
-    ``credential_stuffing`` alert is raised once per window when the source has at
-    least ``min_attempts`` failures with the same ratio.
+
+class StuffingConfig(_Frozen):
+    """Credential stuffing: signals, never a block on their own.
+
+    The ``credential_stuffing`` alert is raised once per ``window_ms`` for a source with
+    at least ``min_attempts`` untrusted failures of which at least ``unknown_ratio`` are
+    distinct accounts that do not exist (an alert reaches operators, never a client, so
+    it is no existence oracle).
 
     The wave across sources: ``stuffing_tenant`` is raised once per tumbling
     ``tenant_window_ms`` when the tenant's distinct unknown accounts (untrusted failures,
     summed over sources) reach ``max(tenant_min_unknown, tenant_factor * baseline)``,
-    the baseline being the mean of the previous ``tenant_baseline_windows`` windows: a
-    leaked list replayed through many proxies shows there within seconds, long before
-    any one proxy has failed twice.
+    the baseline being the mean of the previous ``tenant_baseline_windows`` windows (a
+    window that fired counts at its own baseline, so one wave does not mask the next). A
+    firing starts or extends the tenant's wave challenge (``WaveConfig``).
     """
 
     min_attempts: int = Field(50, ge=1)
     unknown_ratio: float = Field(0.8, gt=0.0, le=1.0)
     window_ms: int = Field(WINDOW_MS, ge=1000, le=MAX_WINDOW_MS)
-    block_min_unknown: int = Field(2, ge=1, le=1_000_000)
-    block_more_unknown: int = Field(5, ge=1, le=1_000_000)
-    block_lower_ratio: float = Field(0.5, gt=0.0, le=1.0)
-    success_factor: float = Field(4.0, ge=0.0)
-    block_ms: int = Field(HOUR_MS, ge=1000, le=MAX_BLOCK_MS)
-    mode: Mode = "enforce"
     tenant_window_ms: int = Field(MINUTE_MS, ge=1000, le=MAX_WINDOW_MS)
     tenant_min_unknown: int = Field(20, ge=1)
     tenant_factor: float = Field(5.0, ge=1.0)
     tenant_baseline_windows: int = Field(15, ge=1, le=1440)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _removed(cls, data: Any) -> Any:
+        if isinstance(data, Mapping):
+            removed = sorted(set(data) & set(REMOVED_STUFFING_KEYS))
+            if removed:
+                raise ValueError(
+                    f"{', '.join(removed)}: removed with the per-source stuffing block; a "
+                    "stuffing wave is answered by the tenant's challenge ([wave], "
+                    "docs/policy.md): delete these keys"
+                )
+        return data
+
+
+class WaveConfig(_Frozen):
+    """A tenant under a wave challenges its untrusted password attempts.
+
+    When ``stuffing_tenant`` or ``spray_tenant`` fires, the rollup publishes a decision on
+    the tenant's key (``tenant|t|-|-|-``, action ``challenge``) demanding ``challenge``
+    of untrusted password attempts for ``hold_ms`` after the firing; each firing of the
+    same wave extends it, so it ends ``hold_ms`` after the wave's last firing. A device
+    trusted for the account is never challenged by it, nor an account at a source it
+    succeeded from before (``FamiliarConfig``). ``mode = "observe"`` publishes it as
+    ``observe`` (it demands nothing)."""
+
+    enabled: bool = True
+    challenge: ChallengeKind = "captcha"
+    hold_ms: int = Field(15 * MINUTE_MS, ge=1000, le=MAX_WINDOW_MS)
+    mode: Mode = "enforce"
+
+
+class FamiliarConfig(_Frozen):
+    """Sources an account succeeded from: its owner's own places.
+
+    A success of an account (any password flow, or a reset proven through the mailbox)
+    publishes ``familiar|t|a|s|-`` (action ``exempt``) for ``memory_ms``, renewed at most
+    once per ``renew_ms``: that pair is never challenged by the tenant's wave, nor refused
+    or challenged by a rule-issued source decision. A source with at least
+    ``shared_accounts`` familiar accounts within a renew period is shared by real users
+    (a NAT, a library): no rule blocks it on a stranger's evidence."""
+
+    enabled: bool = True
+    memory_ms: int = Field(30 * DAY_MS, ge=1000, le=MAX_BLOCK_MS)
+    renew_ms: int = Field(DAY_MS, ge=1000, le=MAX_BLOCK_MS)
+    shared_accounts: int = Field(3, ge=1, le=1_000_000)
+
+    @model_validator(mode="after")
+    def _renew_within_memory(self) -> FamiliarConfig:
+        if self.renew_ms > self.memory_ms:
+            raise ValueError("familiar.renew_ms must be <= familiar.memory_ms")
+        return self
+
+
+class ChallengeFailuresConfig(_Frozen):
+    """Bot evidence: a source that fails ``threshold`` challenges (``flow = "challenge"``,
+    outcome failure) within ``window_ms`` is blocked for its untrusted password attempts
+    for ``block_ms`` (rule ``challenge_failures``, scope ``source``), unless it is shared
+    by real users (``FamiliarConfig.shared_accounts``). Failing a challenge says nothing
+    about whether an account exists."""
+
+    threshold: int = Field(5, ge=1, le=1_000_000)
+    window_ms: int = Field(WINDOW_MS, ge=1000, le=MAX_WINDOW_MS)
+    block_ms: int = Field(HOUR_MS, ge=1000, le=MAX_BLOCK_MS)
+    mode: Mode = "enforce"
+
+
+class MfaAccountConfig(_Frozen):
+    """NIST SP 800-63B's bound for one-time codes, per account: ``threshold`` consecutive
+    ``mfa`` failures of the account over every device, cookie and session refuse its
+    second-factor checks (key ``mfa|t|a|-|-``) until a success of the second factor,
+    a reset proven through the mailbox, or ``lifetime.block_ms``."""
+
+    threshold: int = Field(100, ge=1, le=1_000_000)
+    mode: Mode = "enforce"
 
 
 class TenantSprayConfig(_Frozen):
@@ -166,18 +244,21 @@ class TenantSprayConfig(_Frozen):
 
     Fires when ``distinct >= max(min_accounts, factor * baseline)`` and at least
     ``min_sources`` sources failed, where ``baseline`` is the mean of the previous
-    ``baseline_windows`` windows. ``min_history_windows`` keeps it quiet until the
-    rollup has seen that many earlier windows of the tenant: with no history the baseline
-    is 0 and a busy tenant's ordinary typos can pass ``min_accounts`` (set it to 1 or more
-    on large tenants; 0, the default, also catches a spray that starts with the worker).
+    ``baseline_windows`` windows (a window that fired counts at its own baseline, so one
+    wave does not mask the next). ``min_history_windows`` keeps it quiet until the rollup
+    has seen that many earlier windows of the tenant: with no history the baseline is 0
+    and a busy tenant's ordinary typos pass ``min_accounts``. Short windows (10 s) answer
+    a wave within seconds; ``spray_tenant`` is alerted when a wave starts (the window
+    before did not fire), and every firing window extends the wave challenge.
+    Existence-blind: unknown and real accounts count alike.
     """
 
-    window_ms: int = Field(WINDOW_MS, ge=1000, le=MAX_WINDOW_MS)
-    baseline_windows: int = Field(8, ge=1, le=96)
-    factor: float = Field(5.0, ge=1.0)
-    min_accounts: int = Field(100, ge=1)
+    window_ms: int = Field(10_000, ge=1000, le=MAX_WINDOW_MS)
+    baseline_windows: int = Field(60, ge=1, le=1440)
+    factor: float = Field(3.0, ge=1.0)
+    min_accounts: int = Field(20, ge=1)
     min_sources: int = Field(10, ge=1)
-    min_history_windows: int = Field(0, ge=0, le=96)
+    min_history_windows: int = Field(30, ge=0, le=1440)
 
 
 class TenantPolicy(_Frozen):
@@ -196,6 +277,10 @@ class TenantPolicy(_Frozen):
     notice: NoticeConfig = NoticeConfig()
     stuffing: StuffingConfig = StuffingConfig()
     tenant_spray: TenantSprayConfig = TenantSprayConfig()
+    wave: WaveConfig = WaveConfig()
+    familiar: FamiliarConfig = FamiliarConfig()
+    challenge_failures: ChallengeFailuresConfig = ChallengeFailuresConfig()
+    mfa_account: MfaAccountConfig = MfaAccountConfig()
     allowlist: tuple[str, ...] = Field((), description="CIDRs exempt from the source signal")
     case_sensitive: bool = False
     sub_buckets: int = Field(15, ge=1, le=240, description="sliding-window resolution")

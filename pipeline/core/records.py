@@ -15,6 +15,8 @@ APPLIES_TO = {
     "mfa": "mfa",
     "source": "all",
     "lock": "untrusted",
+    "tenant": "untrusted",
+    "familiar": "untrusted",
 }
 """Which attempts a decision of each scope refuses (``pipeline.core.decisions``)."""
 
@@ -35,9 +37,10 @@ def build_decision(
     issued_ms: int,
     expires_ms: int,
     version: str,
+    challenge: str | None = None,
 ) -> Decision:
     """The decision a rule issues on ``wire_key`` (its id is the caller's: it is also
-    kept in the decision index)."""
+    kept in the decision index). ``challenge`` names what a challenge demands."""
     return Decision(
         decision_id=decision_id,
         key=wire_key,
@@ -55,6 +58,7 @@ def build_decision(
         issued_at=ms_to_datetime(issued_ms),
         expires_at=ms_to_datetime(expires_ms),
         policy_version=version,
+        challenge=challenge,  # type: ignore[arg-type]
     )
 
 

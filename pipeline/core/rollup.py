@@ -5,11 +5,11 @@ the alerts are a function of the events alone, not of the order the shares arriv
 
 from __future__ import annotations
 
-from pipeline.contracts.models import Alert
-from pipeline.core.keys import stable_id
+from pipeline.contracts.models import Alert, Decision
+from pipeline.core.keys import format_key, stable_id
 from pipeline.core.outbox import ACCOUNT_SHARE, UNKNOWN_SHARE
 from pipeline.core.policy import DEFAULT_POLICY, Policy, TenantSprayConfig
-from pipeline.core.records import build_alert
+from pipeline.core.records import build_alert, build_decision
 from pipeline.core.stuffing import TenantStuffing
 
 TICK_MS = 1000
@@ -46,6 +46,11 @@ class TenantRollup:
         self.tick_ms = -1
         self._configs: dict[str, TenantSprayConfig] = {}
         self.stuffing = TenantStuffing()
+        self.decisions: list[tuple[str, Decision]] = []
+        self.newly_fired: list[tuple[str, int]] = []
+        """Rule 8's windows that fired since the caller last drained this (a firing
+        window of a wave already alerted raises no alert, but is recorded)."""
+        """The wave challenges ``advance`` issued, for the caller to publish and drain."""
 
     def recorded(self, tenant: str, window: int, kind: str, part: int) -> int:
         """The share last recorded for a shard (0 if none): a share at or below it is old."""
@@ -110,6 +115,10 @@ class TenantRollup:
         if window - self.first_window[tenant] < cfg.min_history_windows:
             return None
         self.fired.add(slot)
+        self.newly_fired.append(slot)
+        self._wave(tenant, "spray_tenant", accounts, (window + 1) * cfg.window_ms)
+        if (tenant, window - 1) in self.fired:
+            return None  # the same wave: it extends the challenge, one alert per wave
         start = window * cfg.window_ms
         return build_alert(
             "spray_tenant",
@@ -123,6 +132,39 @@ class TenantRollup:
             self.policy.policy_version,
         )
 
+    def _wave(self, tenant: str, rule: str, count: int, window_end_ms: int) -> None:
+        """A wave fired at ``tick_ms``: challenge the tenant's untrusted password attempts
+        for ``wave.hold_ms`` from then (a later firing issues a later expiry). Issued at
+        the evaluation, or at the window's end for a window evaluated only after it (the
+        end of a replay), so the record is a function of the events. No tombstone ever
+        lifts it: it ends at its ``expires_at``, live and in replay alike."""
+        cfg = self.policy.for_tenant(tenant).wave
+        if not cfg.enabled:
+            return
+        issued = min(self.tick_ms, window_end_ms)
+        expires = issued + cfg.hold_ms
+        wire_key = format_key(("tenant", tenant, None, None, None))
+        version = self.policy.policy_version
+        decision = build_decision(
+            stable_id(wire_key, issued, expires, version),
+            wire_key,
+            "tenant",
+            "challenge" if cfg.mode == "enforce" else "observe",
+            rule,
+            tenant,
+            None,
+            None,
+            None,
+            count,
+            0,
+            0,
+            issued,
+            expires,
+            version,
+            challenge=cfg.challenge,
+        )
+        self.decisions.append((wire_key, decision))
+
     def _stuffing(self, tenant: str, window: int) -> Alert | None:
         cfg = self.policy.for_tenant(tenant).stuffing
         total = self.stuffing.evaluate(
@@ -131,6 +173,7 @@ class TenantRollup:
         if not total:
             return None
         start = window * cfg.tenant_window_ms
+        self._wave(tenant, "stuffing_tenant", total, start + cfg.tenant_window_ms)
         alert = build_alert(
             "stuffing_tenant",
             tenant,
@@ -147,8 +190,12 @@ class TenantRollup:
         return alert.model_copy(update={"alert_id": alert_id})
 
     def _new_window(self, tenant: str, window: int, baseline_windows: int) -> float:
+        # A window that fired is a wave, not the norm: it counts at its own baseline, so
+        # one wave (or a spray beside it) does not hide the next.
+        baselines, fired, accounts = self.baselines, self.fired, self.accounts
         previous = [
-            self.accounts.get((tenant, w), 0) for w in range(window - baseline_windows, window)
+            baselines.get(slot, 0.0) if slot in fired else accounts.get(slot, 0)
+            for slot in ((tenant, w) for w in range(window - baseline_windows, window))
         ]
         baseline = sum(previous) / baseline_windows
         self.baselines[(tenant, window)] = baseline

@@ -102,6 +102,11 @@ class TenantRules:
         self.streaks: BoundedTable[StreakState] = BoundedTable(
             policy.entry_cap, _marker(dirty, "streaks")
         )
+        # Familiar (account, source) pairs: a table of their own, so successes can never
+        # evict a lock's count (an attacker's own account signs in from every proxy).
+        self.familiar: BoundedTable[StreakState] = BoundedTable(
+            policy.entry_cap, _marker(dirty, "familiar")
+        )
         self.max_span_ms = max(spec.span_ms for spec in self.specs.values())
         self.tenant_window_ms = policy.tenant_spray.window_ms
         self.shares_bound = 4 * policy.tenant_spray.baseline_windows + 64
@@ -120,7 +125,18 @@ class TenantRules:
                 threshold=lifetime.threshold, window_ms=0, mode=lifetime.mode
             ),
             "mfa_curve": RuleConfig.model_construct(threshold=1, window_ms=0, mode=curve.mode),
+            "mfa_bound": RuleConfig.model_construct(
+                threshold=policy.mfa_account.threshold, window_ms=0, mode=policy.mfa_account.mode
+            ),
         }
+        self.mfa_bound_threshold = policy.mfa_account.threshold
+        familiar = policy.familiar
+        self.familiar_on = familiar.enabled
+        self.familiar_memory_ms = familiar.memory_ms
+        self.familiar_renew_ms = familiar.renew_ms
+        self.familiar_cfg = RuleConfig.model_construct(
+            threshold=familiar.shared_accounts, window_ms=familiar.memory_ms, mode="enforce"
+        )
         self.lifetime_block_ms = lifetime.block_ms
         self.lifetime_memory_ms = lifetime.memory_ms or FOREVER_MS
         self.lifetime_threshold = lifetime.threshold
@@ -131,32 +147,35 @@ class TenantRules:
     def _compile_sources(self, policy: TenantPolicy) -> None:
         """The source shard's spray and credential-stuffing numbers."""
         spray, stuffing = self.specs["source"], self.stuffing_spec
+        failures = policy.challenge_failures
+        challenge = WindowSpec(failures.window_ms, policy.sub_buckets)
+        self.challenge_sub_ms = challenge.sub_ms
+        self.challenge_ring_size = challenge.ring_size
         self.spray_sub_ms = spray.sub_ms
         self.spray_ring_size = spray.ring_size
         self.stuffing_sub_ms = stuffing.sub_ms
-        self.source_factory = lambda: SourceState(spray.ring_size, stuffing.ring_size)
+        self.source_factory = lambda: SourceState(
+            spray.ring_size, stuffing.ring_size, challenge.ring_size
+        )
         self.spray_threshold = policy.source.threshold
         stuffing_cfg = policy.stuffing
         self.stuffing_min = stuffing_cfg.min_attempts
-        self.stuffing_block_min = stuffing_cfg.block_min_unknown
-        self.stuffing_block_more = stuffing_cfg.block_more_unknown
-        self.stuffing_lower_ratio = stuffing_cfg.block_lower_ratio
-        self.stuffing_success_factor = stuffing_cfg.success_factor
         self.stuffing_ring_size = stuffing.ring_size
         self.stuffing_ratio = stuffing_cfg.unknown_ratio
         self.stuffing_window_ms = stuffing_cfg.window_ms
         self.stuffing_tenant_window_ms = stuffing_cfg.tenant_window_ms
         self.unknown_shares_bound = 4 * stuffing_cfg.tenant_baseline_windows + 64
-        self.stuffing_rule = RuleConfig(
-            threshold=stuffing_cfg.block_min_unknown,
-            window_ms=stuffing_cfg.window_ms,
-            mode=stuffing_cfg.mode,
+        self.challenge_rule = RuleConfig(
+            threshold=failures.threshold, window_ms=failures.window_ms, mode=failures.mode
         )
+        self.challenge_block_ms = failures.block_ms
+        self.shared_accounts = policy.familiar.shared_accounts
+        self.renew_ms = policy.familiar.renew_ms
         self.allowlist = policy.allowlist_set if policy.allowlist else None
         self._allowed: dict[str, bool] = {}
 
     def tables(self) -> list[AnyTable]:
-        return [*self.counters.values(), self.sources, self.pairs, self.streaks]
+        return [*self.counters.values(), self.sources, self.pairs, self.streaks, self.familiar]
 
     def allowlisted(self, source: str) -> bool:
         """Whether the source is in the allowlist; cached, because parsing the address

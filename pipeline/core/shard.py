@@ -75,9 +75,14 @@ class Shard:
         count: int,
         issued_ms: int,
         expires_ms: int,
+        action: str | None = None,
+        challenge: str | None = None,
     ) -> str:
-        """Publish a decision of ``rule`` on ``key`` and index it; returns its id."""
-        action = _action(cfg.mode)
+        """Publish a decision of ``rule`` on ``key`` and index it; returns its id. The
+        action is the mode's (``block`` or ``observe``) unless ``action`` names another
+        for enforce mode (``challenge``, ``exempt``)."""
+        if action is None or cfg.mode != "enforce":
+            action = _action(cfg.mode)
         wire_key = format_key(key)
         decision_id = stable_id(wire_key, issued_ms, expires_ms, self.version)
         decision = build_decision(
@@ -96,9 +101,10 @@ class Shard:
             issued_ms,
             expires_ms,
             self.version,
+            challenge,
         )
-        self.index.put(key, Active(decision_id, action, expires_ms, rule))
-        out.decisions.append((wire_key, decision))
+        self.index.put(key, Active(decision_id, action, expires_ms, rule, challenge))
+        (out.exempts if action == "exempt" else out.decisions).append((wire_key, decision))
         self.metrics.decisions += 1
         return decision_id
 
@@ -119,6 +125,8 @@ class Shard:
         if now_ms > self.watermark_ms:
             self.watermark_ms = now_ms
         for key in self.index.prune(self.watermark_ms):
+            if key[0] == "tenant":
+                continue  # a wave challenge ends at its expiry: never tombstoned
             out.decisions.append((format_key(key), None))
             self.metrics.lifts += 1
         for tables in self.tenants.values():
@@ -135,6 +143,8 @@ class Shard:
             return tables.pairs
         if name == "streaks":
             return tables.streaks
+        if name == "familiar":
+            return tables.familiar
         return tables.counters[name]
 
     def take_dirty(self) -> list[tuple[list[Any], list[Any] | None]]:
@@ -165,9 +175,12 @@ class Shard:
         if value is None:
             self._table(name, entry_key[1]).pop(entry_key)
             return
-        loader: Any = {"sources": SourceState, "pairs": PairState, "streaks": StreakState}.get(
-            name, KeyState
-        )
+        loader: Any = {
+            "sources": SourceState,
+            "pairs": PairState,
+            "streaks": StreakState,
+            "familiar": StreakState,
+        }.get(name, KeyState)
         self._table(name, entry_key[1]).put(entry_key, loader.load(value))
 
     def finish_restore(self, out: Outbox) -> None:
@@ -185,6 +198,12 @@ class Shard:
                         key,
                         Active(streak.decision_id, action, streak.blocked_until_ms, streak.rule),
                     )
+            for key, known in tables.familiar.items():
+                if known.blocked_until_ms > self.watermark_ms and known.decision_id:
+                    action = "exempt" if tables.familiar_cfg.mode == "enforce" else "observe"
+                    self.index.put(
+                        key, Active(known.decision_id, action, known.blocked_until_ms, "familiar")
+                    )
         self.advance(self.watermark_ms, out)
 
     def _reindex_counters(self, tables: TenantRules) -> None:
@@ -199,7 +218,9 @@ class Shard:
                 if entry.blocked_until_ms > self.watermark_ms and entry.decision_id:
                     name, rule_mode = rule, mode
                     if rule == "source" and entry.block_rule == "stuffing":
-                        name, rule_mode = "stuffing", tables.policy.stuffing.mode
+                        continue  # the removed per-source stuffing block: not restored
+                    if rule == "source" and entry.block_rule == "challenge_failures":
+                        name, rule_mode = entry.block_rule, tables.challenge_rule.mode
                     active = Active(
                         entry.decision_id, _action(rule_mode), entry.blocked_until_ms, name
                     )

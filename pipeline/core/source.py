@@ -1,7 +1,13 @@
 """The source shard: the attempts the account shard forwards (untrusted password failures
-and successes), partitioned by source. Spray (rule 5), the credential-stuffing block and
-alert (``pipeline.core.stuffing``), and its shares of distinct failing sources and of
-distinct unknown accounts per tenant.
+and successes, successes that made an account familiar here, challenge outcomes),
+partitioned by source. Spray (rule 5), the credential-stuffing alert
+(``pipeline.core.stuffing``), the block of sources that keep failing challenges (bot
+evidence), whether a source is shared by real users, and its shares of distinct failing
+sources and of distinct unknown accounts per tenant.
+
+No decision here depends on whether an account exists: ``unknown_account`` feeds only
+alerts and the tenant's wave (an operator's signal and a challenge every untrusted
+stranger of the tenant meets alike), never a source's own decision.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from pipeline.core.records import build_alert
 from pipeline.core.rules import TenantRules
 from pipeline.core.shard import Shard, restore_shares
 from pipeline.core.state import PairState, SourceState
-from pipeline.core.stuffing import is_stuffing, stuffing_alert_due
+from pipeline.core.stuffing import stuffing_alert_due
 
 
 class SourceShard(Shard):
@@ -31,9 +37,11 @@ class SourceShard(Shard):
     redeemed pair stops counting towards spray: a user who succeeds right after a typo
     is not being sprayed.
 
-    Credential stuffing (``pipeline.core.stuffing``) publishes a ``stuffing`` decision on
-    the source key (a block by default): it replaces a spray ``observe`` decision on the
-    same key, and spray never replaces it while it is active.
+    A source that fails ``challenge_failures.threshold`` challenges in its window is
+    blocked (rule ``challenge_failures``), unless it is shared: at least
+    ``familiar.shared_accounts`` accounts became familiar at it (their successes there)
+    in the current or previous renew period. A shared source is never blocked by a rule
+    on a stranger's evidence; spray in enforce mode spares it too.
     """
 
     def __init__(
@@ -84,7 +92,11 @@ class SourceShard(Shard):
             entries.move_to_end(skey)
         if seq >= 0 and src.seq >= seq:
             return
-        if attempt.success:
+        if attempt.flow == "challenge":
+            if not attempt.success:
+                self.metrics.counted += 1
+                self._challenge_failure(attempt, rules, src, skey, out)
+        elif attempt.success:
             self._success(attempt, rules, src)
         else:
             self.metrics.counted += 1
@@ -133,44 +145,65 @@ class SourceShard(Shard):
             )
         if unknown.head < failures.head:
             unknown.advance(failures.head)
-        successes = src.successes
-        if successes.head < failures.head:
-            successes.advance(failures.head)
-        if (src.block_rule != "stuffing" or now >= src.blocked_until_ms) and is_stuffing(
-            failures.total,
-            unknown.total,
-            successes.total,
-            now < src.redeemed_until_ms,
-            rules.stuffing_block_min,
-            rules.stuffing_ratio,
-            rules.stuffing_block_more,
-            rules.stuffing_lower_ratio,
-            rules.stuffing_success_factor,
-        ):
-            self._stuffing_block(attempt, rules, src, skey, out)
         if now >= src.stuffing_alerted_until_ms and stuffing_alert_due(
             failures.total, unknown.total, rules.stuffing_min, rules.stuffing_ratio
         ):
             self._stuffing(attempt, rules, src, out)
 
-    def _success(self, attempt: Attempt, rules: TenantRules, src: SourceState) -> None:
-        """An untrusted success: one more real user of the source in the stuffing window.
-        After a failure of the same account from here (a redemption) the source has real
-        users for a whole window, and the pair stops counting as sprayed."""
+    def _challenge_failure(
+        self, attempt: Attempt, rules: TenantRules, src: SourceState, skey: Key, out: Outbox
+    ) -> None:
+        """A failed challenge: bot evidence. Enough of them block the source, unless real
+        users share it."""
         now = attempt.occurred_ms
-        successes = src.successes
-        successes.add(now // rules.stuffing_sub_ms)
-        keep = (successes.head + rules.stuffing_ring_size) * rules.stuffing_sub_ms
+        ring = src.challenges
+        if not ring.add(now // rules.challenge_sub_ms):
+            return
+        keep = (ring.head + rules.challenge_ring_size) * rules.challenge_sub_ms
         if keep > src.keep_until_ms:
             src.keep_until_ms = keep
+        cfg = rules.challenge_rule
+        if (
+            ring.total < cfg.threshold
+            or now < src.blocked_until_ms
+            or src.shared(now // rules.renew_ms, rules.shared_accounts)
+        ):
+            return
+        expires = now + rules.challenge_block_ms
+        src.blocked_until_ms = expires
+        src.block_rule = "challenge_failures"
+        src.decision_id = self.issue(
+            out,
+            "challenge_failures",
+            "source",
+            skey,
+            attempt.tenant,
+            None,
+            attempt.source,
+            None,
+            cfg,
+            ring.total,
+            now,
+            expires,
+        )
+        if expires > src.keep_until_ms:
+            src.keep_until_ms = expires
+
+    def _success(self, attempt: Attempt, rules: TenantRules, src: SourceState) -> None:
+        """A success forwarded here: an untrusted one, or one that made its account
+        familiar at the source (``failure_reason = "familiar"``: one more account of the
+        source's real users). After a failure of the same account from here (a
+        redemption, for that pair only) the pair stops counting as sprayed."""
+        now = attempt.occurred_ms
+        if attempt.failure_reason == "familiar":
+            period = now // rules.renew_ms
+            src.vouch(period)
+            keep = (period + 2) * rules.renew_ms
+            if keep > src.keep_until_ms:
+                src.keep_until_ms = keep
         pkey: Key = ("pair", attempt.tenant, attempt.account, attempt.source, None)
         pair = rules.pairs.mapping.get(pkey)
         if pair is not None and pair.bucket >= 0:
-            until = now + rules.stuffing_window_ms
-            if until > src.redeemed_until_ms:
-                src.redeemed_until_ms = until
-            if until > src.keep_until_ms:
-                src.keep_until_ms = until
             src.distinct.remove(pair.bucket)
             pair.bucket = -1
             if self.track_changes:
@@ -227,8 +260,10 @@ class SourceShard(Shard):
         )
         self.metrics.alerts += 1
         # Like every rule, observe mode publishes its decision with action "observe" (the
-        # refusal check never applies it); enforce mode publishes a block.
-        if now >= src.blocked_until_ms:
+        # refusal check never applies it); enforce mode publishes a block, never on a
+        # source real users share.
+        shared = cfg.mode == "enforce" and src.shared(now // rules.renew_ms, rules.shared_accounts)
+        if now >= src.blocked_until_ms and not shared:
             expires = now + cfg.window_ms
             src.blocked_until_ms = expires
             src.block_rule = "source"
@@ -247,33 +282,6 @@ class SourceShard(Shard):
                 expires,
             )
         src.keep_until_ms = max(src.keep_until_ms, src.spray_alerted_until_ms, src.blocked_until_ms)
-
-    def _stuffing_block(
-        self, attempt: Attempt, rules: TenantRules, src: SourceState, skey: Key, out: Outbox
-    ) -> None:
-        """Publish the ``stuffing`` decision on the source key (replacing a spray
-        ``observe`` decision there); it ends after ``block_ms`` or at a later trip."""
-        cfg = rules.policy.stuffing
-        now = attempt.occurred_ms
-        expires = now + cfg.block_ms
-        src.blocked_until_ms = expires
-        src.block_rule = "stuffing"
-        src.decision_id = self.issue(
-            out,
-            "stuffing",
-            "source",
-            skey,
-            attempt.tenant,
-            None,
-            attempt.source,
-            None,
-            rules.stuffing_rule,
-            src.unknown.total,
-            now,
-            expires,
-        )
-        if expires > src.keep_until_ms:
-            src.keep_until_ms = expires
 
     def _stuffing(
         self, attempt: Attempt, rules: TenantRules, src: SourceState, out: Outbox

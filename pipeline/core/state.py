@@ -92,12 +92,17 @@ class SourceState:
     password successes (real users: a NAT has many, a proxy almost none). ``redeemed_until_ms``: a user of
     this source succeeded after failing from it (typo then success) within the window
     before it. ``block_rule`` names the rule of the active decision (``source`` or
-    ``stuffing``; empty for none).
+    ``challenge_failures``; empty for none; ``stuffing`` in records of the removed
+    per-source stuffing block). ``challenges`` counts the source's failed challenges
+    (bot evidence); ``vouch_*`` count the accounts that became familiar at the source in
+    the current and the previous renew period (``vouch_period``): a source with enough of
+    them is shared by real users.
     """
 
     __slots__ = (
         "block_rule",
         "blocked_until_ms",
+        "challenges",
         "decision_id",
         "distinct",
         "failures",
@@ -109,9 +114,12 @@ class SourceState:
         "successes",
         "tenant_window",
         "unknown",
+        "vouch_count",
+        "vouch_period",
+        "vouch_prev",
     )
 
-    def __init__(self, spray_ring: int, stuffing_ring: int) -> None:
+    def __init__(self, spray_ring: int, stuffing_ring: int, challenge_ring: int = 1) -> None:
         self.distinct = Ring(spray_ring)
         self.failures = Ring(stuffing_ring)
         self.unknown = Ring(stuffing_ring)
@@ -125,6 +133,25 @@ class SourceState:
         self.tenant_window = -1
         self.redeemed_until_ms = 0
         self.block_rule = ""
+        self.challenges = Ring(challenge_ring)
+        self.vouch_period = -1
+        self.vouch_count = 0
+        self.vouch_prev = 0
+
+    def shared(self, period: int, accounts: int) -> bool:
+        """Whether at least ``accounts`` accounts became familiar here in the renew
+        ``period`` or the one before it."""
+        if self.vouch_period == period:
+            return max(self.vouch_count, self.vouch_prev) >= accounts
+        return self.vouch_period == period - 1 and self.vouch_count >= accounts
+
+    def vouch(self, period: int) -> None:
+        """One more account became familiar here in renew ``period``."""
+        if self.vouch_period != period:
+            self.vouch_prev = self.vouch_count if self.vouch_period == period - 1 else 0
+            self.vouch_count = 0
+            self.vouch_period = period
+        self.vouch_count += 1
 
     def dump(self) -> list[object]:
         return [
@@ -141,6 +168,10 @@ class SourceState:
             self.redeemed_until_ms,
             self.block_rule,
             self.successes.dump(),
+            self.challenges.dump(),
+            self.vouch_period,
+            self.vouch_count,
+            self.vouch_prev,
         ]
 
     @classmethod
@@ -161,6 +192,9 @@ class SourceState:
         if len(data) >= 12:  # records written before the stuffing rule have 10 fields
             state.redeemed_until_ms, state.block_rule = data[10:12]  # type: ignore[assignment]
             state.successes = Ring.load(data[12])  # type: ignore[arg-type]
+            if len(data) >= 17:  # records written before challenges and vouches have 13
+                state.challenges = Ring.load(data[13])  # type: ignore[arg-type]
+                state.vouch_period, state.vouch_count, state.vouch_prev = data[14:17]  # type: ignore[assignment]
         elif state.blocked_until_ms:
             state.block_rule = "source"
         return state

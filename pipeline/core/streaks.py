@@ -10,7 +10,7 @@ record (when it tracks changes) so the changelog carries it.
 from __future__ import annotations
 
 from pipeline.core.attempt import PASSWORD_FLOWS, Attempt
-from pipeline.core.decisions import lock_key, mfa_key
+from pipeline.core.decisions import lock_key, mfa_account_key, mfa_key
 from pipeline.core.keys import Key
 from pipeline.core.lockout import StreakState, lock_ms, wait_ms
 from pipeline.core.outbox import Outbox
@@ -25,7 +25,10 @@ def late_failure(shard: Shard, attempt: Attempt, rules: TenantRules, out: Outbox
     if flow in PASSWORD_FLOWS:
         if not (attempt.trusted and attempt.device):
             lock_failure(shard, attempt, rules, out, seq)
-    elif flow == "mfa" and rules.mfa_curve:
+    elif flow == "mfa":
+        mfa_bound_failure(shard, attempt, rules, out, seq)
+        if not rules.mfa_curve:
+            return
         handle = attempt.device or attempt.session
         key = mfa_key(
             attempt.tenant, attempt.account, attempt.source, attempt.device, attempt.session
@@ -96,6 +99,27 @@ def mfa_failure(
     expires = attempt.occurred_ms + wait_ms(streak.count, curve.factor_ms, curve.cap_ms)
     if expires > streak.blocked_until_ms:
         _hold(shard, attempt, rules, key, streak, "mfa_curve", expires, source, device, out)
+    mark_streak(shard, key, streak, seq)
+
+
+def mfa_bound_failure(
+    shard: Shard, attempt: Attempt, rules: TenantRules, out: Outbox, seq: int
+) -> None:
+    """NIST SP 800-63B for one-time codes, per account: one more consecutive second-factor
+    failure of the account, whatever its device, cookie or session; at the bound the
+    account's second-factor checks are refused until a success (or ``lifetime.block_ms``).
+    A fresh cookie per guess resets the per-device curve, never this count."""
+    key = mfa_account_key(attempt.tenant, attempt.account)
+    streak = streak_entry(rules, key)
+    if seq >= 0 and streak.seq >= seq:
+        return
+    now = attempt.occurred_ms
+    if now < streak.blocked_until_ms and rules.streak_cfg["mfa_bound"].mode == "enforce":
+        return  # refused by the bound: not a check of the factor
+    streak.count += 1
+    if streak.count >= rules.mfa_bound_threshold and now >= streak.blocked_until_ms:
+        expires = now + rules.lifetime_block_ms
+        _hold(shard, attempt, rules, key, streak, "mfa_bound", expires, None, None, out)
     mark_streak(shard, key, streak, seq)
 
 

@@ -98,7 +98,7 @@ class DecisionView:
     ) -> None:
         self.normaliser = normaliser
         self.now_ms = now_ms
-        self.index = DecisionIndex()
+        self.index = DecisionIndex(announce=False)
         self.stats = ViewStats()
         self.changes = ChangeSignal()
         self.blocklist_changes = ChangeSignal()
@@ -113,7 +113,7 @@ class DecisionView:
         self._keys: dict[tuple[Any, ...], _Memo] = {}
         # Bound once: the check is a few lookups, so two attribute loads per call show.
         self._memo_get = self._keys.get
-        self._may_apply = self.index.may_apply
+        self._may_apply = self.index.may_apply_tenant
 
     def __len__(self) -> int:
         return len(self.index)
@@ -238,7 +238,7 @@ class DecisionView:
             entry = None
         if entry is None:
             entry = self._keys_of(memo)
-        if not self._may_apply(entry[1], entry[2]):
+        if not self._may_apply(tenant, entry[1], entry[2]):
             return ALLOWED
         return self.index.check(entry[0], self.now_ms())
 

@@ -58,9 +58,12 @@ def run_engine(events: Sequence[TruthEvent], policy: Policy) -> Outputs:
         attempt = event.attempt
         now = max(now, attempt.occurred_ms)
         outputs.verdicts.append(engine.step(attempt, now))
-        if out.decisions:
+        if out.decisions or out.exempts:
+            # The order the stream sends them in (``pipeline.stream.envelopes.collect``).
             outputs.decisions.extend(DecisionRecord(k, d, position) for k, d in out.decisions)
+            outputs.decisions.extend(DecisionRecord(k, d, position) for k, d in out.exempts)
             out.decisions.clear()
+            out.exempts.clear()
         if out.alerts:
             outputs.alerts.extend(AlertRecord(a, position) for a in out.alerts)
             out.alerts.clear()

@@ -86,7 +86,7 @@ def _index_changes(
 
 def replay(events: Sequence[TruthEvent], records: Sequence[DecisionRecord]) -> list[Verdict]:
     """Each event's verdict under the decision stream, as a gateway would have given it."""
-    index = DecisionIndex()
+    index = DecisionIndex(announce=False)
     pending: dict[Key, str] = {}
     changes = _index_changes(events, records)
     verdicts: list[Verdict] = []

@@ -139,18 +139,22 @@ class RollupStage(InputPosition):
             rollup.update(tenant, window, kind, part, share)
             result.changelog.append((dumps([partition, tenant, window, kind, part]), dumps(share)))
         alerts.extend(rollup.advance(sequencer.released_ms))
+        for wire_key, decision in rollup.decisions:  # wave challenges (never tombstoned)
+            result.decisions.append((wire_key.encode(), encode(decision)))
+        rollup.decisions.clear()
         for alert in alerts:
             result.alerts.append(encode(alert))
-            window = _window(alert)
             if (
                 alert.type == "stuffing_tenant"
             ):  # what TenantStuffing.fired holds (it may fire once more)
+                window = _window(alert)
                 state = rollup.stuffing.fired[(alert.tenant, window)]
                 result.changelog.append(
                     (dumps([partition, "fired", alert.tenant, window, UNKNOWN_SHARE]), dumps(state))
                 )
-            else:
-                result.changelog.append((dumps([partition, "fired", alert.tenant, window]), b"1"))
+        for tenant, window in rollup.newly_fired:  # rule 8's, alerted or not
+            result.changelog.append((dumps([partition, "fired", tenant, window]), b"1"))
+        rollup.newly_fired.clear()
         stale = sequencer.take_stale()  # the commit record last: _Stage._finish
         result.held_records = len(stale)
         for upstream, position in stale:

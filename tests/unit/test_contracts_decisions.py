@@ -40,6 +40,7 @@ def test_a_decision_decodes_to_every_field_with_times_in_ms() -> None:
         **model.model_dump(exclude={"issued_at", "expires_at"}),
         "operator": None,
         "reason": None,
+        "challenge": None,
         "issued_at_ms": datetime_to_ms(model.issued_at),
         "expires_at_ms": datetime_to_ms(model.expires_at),
     }

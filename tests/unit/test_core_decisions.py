@@ -12,26 +12,65 @@ MANUAL_KEYS = (("source", "t", None, S, "manual"), ("account", "t", A, None, "ma
 
 
 def test_untrusted_password_flow_keys() -> None:
-    """An untrusted login is checked against source, account_source, account, lock and
-    the operator's source and account keys."""
+    """An untrusted login is checked against familiar (first), source, account_source,
+    account, lock, the tenant's wave and the operator's source and account keys."""
     assert applicable_keys("t", A, S, D, None, False, "login") == (
+        ("familiar", "t", A, S, None),
         ("source", "t", None, S, None),
         ("account_source", "t", A, S, None),
         ("account", "t", A, None, None),
         ("lock", "t", A, None, None),
+        ("tenant", "t", None, None, None),
         *MANUAL_KEYS,
     )
 
 
 def test_trusted_password_flow_keys() -> None:
-    """A trusted device is checked against source, its device key and the operator's keys
-    (an operator's account block applies to every device)."""
+    """A trusted device is checked against its device key and the operator's keys only:
+    no rule's source decision refuses or challenges it (an operator's still do)."""
     for flow in ("login", "token", "recovery"):
         assert applicable_keys("t", A, S, D, None, True, flow) == (
-            ("source", "t", None, S, None),
             ("device", "t", A, None, D),
             *MANUAL_KEYS,
         )
+
+
+def test_a_mailbox_reset_is_checked_against_the_operator_keys_only() -> None:
+    """flow reset: neither the lock, the ceiling, the pair nor the wave can refuse it."""
+    assert applicable_keys("t", A, S, None, None, False, "reset") == MANUAL_KEYS
+
+
+def test_mfa_is_checked_against_the_account_bound_too() -> None:
+    """mfa: the device's curve and the account's consecutive bound over every device."""
+    assert applicable_keys("t", A, S, D, None, False, "mfa")[1:3] == (
+        ("mfa", "t", A, None, D),
+        ("mfa", "t", A, None, None),
+    )
+
+
+def test_a_challenge_allows_and_names_its_kind_and_a_block_wins() -> None:
+    """A challenge decision allows the attempt with its kind; a block in force wins."""
+    index = DecisionIndex()
+    keys = applicable_keys("t", A, S, None, None, False, "login")
+    index.put(("tenant", "t", None, None, None), Active("w", "challenge", 10_000, "w", "captcha"))
+    verdict = index.check(keys, 0)
+    assert (verdict.allowed, verdict.challenge, verdict.applied) == (True, "captcha", "challenge")
+    index.put(("lock", "t", A, None, None), Active("l", "block", 5_000, "lockout"))
+    verdict = index.check(keys, 0)
+    assert (verdict.allowed, verdict.challenge, verdict.retry_after_ms) == (False, None, 5_000)
+
+
+def test_a_familiar_pair_voids_the_wave_and_rule_source_decisions_not_the_operators() -> None:
+    """exempt on familiar|t|a|s|-: no wave challenge, no rule source block; manual applies."""
+    index = DecisionIndex()
+    keys = applicable_keys("t", A, S, None, None, False, "login")
+    index.put(("tenant", "t", None, None, None), Active("w", "challenge", 10_000, "w", "captcha"))
+    index.put(("source", "t", None, S, None), Active("s", "block", 10_000, "challenge_failures"))
+    index.put(("familiar", "t", A, S, None), Active("f", "exempt", 10_000, "familiar"))
+    assert index.check(keys, 0) == Verdict(True, 0)
+    assert "a" * 32 not in index.subjects or index.subjects == {"t": 1, S: 1}
+    index.put(("source", "t", None, S, "manual"), Active("m", "block", 7_000, "manual"))
+    assert index.check(keys, 0).retry_after_ms == 7_000
 
 
 def test_every_flow_is_checked_against_the_operator_keys() -> None:

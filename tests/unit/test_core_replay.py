@@ -30,7 +30,7 @@ def test_two_engines_give_byte_identical_outputs() -> None:
     assert rows == serialised(second.out)
     # Tombstones are part of the replay (most lift seed 004's short mfa waits).
     assert sum(1 for _, v in rows if v is None) == 100
-    assert len(rows) == 213 + len(first.out.alerts)
+    assert len(rows) == 212 + len(first.out.alerts)
 
 
 _DIGEST_SCRIPT = """

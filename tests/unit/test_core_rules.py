@@ -42,6 +42,18 @@ def window_rules(**defaults: Any) -> Policy:
     )
 
 
+RULE8_15MIN = {
+    "window_ms": 15 * 60_000,
+    "baseline_windows": 8,
+    "factor": 5.0,
+    "min_accounts": 100,
+    "min_sources": 10,
+    "min_history_windows": 0,
+}
+"""Rule 8 as it was before issue 24 shortened its window: the tests below pin its
+arithmetic on 15-minute windows."""
+
+
 def step(engine: Engine, a: Attempt) -> Verdict:
     verdict = engine.step_batch([a])[0]
     assert verdict is not None
@@ -354,7 +366,8 @@ def test_spray_enforce_mode_issues_a_source_block() -> None:
     assert verdicts[199] is not None and verdicts[199].allowed
     assert verdicts[200] is not None and not verdicts[200].allowed
     trusted = step(engine, att(30_000, account="9" * 32, device=DEV, trusted=True, success=True))
-    assert not trusted.allowed  # a source block applies to all
+    assert trusted.allowed  # a rule's source block never refuses a trusted device
+    assert not step(engine, att(30_000, account="8" * 32, success=True)).allowed
     assert step(engine, att(30_001, source="192.0.2.1")).allowed
 
 
@@ -413,7 +426,7 @@ def test_lifetime_bound_at_100_once_and_reset_by_success() -> None:
 
 def test_spray_tenant_far_above_baseline() -> None:
     """With a baseline of 30 accounts/window, 150 accounts from 20 sources fire, 149 not."""
-    rollup = TenantRollup()
+    rollup = TenantRollup(window_rules(tenant_spray=RULE8_15MIN))
     for window in range(8):
         rollup.update("t", window, "a", 0, 30)
         rollup.update("t", window, "s", 0, 20)
@@ -437,7 +450,7 @@ def test_spray_tenant_far_above_baseline() -> None:
 
 def test_spray_tenant_needs_min_sources_and_sums_parts() -> None:
     """Shares from several parts add up; fewer than 10 sources never fire."""
-    rollup = TenantRollup()
+    rollup = TenantRollup(window_rules(tenant_spray=RULE8_15MIN))
     rollup.update("t", 0, "a", 0, 80)
     rollup.update("t", 0, "a", 1, 80)  # 160 accounts, 0 sources
     rollup.update("t", 0, "s", 0, 9)
@@ -454,7 +467,7 @@ def test_spray_tenant_does_not_depend_on_the_order_of_one_seconds_shares() -> No
     shares = [("a", 0, 60), ("s", 1, 6), ("a", 1, 70), ("s", 0, 5), ("a", 0, 90)]
     results = set()
     for order in (shares, shares[::-1], shares[2:] + shares[:2]):
-        rollup = TenantRollup()
+        rollup = TenantRollup(window_rules(tenant_spray=RULE8_15MIN))
         for kind, part, share in order:
             rollup.update("t", 0, kind, part, share)
         (alert,) = rollup.advance(1000)
@@ -464,7 +477,7 @@ def test_spray_tenant_does_not_depend_on_the_order_of_one_seconds_shares() -> No
 
 def test_spray_tenant_through_the_engine() -> None:
     """150 accounts failing from 15 sources in a fresh tenant raise spray_tenant at 100."""
-    engine = Engine(window_rules())
+    engine = Engine(window_rules(tenant_spray=RULE8_15MIN))
     engine.step_batch(
         att(i * 100, account=f"{i:032x}", source=f"203.0.113.{i % 15}") for i in range(150)
     )

@@ -197,8 +197,8 @@ def test_trusted_device_is_never_refused_by_account_blocks() -> None:
 
 
 def test_uia_mfa_and_source_scopes() -> None:
-    """uia blocks apply per session, mfa per device, source blocks (address or grouped IPv6
-    /64) to every flow, trusted device or not."""
+    """uia blocks apply per session, mfa per device, a rule's source blocks (address or
+    grouped IPv6 /64) to every flow but a password flow from a trusted device."""
     view = new_view()
     digest = account_digest()
     view.apply(*message(("uia", TENANT, digest, None, session_digest("s-1")), UNTIL))
@@ -212,8 +212,10 @@ def test_uia_mfa_and_source_scopes() -> None:
     view.apply(*message(source_key("2001:db8:1:2::/64"), UNTIL))
     for flow in ("login", "token", "recovery", "uia", "mfa"):
         for peer in ("203.0.113.5", "2001:db8:1:2::99"):
-            verdict = view.check(TENANT, "bob", peer, (), "dev", True, flow)
+            verdict = view.check(TENANT, "bob", peer, (), "dev", False, flow)
             assert verdict.allowed is False, (flow, peer)
+            trusted = view.check(TENANT, "bob", peer, (), "dev", True, flow)
+            assert trusted.allowed is (flow in ("login", "token", "recovery")), (flow, peer)
     assert view.check(TENANT, "bob", "203.0.113.6").allowed is True
 
 

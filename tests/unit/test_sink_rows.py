@@ -33,6 +33,7 @@ def test_a_decision_row_names_every_column() -> None:
         "tombstone": False,
         "operator": None,
         "reason": None,
+        "challenge": None,
         "kafka_topic": "auth.throttle-decisions",
         "kafka_partition": 3,
         "kafka_offset": 17,

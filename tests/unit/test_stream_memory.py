@@ -57,6 +57,7 @@ def run_twin(recs: list[Record], restart_at: int | None = None) -> MemoryPipelin
         twin.feed(recs[i : i + 500], NOW_MS)
         if restart_at is not None and i == restart_at:
             twin.restart()
+    twin.finish()  # the last rows wait for a later mark (their successes are familiar)
     return twin
 
 
@@ -93,7 +94,7 @@ def test_twin_gives_the_engines_decisions_and_alerts() -> None:
     twin, engine = run_twin(recs), engine_for(recs)
     got = split([v for _, v in twin.out.decisions if v is not None], twin.out.alerts)
     want = split(
-        [encode(d) for _, d in engine.out.decisions if d is not None],
+        [encode(d) for _, d in [*engine.out.decisions, *engine.out.exempts] if d is not None],
         [encode(a) for a in engine.out.alerts],
     )
     assert got == want

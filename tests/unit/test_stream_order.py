@@ -28,6 +28,9 @@ threshold = 20
 min_accounts = 30
 min_sources = 1
 window_ms = 60000
+baseline_windows = 8
+factor = 5.0
+min_history_windows = 0
 """)
 RECORDS = records(3000, seed=9)
 
@@ -44,7 +47,7 @@ def engine_outputs(recs: list[Record]) -> tuple[list[bytes], list[bytes]]:
     engine = Engine(POLICY)
     engine.run(attempts)
     return outputs(
-        [encode(d) for _, d in engine.out.decisions if d is not None],
+        [encode(d) for _, d in [*engine.out.decisions, *engine.out.exempts] if d is not None],
         [encode(a) for a in engine.out.alerts],
     )
 
