@@ -35,7 +35,7 @@ from typing import Any
 
 import orjson
 
-from bench import stream
+from bench import latency, stream
 from bench.peers import REPO_ROOT, run_peer, tail
 from bench.peers import quix as quix_env
 from pipeline.logs import configure_logging, get_logger
@@ -53,6 +53,7 @@ PARTS = (
     "b2_unsaturated",
     "b3",
     "b6",
+    "b7",
     "core",
     "edge",
     "sink",
@@ -67,6 +68,7 @@ TARGETS = {
     "b3_rss_mb": 512.0,
     "b3_vs_b1": 0.8,
     "b6_s": 15.0,
+    "b7_p99_ms": 150.0,
 }
 
 
@@ -217,6 +219,11 @@ class Runner:
             ),
         )
         self.guarded("b6", lambda: stream.bench_b6(self.ctx, scale.b6_accounts))
+        # B7: the tripping failure's acknowledgement to the edge refusing, per load
+        b7_loads, b7_probes = (
+            ((0, 1000), 10) if self.plan.quick else (latency.LOADS, latency.PROBES)
+        )
+        self.guarded("b7", lambda: latency.bench_b7(self.ctx, b7_loads, b7_probes))
         for name in ("core", "edge", "sink"):
             self.guarded(name, lambda name=name: self.external(name))  # type: ignore[misc]
         return self.results
@@ -361,6 +368,10 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
     b3_rss = _get(results, "b3", "peak_rss_mb_sampled", "VmHWM")
     b3_rate = _get(results, "b3", "events_per_s")
     b6 = _get(results, "b6", "ready_and_correct_s")
+    b7 = {
+        rate: _get(part, "to_edge", "p99_ms")
+        for rate, part in (_get(results, "b7", "by_load") or {}).items()
+    }
     summary: dict[str, Any] = {
         "b1_events_per_s": b1,
         "b1_events_per_cpu_s": b1_cpu,
@@ -397,6 +408,7 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
         "b3_rss_mb": b3_rss,
         "b3_vs_b1": ratio(b3_rate, b1),
         "b6_s": b6,
+        "b7_p99_ms": b7 or None,
     }
     met = {
         "b1_events_per_s": b1 is not None and b1 >= TARGETS["b1_events_per_s"],
@@ -408,6 +420,8 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
         "b3_rss_mb": b3_rss is not None and b3_rss <= TARGETS["b3_rss_mb"],
         "b3_vs_b1": (summary["b3_vs_b1"] or 0) >= TARGETS["b3_vs_b1"],
         "b6_s": b6 is not None and b6 <= TARGETS["b6_s"] and bool(_get(results, "b6", "correct")),
+        "b7_p99_ms": bool(b7)
+        and all(p99 is not None and p99 <= TARGETS["b7_p99_ms"] for p99 in b7.values()),
     }
     summary["met"] = met
     return summary
@@ -499,6 +513,18 @@ def markdown(report: dict[str, Any]) -> str:
             f"| {fmt(s.get(ratio_key)) + 'x' if ratio_key and s.get(ratio_key) else '-'} "
             f"| {fmt(cpu_ratio) + 'x' if cpu_ratio else '-'} |"
         )
+    if "b7" in r:
+        lines += [
+            "",
+            "## B7: the tripping failure's acknowledgement to the edge refusing (target p99 <= 150 ms at every load)",
+            "",
+        ]
+        if "error" in r["b7"]:
+            lines.append(f"- **error** {r['b7']['error']}")
+        else:
+            lines += latency.table(r["b7"])
+            lines.append("")
+            lines.append(f"Met at every load: {mark(m.get('b7_p99_ms', False))}.")
     group = r.get("b1_group")
     if group is not None:
         lines += ["", "## More than one worker (one consumer group)", ""]

@@ -1,0 +1,376 @@
+"""B7: from the broker's acknowledgement of the tripping failure to the edge refusing.
+
+One ``authpipe worker`` and one ``authpipe edge serve`` (subprocesses) on the broker, per
+background load (default 0, 50, 1,000 and 10,000 events/s of mixed traffic from a second
+process, ``bench.stream --load``). A probe sends four failures of a fresh (account,
+source), waits for their acknowledgement, sends the tripping fifth and, from the broker's
+acknowledgement of it, polls the edge's ``GET /v1/check`` every ``POLL_S`` until the next
+attempt of that pair is refused. Probes run one at a time (``--probes`` per load, 30 by
+default), so a probe's own failures are the only input at 0 events/s.
+
+Per probe, a trace of where the time went: ``to_worker_send`` (the acknowledgement to the
+decision's record timestamp, which the worker's producer stamps when it sends),
+``to_topic`` (to a consumer of the decisions topic reading it) and ``to_edge`` (to the
+first refused answer). All times are on this host's clock (one machine).
+
+Run alone: ``python -m bench.run --parts b7`` (about 3 minutes on 2 cores), or
+``python -m bench.latency [--bootstrap HOST:PORT] [--loads 0,50] [--probes 30]`` (prints
+JSON). The load average (1 min) is recorded at the start and end of every load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any
+
+import orjson
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+from bench.stream import (
+    REPO_ROOT,
+    Context,
+    Names,
+    WorkerRun,
+    broker,
+    create_topics,
+    failure,
+    free_port,
+    latency_summary,
+)
+from pipeline.clock import wall_ms
+
+LOADS = (0, 50, 1000, 10_000)
+PROBES = 30
+POLL_S = 0.005
+PROBE_TIMEOUT_S = 15.0
+WARMUP_S = 3.0
+# A fixed key for the benchmark's worker and edge (they must share it; never a real one).
+ACCOUNT_BUSY = 'authpipe_stage_seconds_total{stage="account"}'
+DIGEST_KEY = "bench-b7-digest-key-0123456789abcdefghij"
+
+
+def load_1min() -> float:
+    return round(os.getloadavg()[0], 2)
+
+
+class EdgeRun:
+    """One ``authpipe edge serve`` subprocess following ``decisions`` on ``bootstrap``."""
+
+    def __init__(self, bootstrap: str, decisions: str, log_path: Path, env: dict[str, str]):
+        self.port = free_port()
+        self.env = {
+            **os.environ,
+            "AUTHPIPE_KAFKA_BOOTSTRAP_SERVERS": bootstrap,
+            "AUTHPIPE_KAFKA_DECISIONS_TOPIC": decisions,
+            "AUTHPIPE_IDENTITY_DIGEST_KEY": DIGEST_KEY,
+            "AUTHPIPE_LOG_FORMAT": "json",
+            "AUTHPIPE_LOG_LEVEL": "warning",
+            **env,
+        }
+        self.log_path = log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> EdgeRun:
+        with self.log_path.open("ab") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "pipeline.cli", "edge", "serve", "--port", str(self.port)],
+                env=self.env,
+                cwd=REPO_ROOT,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        return self
+
+    def wait_ready(self, timeout_s: float = 60.0) -> None:
+        deadline = time.perf_counter() + timeout_s
+        while True:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"edge exited: {self.log_path.read_text()[-2000:]}")
+            with contextlib.suppress(OSError):
+                url = f"http://127.0.0.1:{self.port}/readyz"
+                with urllib.request.urlopen(url, timeout=2) as r:
+                    if r.status == 200:
+                        return
+            if time.perf_counter() > deadline:
+                raise RuntimeError(f"edge not ready in {timeout_s} s")
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+
+class CheckClient:
+    """A keep-alive HTTP/1.1 connection asking ``GET /v1/check``; the answer's ``allowed``."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def allowed(self, account: str, ip: str) -> bool:
+        if self.writer is None or self.writer.is_closing():
+            self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port)
+        assert self.reader is not None
+        self.writer.write(
+            f"GET /v1/check?account={account}&ip={ip} HTTP/1.1\r\nHost: b7\r\n\r\n".encode()
+        )
+        head = await self.reader.readuntil(b"\r\n\r\n")
+        length = 0
+        for line in head.split(b"\r\n"):
+            if line.lower().startswith(b"content-length:"):
+                length = int(line.split(b":", 1)[1])
+        body = await self.reader.readexactly(length)
+        if not head.startswith(b"HTTP/1.1 200"):
+            raise RuntimeError(f"edge answered {head[:40]!r} {body[:200]!r}")
+        return bool(orjson.loads(body)["allowed"])
+
+    async def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            with contextlib.suppress(OSError):
+                await self.writer.wait_closed()
+
+
+async def run_probes(
+    bootstrap: str, names: Names, edge_port: int, probes: int, gap_s: float = 0.05
+) -> dict[str, Any]:
+    """``probes`` probes, one at a time; per probe the trace in the module docstring."""
+    consumer = AIOKafkaConsumer(
+        names.decisions,
+        bootstrap_servers=bootstrap,
+        auto_offset_reset="latest",
+        enable_auto_commit=False,
+        fetch_max_wait_ms=50,
+    )
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks=-1, linger_ms=0)
+    await asyncio.gather(producer.start(), consumer.start())
+    client = CheckClient(edge_port)
+    acked_wall: dict[str, int] = {}
+    acked_at: dict[str, float] = {}
+    to_topic: dict[str, float] = {}
+    to_worker_send: dict[str, float] = {}
+
+    async def read_topic() -> None:
+        while True:
+            batch = await consumer.getmany(timeout_ms=100)
+            now = time.perf_counter()
+            for messages in batch.values():
+                for m in messages:
+                    if m.value and b'"scope":"account_source"' in m.value:
+                        ip = orjson.loads(m.value).get("source")
+                        if ip in acked_at and ip not in to_topic:
+                            to_topic[ip] = now - acked_at[ip]
+                            to_worker_send[ip] = (m.timestamp - acked_wall[ip]) / 1000
+
+    reader = asyncio.create_task(read_topic())
+    traces: list[dict[str, Any]] = []
+    timed_out = 0
+    try:
+        # the consumer's position is set (auto_offset_reset=latest) before the first probe
+        await consumer.getmany(timeout_ms=200)
+        run_tag = uuid.uuid4().hex[:6]
+        for i in range(probes):
+            account = f"b7-{run_tag}-{i}@example.com"
+            ip = f"172.20.{i // 250}.{i % 250 + 1}"
+            now = wall_ms()
+            sends = []
+            for n in range(4):
+                key, value, ts = failure(f"b7{run_tag}-{i}-{n}", account, ip, now + n)
+                sends.append(
+                    await producer.send(names.input, key=key, value=value, timestamp_ms=ts)
+                )
+            await asyncio.gather(*sends)
+            await asyncio.sleep(gap_s)
+            key, value, ts = failure(f"b7{run_tag}-{i}-4", account, ip, wall_ms())
+            await producer.send_and_wait(names.input, key=key, value=value, timestamp_ms=ts)
+            acked = time.perf_counter()
+            acked_at[ip], acked_wall[ip] = acked, wall_ms()
+            refused_s = None
+            while time.perf_counter() - acked < PROBE_TIMEOUT_S:
+                if not await client.allowed(account, ip):
+                    refused_s = time.perf_counter() - acked
+                    break
+                await asyncio.sleep(POLL_S)
+            if refused_s is None:
+                timed_out += 1
+                continue
+            # the topic reader may see the decision just after the edge refused
+            deadline = time.perf_counter() + 1.0
+            while ip not in to_topic and time.perf_counter() < deadline:
+                await asyncio.sleep(0.005)
+            traces.append(
+                {
+                    "to_worker_send_ms": round(to_worker_send[ip] * 1000, 1)
+                    if ip in to_worker_send
+                    else None,
+                    "to_topic_ms": round(to_topic[ip] * 1000, 1) if ip in to_topic else None,
+                    "to_edge_ms": round(refused_s * 1000, 1),
+                }
+            )
+    finally:
+        reader.cancel()
+        await asyncio.gather(reader, return_exceptions=True)
+        await client.close()
+        await asyncio.gather(producer.stop(), consumer.stop(), return_exceptions=True)
+
+    def column(name: str) -> list[float]:
+        return [t[name] / 1000 for t in traces if t[name] is not None]
+
+    return {
+        "probes": probes,
+        "refused": len(traces),
+        "timed_out": timed_out,
+        "to_edge": latency_summary(column("to_edge_ms")),
+        "to_topic": latency_summary(column("to_topic_ms")),
+        "to_worker_send": latency_summary(column("to_worker_send_ms")),
+        "traces": traces,
+    }
+
+
+def bench_one(ctx: Context, rate_per_s: int, probes: int, **worker_env: str) -> dict[str, Any]:
+    """One load: a fresh worker and edge, the load flowing for ``WARMUP_S``, then probes."""
+    names = Names.fresh(f"b7-{rate_per_s}")
+    create_topics(ctx.bootstrap, names, ctx.partitions)
+    run: WorkerRun = ctx.worker(
+        names, f"b7-{rate_per_s}", AUTHPIPE_IDENTITY_DIGEST_KEY=DIGEST_KEY, **worker_env
+    )
+    edge = EdgeRun(ctx.bootstrap, names.decisions, ctx.workdir / f"edge-b7-{rate_per_s}.log", {})
+    load: subprocess.Popen[bytes] | None = None
+    try:
+        edge.start()
+        run.wait_ready()
+        edge.wait_ready()
+        if rate_per_s:
+            load = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "bench.stream",
+                    "--load",
+                    ctx.bootstrap,
+                    names.input,
+                    str(rate_per_s),
+                    "600",
+                ],
+                cwd=REPO_ROOT,
+                stdout=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        time.sleep(WARMUP_S)
+        load_start = load_1min()
+        before, t0 = run.metrics(), time.perf_counter()
+        cpu0 = run.cpu_s()
+        result = asyncio.run(run_probes(ctx.bootstrap, names, edge.port, probes))
+        after, span_s = run.metrics(), time.perf_counter() - t0
+        key = "authpipe_events_total"
+        result |= {
+            "background_rate_per_s": rate_per_s,
+            "worker_events_per_s_during": round((after.get(key, 0) - before.get(key, 0)) / span_s),
+            "worker_cpu_share": round((run.cpu_s() - cpu0) / span_s, 2),
+            # seconds ingest waited for the account stage (backpressure) during the probes
+            "ingest_held_s": round(
+                after.get("authpipe_ingest_held_seconds_total", 0)
+                - before.get("authpipe_ingest_held_seconds_total", 0),
+                2,
+            ),
+            # share of the span the account stage spent applying envelopes
+            "account_stage_busy": round(
+                (after.get(ACCOUNT_BUSY, 0) - before.get(ACCOUNT_BUSY, 0)) / span_s, 2
+            ),
+            "late_rows": int(after.get("authpipe_reorder_late_rows", 0)),
+            "forced_rows": int(after.get("authpipe_reorder_forced_rows", 0)),
+            "load_average_start": load_start,
+            "load_average_end": load_1min(),
+            "span_s": round(span_s, 1),
+        }
+        return result
+    finally:
+        if load is not None and load.poll() is None:
+            os.killpg(load.pid, signal.SIGKILL)
+            load.wait()
+        edge.stop()
+        run.stop()
+
+
+def bench_b7(
+    ctx: Context, loads: tuple[int, ...] = LOADS, probes: int = PROBES, **worker_env: str
+) -> dict[str, Any]:
+    """B7 at every load in ``loads``; a load that fails is recorded, the others go on."""
+    out: dict[str, Any] = {"loads": list(loads), "probes_per_load": probes, "by_load": {}}
+    for rate in loads:
+        try:
+            out["by_load"][str(rate)] = bench_one(ctx, rate, probes, **worker_env)
+        except Exception as exc:  # one load failing must not lose the others
+            out["by_load"][str(rate)] = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
+    return out
+
+
+def table(result: dict[str, Any]) -> list[str]:
+    """B7 as markdown rows: load, p50/p99 to the edge, to the topic, late rows, load average."""
+    lines = [
+        "| background load (events/s) | achieved | p50 to edge | p99 to edge | p99 to topic "
+        "| p99 ack to worker send | refused / probes | late rows | load average |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for rate, part in result.get("by_load", {}).items():
+        if "error" in part:
+            lines.append(f"| {int(rate):,} | **error** {part['error'][:200]} | | | | | | | |")
+            continue
+        lines.append(
+            f"| {int(rate):,} | {part['worker_events_per_s_during']:,} "
+            f"| {part['to_edge']['p50_ms']} ms | {part['to_edge']['p99_ms']} ms "
+            f"| {part['to_topic']['p99_ms']} ms | {part['to_worker_send']['p99_ms']} ms "
+            f"| {part['refused']} / {part['probes']} | {part['late_rows']} "
+            f"| {part['load_average_start']} / {part['load_average_end']} |"
+        )
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.latency", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--bootstrap", help="use this broker instead of starting one")
+    parser.add_argument("--loads", default=",".join(map(str, LOADS)))
+    parser.add_argument("--probes", type=int, default=PROBES)
+    parser.add_argument(
+        "--worker-env", action="append", default=[], help="NAME=VALUE for the worker (A/B runs)"
+    )
+    args = parser.parse_args(argv)
+    loads = tuple(int(x) for x in args.loads.split(","))
+    worker_env = dict(item.split("=", 1) for item in args.worker_env)
+    workdir = Path(tempfile.mkdtemp(prefix="authpipe-b7-"))
+    with broker(args.bootstrap) as bootstrap:
+        ctx = Context(bootstrap, workdir)
+        try:
+            result = bench_b7(ctx, loads, args.probes, **worker_env)
+        finally:
+            ctx.stop_all()
+    sys.stdout.write("\n".join(table(result)) + "\n")
+    sys.stdout.write(orjson.dumps(result).decode() + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
