@@ -206,6 +206,17 @@ class WorkerSettings(_Section):
             " pause longer mid-stream)"
         ),
     )
+    input_live_slack_ms: int = Field(
+        50,
+        ge=0,
+        le=60_000,
+        description=(
+            "while every event read in the last input_idle_ms reached ingest within this long"
+            " of occurring, an input partition read to its end marks the time of that read"
+            " less this (a live event is released this long after it occurred, not after"
+            " input_idle_ms); an event appended later than this after occurring is late; 0: off"
+        ),
+    )
     web_port: int = Field(6066, ge=0, le=65535, description="metrics and readiness port (0=any)")
     web_host: str = Field(
         "127.0.0.1",

@@ -58,6 +58,15 @@ def envelopes_ahead(sent_next: dict[int, int], applied: Applied) -> int:
     return ahead
 
 
+def handed_ms(handed: dict[int, list[tuple[int, int]]], partition: int, offset: int) -> int | None:
+    """When the consumer handed over the record at ``offset`` of ``partition``: the time of
+    the first getmany answer whose last offset is at or past it (None: not stamped)."""
+    for last, at_ms in handed.get(partition, ()):
+        if offset <= last:
+            return at_ms
+    return None
+
+
 def _not_here(partition: int) -> int | None:
     return None
 
@@ -111,8 +120,15 @@ class IngestLoop:
         self.sent_next: dict[int, int] = {}
         self.progressed = asyncio.Event()
         # Event-time marks of the input partitions ingest reads (pipeline.stream.marks).
-        self.marks = InputMarks(idle_ms=settings.worker.input_idle_ms)
+        self.marks = InputMarks(
+            idle_ms=settings.worker.input_idle_ms,
+            live_slack_ms=settings.worker.input_live_slack_ms,
+        )
         self.sent_marks: list[list[int]] = []
+        # Per input partition of the batch being gathered: (last offset, wall ms) of each
+        # getmany answer, so each event's delay is measured when the consumer handed it
+        # over, not after the batch's linger (the live marks' guard, marks.py).
+        self.handed: dict[int, list[tuple[int, int]]] = {}
         self.ready = asyncio.Event()
 
     async def run(self) -> None:
@@ -213,6 +229,11 @@ class IngestLoop:
             got: dict[Any, list[Any]] = await consumer.getmany(
                 timeout_ms=timeout_ms, max_records=max_records
             )
+            if got:
+                now = wall_ms()
+                for tp, messages in got.items():
+                    if messages:
+                        self.handed.setdefault(tp.partition, []).append((messages[-1].offset, now))
             return got
         except DECODE_ERRORS as exc:
             found = salvage(exc)
@@ -234,17 +255,27 @@ class IngestLoop:
             )
             return found.records
 
-    async def _marks(self, consumer: AIOKafkaConsumer, now_ms: int) -> tuple[list[list[int]], int]:
+    async def _marks(
+        self, consumer: AIOKafkaConsumer, now_ms: int, quiet: bool
+    ) -> tuple[list[list[int]], int]:
         """Ingest's marks for the input partitions it reads, and the input topic's
         partition count (``pipeline.stream.marks``)."""
         assigned = consumer.assignment()
         caught_up = []
+        # When the fetch answer that showed each caught-up partition's end came (aiokafka
+        # stamps every partition of a fetch answer with the wall time it arrived).
+        fetched_ms: dict[int, int] = {}
         for tp in assigned:
             highwater = consumer.highwater(tp)
             if highwater is not None and await consumer.position(tp) >= highwater:
                 caught_up.append(tp.partition)
+                stamp = consumer.last_poll_timestamp(tp)
+                if stamp is not None:
+                    fetched_ms[tp.partition] = int(stamp)
         inputs = len(consumer.partitions_for_topic(self.topics.input) or ()) or self.partitions
-        marks = self.marks.marks([tp.partition for tp in assigned], caught_up, now_ms)
+        marks = self.marks.marks(
+            [tp.partition for tp in assigned], caught_up, now_ms, fetched_ms, quiet
+        )
         return marks, inputs
 
     async def _ingest_batch(
@@ -265,10 +296,11 @@ class IngestLoop:
         observe = self.marks.observe
         for record in records:
             observe(record.partition, None, now_ms)
+        handed, self.handed = self.handed, {}
         for rows in result.rows.values():
             for row in rows:
-                observe(row[0], row[5], now_ms)  # type: ignore[arg-type]
-        marks, inputs = await self._marks(consumer, now_ms)
+                observe(row[0], row[5], now_ms, handed_ms(handed, row[0], row[1]))  # type: ignore[arg-type]
+        marks, inputs = await self._marks(consumer, now_ms, not records and not undecodable)
         if not records and not undecodable and marks == self.sent_marks:
             return
         self.sent_marks = marks

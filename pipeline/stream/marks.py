@@ -18,19 +18,29 @@ passes in; the wall clock only decides when a partition counts as idle.
   mark is the wall clock less ``slack_ms`` if that is later, so another worker's input
   partitions are not held back by this one's quiet ones. A producer writing the past
   (a backfill, ``simulate --speedup 0``) that pauses longer than ``idle_ms`` is not
-  live: the wall clock would pass the events it writes next and make them late.
+  live: the wall clock would pass the events it writes next and make them late;
+* while every event read in the last ``idle_ms`` reached ingest within ``live_slack_ms``
+  of occurring (a live stream, producers and clocks in step), a partition read to its end
+  at a fetch answered at wall time ``F`` marks ``F - live_slack_ms`` (never past the
+  newest event read + 1): an event appended to it after that fetch occurred at most
+  ``live_slack_ms`` before it was appended. This releases a live event about
+  ``live_slack_ms`` after it occurred, instead of after ``idle_ms`` (issue 25). An event
+  that breaks the assumption is late (applied at once, counted); as soon as one arrives
+  later than ``live_slack_ms`` the rule is off until ``idle_ms`` passes without such an
+  arrival, so a slow producer or a lagging ingest falls back to the rules above.
 
 The reordering therefore costs a live event at most the time until every input
-partition has delivered a later event, and at most ``idle_ms`` of wall time plus
-``slack_ms`` of event time when one of them is quiet. With several workers, a worker
-whose partitions all went quiet holds the others' rows newer than its newest event until
-its partitions receive input again (delayed, never reordered).
+partition has delivered a later event; while the live marks hold, at most
+``live_slack_ms`` plus one fetch wait after it occurred; otherwise at most ``idle_ms`` of
+wall time plus ``slack_ms`` of event time when a partition is quiet. With several
+workers, a worker whose partitions all went quiet holds the others' rows newer than its
+newest event until its partitions receive input again (delayed, never reordered).
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from pipeline.core.sequence import NO_MARK
 
@@ -41,9 +51,16 @@ DEFAULT_SLACK_MS = 1000
 class InputMarks:
     """Per input partition: newest event time read, and when a record last arrived."""
 
-    def __init__(self, idle_ms: int = DEFAULT_IDLE_MS, slack_ms: int = DEFAULT_SLACK_MS) -> None:
+    def __init__(
+        self,
+        idle_ms: int = DEFAULT_IDLE_MS,
+        slack_ms: int = DEFAULT_SLACK_MS,
+        live_slack_ms: int = 0,
+    ) -> None:
         self.idle_ms = idle_ms
         self.slack_ms = slack_ms
+        # 0: no live marks (the rule in the module docstring is off).
+        self.live_slack_ms = live_slack_ms
         self.latest: dict[int, int] = {}
         self.arrived_ms: dict[int, int] = {}
         self.caught_up_ms: dict[int, int] = {}
@@ -54,12 +71,29 @@ class InputMarks:
         self.newest_lag_ms: int | None = None
         # (wall_ms, oldest event time) of recent arrivals, for the idle partitions' marks.
         self.recent: deque[tuple[int, int]] = deque()
+        # When an event last arrived more than live_slack_ms after it occurred (the live
+        # marks are off for idle_ms after that), and the live marks last given.
+        self.slow_ms = NO_MARK
+        self.live_given: dict[int, int] = {}
 
-    def observe(self, partition: int, occurred_ms: int | None, wall_ms: int) -> None:
-        """A record of ``partition`` was read (``occurred_ms`` None: it was invalid)."""
+    def observe(
+        self,
+        partition: int,
+        occurred_ms: int | None,
+        wall_ms: int,
+        fetched_ms: int | None = None,
+    ) -> None:
+        """A record of ``partition`` was read (``occurred_ms`` None: it was invalid);
+        ``fetched_ms``: when the consumer handed it over (its delay for the live marks)."""
         self.arrived_ms[partition] = wall_ms
         if occurred_ms is None:
             return
+        if (
+            fetched_ms is not None
+            and self.live_slack_ms
+            and fetched_ms - occurred_ms > self.live_slack_ms
+        ):
+            self.slow_ms = wall_ms
         if occurred_ms > self.latest.get(partition, NO_MARK):
             self.latest[partition] = occurred_ms
             if occurred_ms >= self.newest_ms:
@@ -73,9 +107,20 @@ class InputMarks:
             recent.append((wall_ms, occurred_ms))
 
     def marks(
-        self, assigned: Iterable[int], caught_up: Iterable[int], wall_ms: int
+        self,
+        assigned: Iterable[int],
+        caught_up: Iterable[int],
+        wall_ms: int,
+        fetched_ms: Mapping[int, int] | None = None,
+        quiet: bool = False,
     ) -> list[list[int]]:
-        """``[partition, mark_ms]`` for every assigned partition that has one."""
+        """``[partition, mark_ms]`` for every assigned partition that has one.
+
+        ``fetched_ms``: per partition read to its end, the wall time of the fetch answer
+        that showed its end (for the live marks; None: no live marks). ``quiet``: nothing
+        was read since the last call; a live mark then moves only when it reaches the
+        newest event read + 1 (a marks-only envelope per step of the wall clock would cost
+        every stage an envelope every batch while nothing happens)."""
         parts = sorted(assigned)
         done = set(caught_up)
         for p in parts:
@@ -108,11 +153,41 @@ class InputMarks:
         while recent and recent[0][0] < wall_ms - self.idle_ms:
             recent.popleft()
         floor = min(t for _, t in recent) - self.slack_ms if recent else NO_MARK
+        by_wall = self._live_marks(parts, done, wall_ms, fetched_ms, quiet)
         out = []
         for p in parts:
             mark = self.latest.get(p, NO_MARK)
             if p in idle:
                 mark = max(mark, floor)
+            if p in by_wall:
+                mark = max(mark, by_wall[p])
             if mark > NO_MARK:
                 out.append([p, mark])
         return out
+
+    def _live_marks(
+        self,
+        parts: list[int],
+        done: set[int],
+        wall_ms: int,
+        fetched_ms: Mapping[int, int] | None,
+        quiet: bool,
+    ) -> dict[int, int]:
+        """The live marks of the partitions read to their end (module docstring): empty
+        unless every event of the last ``idle_ms`` was handed over by the consumer within
+        ``live_slack_ms`` of its event time (``observe``'s ``fetched_ms``)."""
+        slack = self.live_slack_ms
+        if not slack or fetched_ms is None or not self.recent:
+            return {}
+        if wall_ms - self.slow_ms < self.idle_ms:
+            return {}
+        cap = self.newest_ms + 1
+        given = self.live_given
+        live = {}
+        for p in parts:
+            if p in done and p in fetched_ms:
+                mark = min(fetched_ms[p] - slack, cap)
+                if quiet and mark < cap:
+                    mark = given.get(p, NO_MARK)
+                live[p] = given[p] = mark
+        return live

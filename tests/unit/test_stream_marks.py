@@ -77,3 +77,57 @@ def test_a_quiet_replay_of_history_is_not_overtaken_by_the_wall_clock() -> None:
     assert marks.marks([0, 1], [0, 1], 11 * hour_ms) == [[0, 10_001], [1, 10_001]]
     marks.observe(1, 10_001, 11 * hour_ms)  # the replay resumes at its newest event + 1 ms
     assert marks.marks([0, 1], [0], 11 * hour_ms) == [[0, 10_000], [1, 10_001]]
+
+
+def test_a_live_partition_read_to_its_end_marks_its_fetch_time_less_the_live_slack() -> None:
+    """Live (events handed over within live_slack_ms of occurring): a partition at its end marks
+    the time of the fetch that showed its end less live_slack_ms, never past the newest event +
+    1, without waiting idle_ms; a partition not at its end keeps its newest event."""
+    marks = InputMarks(idle_ms=500, slack_ms=1000, live_slack_ms=50)
+    marks.observe(0, 10_000, 10_030, 10_010)
+    assert marks.marks([0, 1, 2], [1, 2], 10_030, {1: 10_030, 2: 10_020}) == [
+        [0, 10_000],
+        [1, 9_980],
+        [2, 9_970],
+    ]
+    assert marks.marks([0, 1, 2], [0, 1, 2], 10_080, {0: 10_080, 1: 10_080, 2: 10_075}) == [
+        [0, 10_001],
+        [1, 10_001],
+        [2, 10_001],
+    ]
+
+
+def test_an_event_handed_over_later_than_the_live_slack_turns_live_marks_off_for_idle_ms() -> None:
+    """One event 80 ms old when handed over (slack 50): no live marks until idle_ms has passed
+    without such an event; the idle rules still apply."""
+    marks = InputMarks(idle_ms=500, slack_ms=1000, live_slack_ms=50)
+    marks.observe(0, 10_000, 10_090, 10_080)
+    assert marks.marks([0, 1], [0, 1], 10_100, {0: 10_100, 1: 10_100}) == [[0, 10_000]]
+    marks.observe(0, 10_550, 10_560, 10_560)
+    assert marks.marks([0, 1], [1], 10_580, {1: 10_580}) == [[0, 10_550]]  # 490 ms later
+    marks.observe(0, 10_580, 10_595, 10_590)
+    assert marks.marks([0, 1], [0, 1], 10_600, {0: 10_600, 1: 10_600}) == [
+        [0, 10_580],
+        [1, 10_550],
+    ]
+
+
+def test_a_backfill_gets_no_live_marks() -> None:
+    """Events an hour old when handed over: the live marks stay off (the wall clock must not
+    pass what a producer writing the past sends next)."""
+    hour_ms = 3_600_000
+    marks = InputMarks(idle_ms=500, slack_ms=1000, live_slack_ms=50)
+    marks.observe(0, 10_000, 10_000 + hour_ms, 10_000 + hour_ms)
+    assert marks.marks(
+        [0, 1], [0, 1], 10_010 + hour_ms, {0: 10_010 + hour_ms, 1: 10_010 + hour_ms}
+    ) == [[0, 10_000]]
+
+
+def test_without_fetch_times_or_with_live_slack_0_there_are_no_live_marks() -> None:
+    """live_slack_ms 0 (off), or no fetch times given: the marks are the idle rules' alone."""
+    for marks, fetched in (
+        (InputMarks(idle_ms=500, slack_ms=1000, live_slack_ms=0), {0: 10_100, 1: 10_100}),
+        (InputMarks(idle_ms=500, slack_ms=1000, live_slack_ms=50), None),
+    ):
+        marks.observe(0, 10_000, 10_010, 10_005)
+        assert marks.marks([0, 1], [0, 1], 10_100, fetched) == [[0, 10_000]]
