@@ -53,7 +53,7 @@ from pipeline.clock import wall_ms
 LOADS = (0, 50, 1000, 10_000)
 PROBES = 30
 POLL_S = 0.005
-PROBE_TIMEOUT_S = 15.0
+PROBE_TIMEOUT_S = 5.0
 WARMUP_S = 3.0
 # A fixed key for the benchmark's worker and edge (they must share it; never a real one).
 ACCOUNT_BUSY = 'authpipe_stage_seconds_total{stage="account"}'
