@@ -151,8 +151,9 @@ class StuffingConfig(_Frozen):
     ``tenant_window_ms`` when the tenant's distinct unknown accounts (untrusted failures,
     summed over sources) reach ``max(tenant_min_unknown, tenant_factor * baseline)``,
     the baseline being the mean of the previous ``tenant_baseline_windows`` windows (a
-    window that fired counts at its own baseline, so one wave does not mask the next). A
-    firing starts or extends the tenant's wave challenge (``WaveConfig``).
+    window that fired counts at its own baseline, so one wave does not mask the next). An
+    alert for operators: it counts whether accounts exist, so it never starts a decision
+    a client sees (the wave challenge follows rule 8's existence-blind count).
     """
 
     min_attempts: int = Field(50, ge=1)
@@ -180,7 +181,8 @@ class StuffingConfig(_Frozen):
 class WaveConfig(_Frozen):
     """A tenant under a wave challenges its untrusted password attempts.
 
-    When ``stuffing_tenant`` or ``spray_tenant`` fires, the rollup publishes a decision on
+    When ``spray_tenant`` (rule 8: distinct failing accounts, existence-blind) fires, the
+    rollup publishes a decision on
     the tenant's key (``tenant|t|-|-|-``, action ``challenge``) demanding ``challenge``
     of untrusted password attempts for ``hold_ms`` after the firing; each firing of the
     same wave extends it, so it ends ``hold_ms`` after the wave's last firing. A device

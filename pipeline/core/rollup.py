@@ -173,7 +173,6 @@ class TenantRollup:
         if not total:
             return None
         start = window * cfg.tenant_window_ms
-        self._wave(tenant, "stuffing_tenant", total, start + cfg.tenant_window_ms)
         alert = build_alert(
             "stuffing_tenant",
             tenant,

@@ -1,49 +1,18 @@
-"""The credential-stuffing rule: when a source's failures say "leaked list", not "typo".
+"""Credential stuffing's signals: a source's alert, and the wave across sources.
 
 Credential stuffing replays leaked (account, password) pairs from many proxies; most of
-the accounts do not exist here, so the login service answers ``unknown_account``. The
-other traffic with ``unknown_account`` failures is people who mistype their identifier:
-once (a household), or a few times among many successes (an office NAT). What tells
-them apart, per source and within the stuffing window:
-
-* distinct unknown accounts: a typo-maker mistypes one identifier (retyping the same
-  wrong one is the same account); a stuffing proxy tries a new one every attempt;
-* the ratio: a NAT's failures are mostly wrong passwords of real accounts, and so are a
-  sprayer's (spray stays signal-only); a proxy's are mostly unknown accounts, though a run
-  of real ones can hide that for a while, so more unknown accounts block at a lower ratio;
-* real users: untrusted successes from the source (a NAT has many: colleagues on new
-  browsers, phones; a proxy has one only when it takes an account over): while they are
-  at least a ``success_factor``-th of its unknown accounts the source is not blocked; and
-  a redemption, a user who fails and then succeeds from the same source (the typo then
-  success pattern), exempts it for the window (its redeemed pairs do not count as
-  spraying either).
+the accounts do not exist here, so the login service answers ``unknown_account``. Whether
+an account exists must never change what a client sees (an existence oracle: fail once
+on X, once on a surely absent identifier, and watch the third attempt), so these counts
+feed only what reaches operators (``credential_stuffing``, per source) and the tenant's
+wave (``stuffing_tenant``, summed over every source, which challenges every untrusted
+stranger of the tenant alike). A proxy used once looks exactly like a typo; the wave is
+what shows, within seconds, across proxies.
 
 Pure functions of counts: the engine keeps the counts (``SourceState``).
 """
 
 from __future__ import annotations
-
-
-def is_stuffing(
-    failures: int,
-    unknown: int,
-    successes: int,
-    redeemed: bool,
-    min_unknown: int,
-    unknown_ratio: float,
-    more_unknown: int,
-    lower_ratio: float,
-    success_factor: float,
-) -> bool:
-    """Whether a source's window reads as credential stuffing: no redemption, unknown
-    accounts above ``success_factor`` times its untrusted successes, and at least
-    ``min_unknown`` distinct unknown accounts making at least ``unknown_ratio`` of its
-    failures, or at least ``more_unknown`` of them making at least ``lower_ratio``."""
-    if redeemed or unknown < min_unknown or unknown <= success_factor * successes:
-        return False
-    if unknown >= unknown_ratio * failures:
-        return True
-    return unknown >= more_unknown and unknown >= lower_ratio * failures
 
 
 def stuffing_alert_due(

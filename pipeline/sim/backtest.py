@@ -72,10 +72,11 @@ class PolicyRun:
         return cls(policy, outputs, replay(events, outputs.decisions))
 
     def decision_ids(self) -> dict[tuple[str, int, str], str]:
-        """(key, issued_ms, action) -> rule of every decision (not tombstones)."""
+        """(key, issued_ms, action) -> rule of every decision (not tombstones, not the
+        familiar pairs' exempts: one per account and place, the same under any policy)."""
         out: dict[tuple[str, int, str], str] = {}
         for rec in self.outputs.decisions:
-            if rec.decision is not None:
+            if rec.decision is not None and rec.decision.action != "exempt":
                 d = rec.decision
                 out[(rec.key, datetime_to_ms(d.issued_at), d.action)] = d.rule
         return out

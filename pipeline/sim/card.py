@@ -58,6 +58,8 @@ class AttackScore(Tally):
     observes: Counter[str] = field(default_factory=Counter)
     guesses_per_account_24h: int = 0
     account_takeovers: int = 0
+    challenged: int = 0
+    """Attempts that met a challenge (counted in ``refused``: bots fail challenges)."""
 
     @property
     def response_ms(self) -> int | None:
@@ -109,6 +111,7 @@ class AttackScore(Tally):
             "successes_allowed": self.successes_allowed,
             "guesses_per_account_24h": self.guesses_per_account_24h,
             "account_takeovers": self.account_takeovers,
+            "challenged": self.challenged,
             "alerts": dict(sorted(self.alerts.items())),
             "blocks": dict(sorted(self.blocks.items())),
             "observes": dict(sorted(self.observes.items())),
@@ -138,6 +141,7 @@ class Scorecard:
     seed_holds_matching_no_attack: int = 0
     legit_by_design: Counter[str] = field(default_factory=Counter)
     legit_by_design_why: dict[str, list[str]] = field(default_factory=dict)
+    legit_challenged: Counter[str] = field(default_factory=Counter)
 
     @property
     def all_caught(self) -> bool:
@@ -185,12 +189,17 @@ class Scorecard:
             "legitimate": {
                 "attempts": sum(self.legit_attempts.values()),
                 "refused": self.legit_refused_total,
+                "challenged": sum(self.legit_challenged.values()),
                 "refused_by_design": {
                     cohort: {"refused": n, "why": self.legit_by_design_why.get(cohort, [])}
                     for cohort, n in sorted(self.legit_by_design.items())
                 },
                 "by_cohort": {
-                    cohort: {"attempts": n, "refused": self.legit_refused.get(cohort, 0)}
+                    cohort: {
+                        "attempts": n,
+                        "refused": self.legit_refused.get(cohort, 0),
+                        "challenged": self.legit_challenged.get(cohort, 0),
+                    }
                     for cohort, n in sorted(self.legit_attempts.items())
                 },
                 "examples": self.legit_examples,

@@ -36,6 +36,15 @@ def render(card: Scorecard) -> str:
         f"{c} {card.legit_refused.get(c, 0)}/{n}" for c, n in sorted(card.legit_attempts.items())
     )
     lines.append(f"legitimate attempts refused: {card.legit_refused_total} ({cohorts})")
+    challenged = ", ".join(
+        f"{c} {card.legit_challenged.get(c, 0)}/{n}"
+        for c, n in sorted(card.legit_attempts.items())
+        if card.legit_challenged.get(c, 0)
+    )
+    lines.append(
+        f"legitimate attempts challenged: {sum(card.legit_challenged.values())}"
+        + (f" ({challenged})" if challenged else "")
+    )
     for cohort, n in sorted(card.legit_by_design.items()):
         lines.append(
             f"  refused by design: {cohort} {n}: {'; '.join(card.legit_by_design_why.get(cohort, []))}"

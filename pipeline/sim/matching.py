@@ -90,6 +90,8 @@ def score_decisions(
         if d is None:
             tombstones += 1
             continue
+        if d.action == "exempt":
+            continue  # a familiar pair: the owner's own place, no response to an attack
         key = parse_key(rec.key)
         issued = datetime_to_ms(d.issued_at)
         matched = [

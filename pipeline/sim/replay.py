@@ -77,7 +77,9 @@ def _index_changes(
             d = rec.decision
             issued = datetime_to_ms(d.issued_at)
             at = rec.after if rec.after is not None else bisect.bisect_right(times, issued)
-            active = Active(d.decision_id, d.action, datetime_to_ms(d.expires_at), d.rule)
+            active = Active(
+                d.decision_id, d.action, datetime_to_ms(d.expires_at), d.rule, d.challenge
+            )
             pending = follower is not None and follower.decision is None and follower.after is None
             changes.append(_IndexChange(at, seq, "put", key, active, pending))
     changes.sort(key=lambda change: (change.at, change.seq))

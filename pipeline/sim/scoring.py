@@ -29,6 +29,9 @@ from pipeline.sim.outputs import Outputs
 from pipeline.sim.replay import replay
 from pipeline.sim.truth import ATTACKER, LEGIT_ROLES, TruthEvent
 
+NOT_TAKEOVERS = frozenset({"attacker_own_account", "attacker_first_factor"})
+"""Attacker successes that are no takeover: its own account, and a right password whose
+second factor it then fails (``pipeline.sim.holdout``)."""
 EXAMPLES = 10
 EXAMPLE_FIELDS = ("event_id", "at", "cohort", "actor", "flow", "refused_by", "retry_after_ms")
 DAY_MS = 86_400_000
@@ -44,6 +47,7 @@ def score(events: Sequence[TruthEvent], outputs: Outputs) -> Scorecard:
     alerts_by_type, unmatched_alerts = score_alerts(outputs.alerts, events, attacks, scores)
     legit_attempts: Counter[str] = Counter()
     legit_refused: Counter[str] = Counter()
+    legit_challenged: Counter[str] = Counter()
     by_design: Counter[str] = Counter()
     why: dict[str, list[str]] = defaultdict(list)
     examples: list[dict[str, Any]] = []
@@ -51,14 +55,22 @@ def score(events: Sequence[TruthEvent], outputs: Outputs) -> Scorecard:
     taken: dict[str, set[tuple[str, str]]] = defaultdict(set)
     for event, verdict, reason in zip(events, verdicts, design, strict=True):
         if event.role == ATTACKER:
-            _count_attacker(scores[event.scenario], event, verdict)
+            # A challenge stops a bot: the assumption is that bots fail challenges.
+            challenged = verdict.allowed and verdict.challenge is not None
+            if challenged:
+                verdict = CHALLENGED
+                scores[event.scenario].challenged += 1
             a = event.attempt
-            if verdict.allowed and a.success:
+            success = a.success and event.cohort not in NOT_TAKEOVERS
+            _count_attacker(scores[event.scenario], event, verdict, success)
+            if verdict.allowed and success:
                 taken[event.scenario].add((a.tenant, a.account))
-            elif verdict.allowed:
+            elif verdict.allowed and not a.success:
                 let_through[(event.scenario, a.tenant, a.account)].append(event.occurred_ms)
         elif event.role in LEGIT_ROLES:
             legit_attempts[event.cohort] += 1
+            if verdict.allowed and verdict.challenge is not None:
+                legit_challenged[event.cohort] += 1
             if not verdict.allowed:
                 if reason is not None:
                     by_design[event.cohort] += 1
@@ -82,6 +94,7 @@ def score(events: Sequence[TruthEvent], outputs: Outputs) -> Scorecard:
         attacks=list(scores.values()),
         legit_attempts=legit_attempts,
         legit_refused=legit_refused,
+        legit_challenged=legit_challenged,
         legit_examples=examples,
         legit_by_design=by_design,
         legit_by_design_why=dict(why),
@@ -102,8 +115,12 @@ def most_in_a_day(times: Sequence[int]) -> int:
     return most
 
 
-def _count_attacker(s: AttackScore, event: TruthEvent, verdict: Verdict) -> None:
-    s.add(verdict.allowed, event.attempt.success)
+CHALLENGED = Verdict(False, 0)
+"""How an attacker's challenged attempt is counted: stopped, like a refusal."""
+
+
+def _count_attacker(s: AttackScore, event: TruthEvent, verdict: Verdict, success: bool) -> None:
+    s.add(verdict.allowed, success)
     if not verdict.allowed:
         return
     response = s.response_ms

@@ -26,7 +26,9 @@ ATTEMPTS_COLUMNS: Final = ("ts", *AUDIT_COLUMNS[1:])
 _DECISION_FIELDS: Final = tuple(
     name.removesuffix("_ms") if name.endswith("_at_ms") else name for name in DecisionValue._fields
 )
-_MANUAL: Final = 3  # the last three fields, operator, reason and challenge, follow the tombstone flag
+_MANUAL: Final = (
+    3  # the last three fields, operator, reason and challenge, follow the tombstone flag
+)
 DECISIONS_COLUMNS: Final = (
     *_DECISION_FIELDS[:-_MANUAL],
     "tombstone",

@@ -22,6 +22,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 from tests.integration.edge_process import TOKEN, authpipe, edge_serving, get, write_config
@@ -212,16 +213,26 @@ def test_nginx_refuses_the_blocked_loopback_source_within_seconds(
         assert status_from(ATTACKER, port) == (200, None)
 
         now = datetime.now(UTC)
+        # Five failed captchas from an address nobody signs in from: bot evidence blocks
+        # the source (rule challenge_failures, issue 24) and it goes on the feed.
         stuffing = [
-            event(
-                i,
-                now + timedelta(milliseconds=i),
-                f"leaked{i}@mail.example",
-                ATTACKER,
-                run="gw",
-                reason="unknown_account",
+            orjson.dumps(
+                {
+                    **orjson.loads(
+                        event(
+                            i,
+                            now + timedelta(milliseconds=i),
+                            f"leaked{i}@mail.example",
+                            ATTACKER,
+                            run="gw",
+                            reason="other",
+                        )
+                    ),
+                    "flow": "challenge",
+                    "challenge": "captcha",
+                }
             )
-            for i in range(2)
+            for i in range(5)
         ]
         produced = time.monotonic()
         produce(kafka_bootstrap, stream_names.input, [(b"k", value) for value in stuffing])

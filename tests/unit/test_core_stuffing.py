@@ -5,14 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from hypothesis import given
-from hypothesis import strategies as st
-
-from pipeline.contracts.models import datetime_to_ms
 from pipeline.core.engine import Engine
 from pipeline.core.state import SourceState
-from pipeline.core.stuffing import TenantStuffing, is_stuffing
-from tests.unit.test_core_support import MIN, SEC, SOURCE, T0, alerts, att, decisions, policy
+from pipeline.core.stuffing import TenantStuffing
+from tests.unit.test_core_support import SEC, SOURCE, alerts, att, decisions
 
 NAT = "192.0.2.10"
 V6 = "2001:db8:1:2::/64"
@@ -22,120 +18,11 @@ def _unknown(t: int, i: int, source: str = SOURCE) -> object:
     return att(t, account=f"{i:032x}", source=source, reason="unknown_account")
 
 
-def test_stuffing_blocks_a_source_at_its_second_distinct_unknown_account() -> None:
-    """Two failures on accounts that do not exist: the second issues a one-hour source block
-    (rule stuffing) that refuses the third attempt, even on a real account."""
-    engine = Engine()
-    verdicts = engine.step_batch(
-        [_unknown(0, 1), _unknown(10 * SEC, 2), att(20 * SEC, success=True)]
-    )  # type: ignore[list-item]
-    assert [v is not None and v.allowed for v in verdicts] == [True, True, False]
-    (d,) = decisions(engine.out)
-    assert (d.rule, d.scope, d.action, d.key, d.count, d.threshold) == (
-        "stuffing",
-        "source",
-        "block",
-        f"source|default|-|{SOURCE}|-",
-        2,
-        2,
-    )
-    assert datetime_to_ms(d.expires_at) - datetime_to_ms(d.issued_at) == 60 * MIN
-
-
 def test_stuffing_same_mistyped_account_again_is_not_stuffing() -> None:
     """A typo-maker retrying the same wrong identifier three times is one unknown account."""
     engine = Engine()
     engine.step_batch([_unknown(i * 5 * SEC, 7) for i in range(3)])  # type: ignore[misc]
     assert decisions(engine.out) == []
-
-
-def test_stuffing_needs_80_percent_or_half_with_five_unknown_accounts() -> None:
-    """Four unknown accounts among five wrong passwords (44 %) are an ordinary address; the
-    fifth (50 %) blocks it (a proxy whose part of the list started with real accounts)."""
-    engine = Engine()
-    engine.step_batch([att(i * SEC, account=f"{100 + i:032x}") for i in range(5)])
-    engine.step_batch([_unknown((10 + i) * SEC, i) for i in range(4)])  # type: ignore[misc]
-    assert decisions(engine.out) == []
-    engine.step_batch([_unknown(20 * SEC, 4)])  # type: ignore[list-item]
-    assert [(d.rule, d.count) for d in decisions(engine.out)] == [("stuffing", 5)]
-
-
-def test_a_spray_with_some_unknown_accounts_is_never_blocked() -> None:
-    """A sprayer whose list is 10 % unknown accounts stays signal-only (seed 001)."""
-    engine = Engine()
-    reasons = ["unknown_account" if i % 10 == 0 else "bad_password" for i in range(400)]
-    engine.step_batch(att(i * 100, account=f"{i:032x}", reason=r) for i, r in enumerate(reasons))
-    assert [(d.rule, d.action) for d in decisions(engine.out)] == [("source", "observe")]
-
-
-def test_stuffing_never_blocks_a_nat_whose_users_succeed_after_a_typo() -> None:
-    """A NAT where a colleague failed then succeeded is redeemed for the window: two
-    colleagues mistyping their identifiers later are not refused."""
-    engine = Engine()
-    engine.step_batch(
-        [
-            att(0, account="a" * 32, source=NAT),
-            att(5 * SEC, account="a" * 32, source=NAT, success=True),
-        ]
-    )
-    verdicts = engine.step_batch(
-        [
-            _unknown(60 * SEC, 1, NAT),
-            _unknown(70 * SEC, 2, NAT),
-            att(80 * SEC, account="b" * 32, source=NAT, success=True),
-        ]  # type: ignore[list-item]
-    )
-    assert all(v is not None and v.allowed for v in verdicts)
-    assert decisions(engine.out) == []
-
-
-def test_stuffing_typo_makers_and_ipv6_rotators_are_never_refused() -> None:
-    """500 households (IPv4 and IPv6 /64) each mistype their identifier once, then sign in."""
-    engine = Engine()
-    attempts = []
-    for i in range(500):
-        source = f"198.18.{i // 250}.{i % 250}" if i % 2 else f"2001:db8:{i:x}::/64"
-        attempts += [
-            _unknown(i * SEC, 10_000 + i, source),
-            att(i * SEC + 4 * SEC, account=f"{i:032x}", source=source, success=True),
-        ]
-    verdicts = engine.step_batch(attempts)  # type: ignore[arg-type]
-    assert all(v is not None and v.allowed for v in verdicts)
-    assert decisions(engine.out) == []
-
-
-def test_stuffing_observe_mode_publishes_observe_and_never_refuses() -> None:
-    """mode = "observe": the stuffing decision is observe-only."""
-    engine = Engine(policy(stuffing={"mode": "observe"}))
-    verdicts = engine.step_batch([_unknown(i * SEC, i) for i in range(10)])  # type: ignore[misc]
-    assert all(v is not None and v.allowed for v in verdicts)
-    assert [(d.rule, d.action) for d in decisions(engine.out)] == [("stuffing", "observe")]
-
-
-def test_stuffing_block_replaces_a_spray_observe_decision_and_spray_never_replaces_it() -> None:
-    """A source first seen spraying (observe), then stuffing, is blocked; more spray keeps it blocked."""
-    engine = Engine()
-    engine.step_batch(att(i * 100, account=f"{i:032x}") for i in range(200))
-    engine.step_batch([_unknown(30 * SEC + i * 100, 1000 + i) for i in range(900)])  # type: ignore[misc]
-    rules = [(d.rule, d.action) for d in decisions(engine.out)]
-    assert rules == [("source", "observe"), ("stuffing", "block")]
-    verdict = engine.step(att(20 * MIN, account="c" * 32), T0 + 20 * MIN)
-    assert verdict is not None and not verdict.allowed
-
-
-def test_stuffing_never_blocks_a_source_whose_users_sign_in() -> None:
-    """An office NAT with colleagues signing in on new browsers (untrusted successes) is
-    not blocked by two mistyped identifiers, even with no failure before them; a proxy
-    with one takeover is still blocked at its fifth unknown account."""
-    engine = Engine()
-    engine.step_batch(
-        [att(i * SEC, account=f"{i:032x}", source=NAT, success=True) for i in range(3)]
-    )
-    verdicts = engine.step_batch([_unknown(60 * SEC, 1, NAT), _unknown(70 * SEC, 2, NAT)])  # type: ignore[list-item]
-    assert all(v is not None and v.allowed for v in verdicts)
-    engine.step_batch([att(0, account="e" * 32, success=True)])
-    engine.step_batch([_unknown((1 + i) * SEC, 10 + i) for i in range(5)])  # type: ignore[misc]
-    assert [(d.rule, d.source, d.count) for d in decisions(engine.out)] == [("stuffing", SOURCE, 5)]
 
 
 def test_nat_of_typo_then_success_users_raises_no_spray_alert() -> None:
@@ -164,6 +51,8 @@ def test_stuffing_tenant_fires_within_seconds_of_a_wave_across_proxies() -> None
     fired = alerts(engine.out, "stuffing_tenant")
     assert [a.count for a in fired] == [20, 40]
     assert len({a.alert_id for a in fired}) == 2
+    # An alert only: whether accounts exist never changes a decision (no oracle), and
+    # no source is blocked; the wave challenge follows rule 8's existence-blind count.
     assert decisions(engine.out) == []
 
 
@@ -191,18 +80,6 @@ def test_tenant_stuffing_shares_are_absolute_and_fired_windows_do_not_teach_the_
     assert update(waves, "t", 0, 0, 39, 20, 5.0, 15) == 40
     assert update(waves, "t", 0, 0, 500, 20, 5.0, 15) == 0  # two alerts per window at most
     assert update(waves, "t", 1, 0, 20, 20, 5.0, 15) == 20  # window 0 counted at baseline 0
-
-
-@given(st.integers(0, 100), st.integers(0, 100), st.booleans(), st.integers(1, 10))
-def test_is_stuffing_is_monotone_in_unknown_accounts(
-    failures: int, unknown: int, redeemed: bool, k: int
-) -> None:
-    """More unknown accounts never turn a stuffing verdict off; a redemption always does."""
-    unknown = min(unknown, failures)
-    if is_stuffing(failures, unknown, 0, redeemed, k, 0.8, 5, 0.5, 4.0):
-        assert not redeemed
-        assert is_stuffing(failures + 1, unknown + 1, 0, False, k, 0.8, 5, 0.5, 4.0)
-        assert not is_stuffing(failures, unknown, unknown, False, k, 0.8, 5, 0.5, 4.0)
 
 
 def test_source_state_round_trips_and_loads_records_from_before_the_stuffing_rule() -> None:
