@@ -80,7 +80,7 @@ def test_rows_survive_a_process_restart(chdb_path: Path) -> None:
             [ts1.isoformat(), "e1", "bob@example.com"],
             [ts2.isoformat(), "e2", None],
         ],
-        "versions": [1, 2, 3, 4, 5, 6, 7],
+        "versions": [1, 2, 3, 4, 5, 6, 7, 8],
     }
 
 
