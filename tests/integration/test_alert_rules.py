@@ -116,6 +116,7 @@ def decision_rows(
             "tombstone": tombstone,
             "operator": None,
             "reason": None,
+            "challenge": None,
             "kafka_topic": "auth.throttle-decisions",
             "kafka_partition": 0,
             "kafka_offset": i,

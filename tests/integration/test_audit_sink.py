@@ -308,7 +308,7 @@ def test_tombstone_row_comes_from_the_key() -> None:
         "203.0.113.9",
         None,
     ]
-    assert row[13:] == [1_790_000_000_000, 1_790_000_000_000, "", True, None, None, "t", 1, 5]
+    assert row[13:] == [1_790_000_000_000, 1_790_000_000_000, "", True, None, None, None, "t", 1, 5]
     with pytest.raises(BadMessage, match="bad_key"):
         decode_decision("t", 1, 5, 0, b"garbage", None)
 
