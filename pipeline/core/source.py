@@ -18,7 +18,7 @@ from pipeline.core.attempt import Attempt
 from pipeline.core.dedupe import DEDUPE_CAPACITY, DEDUPE_HORIZON_MS
 from pipeline.core.keys import Key
 from pipeline.core.outbox import Outbox, Shares, add_share
-from pipeline.core.policy import DEFAULT_POLICY, Policy
+from pipeline.core.policy import DEFAULT_POLICY, Policy, RuleConfig
 from pipeline.core.records import build_alert
 from pipeline.core.rules import TenantRules
 from pipeline.core.shard import Shard, restore_shares
@@ -169,12 +169,30 @@ class SourceShard(Shard):
             or src.shared(now // rules.renew_ms, rules.shared_accounts)
         ):
             return
-        expires = now + rules.challenge_block_ms
+        self._block(
+            attempt, src, skey, "challenge_failures", cfg, ring.total, rules.challenge_block_ms, out
+        )
+        src.keep_until_ms = max(src.keep_until_ms, src.blocked_until_ms)
+
+    def _block(
+        self,
+        attempt: Attempt,
+        src: SourceState,
+        skey: Key,
+        rule: str,
+        cfg: RuleConfig,
+        count: int,
+        block_ms: int,
+        out: Outbox,
+    ) -> None:
+        """Publish ``rule``'s decision on the source key for ``block_ms`` from now."""
+        now = attempt.occurred_ms
+        expires = now + block_ms
         src.blocked_until_ms = expires
-        src.block_rule = "challenge_failures"
+        src.block_rule = rule
         src.decision_id = self.issue(
             out,
-            "challenge_failures",
+            rule,
             "source",
             skey,
             attempt.tenant,
@@ -182,12 +200,10 @@ class SourceShard(Shard):
             attempt.source,
             None,
             cfg,
-            ring.total,
+            count,
             now,
             expires,
         )
-        if expires > src.keep_until_ms:
-            src.keep_until_ms = expires
 
     def _success(self, attempt: Attempt, rules: TenantRules, src: SourceState) -> None:
         """A success forwarded here: an untrusted one, or one that made its account
@@ -264,23 +280,7 @@ class SourceShard(Shard):
         # source real users share.
         shared = cfg.mode == "enforce" and src.shared(now // rules.renew_ms, rules.shared_accounts)
         if now >= src.blocked_until_ms and not shared:
-            expires = now + cfg.window_ms
-            src.blocked_until_ms = expires
-            src.block_rule = "source"
-            src.decision_id = self.issue(
-                out,
-                "source",
-                "source",
-                skey,
-                attempt.tenant,
-                None,
-                attempt.source,
-                None,
-                cfg,
-                distinct,
-                now,
-                expires,
-            )
+            self._block(attempt, src, skey, "source", cfg, distinct, cfg.window_ms, out)
         src.keep_until_ms = max(src.keep_until_ms, src.spray_alerted_until_ms, src.blocked_until_ms)
 
     def _stuffing(

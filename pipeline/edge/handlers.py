@@ -8,11 +8,14 @@ Endpoints (every answer is JSON unless said otherwise; errors are
                             (the TCP peer), ``forwarded_for`` (comma-separated),
                             ``device``, ``session``, ``trusted`` (``true``/``false``),
                             ``flow`` (default ``login``) -> ``{"allowed": bool,
-                            "retry_after_ms": int}`` and nothing else (no oracle)
+                            "retry_after_ms": int, "challenge": "captcha"|"step_up"|null}``
+                            and nothing else (no oracle). ``challenge``: demand it
+                            (captcha before the password check, step_up after a
+                            correct one) and report its outcome as an event
 ``POST /v1/check``          the same fields as a JSON object (``forwarded_for`` may
                             be a list, ``trusted`` a JSON boolean)
 ``POST /v1/check/batch``    a JSON list of such objects (at most 1000) ->
-                            ``{"results": [{"allowed", "retry_after_ms"}, ...]}``
+                            ``{"results": [{"allowed", "retry_after_ms", "challenge"}, ...]}``
 ``GET /v1/blocklist``       ``format=json|text|nginx|nginx-geo``, ``include=observe``,
                             ``tenant``; ETag and ``If-None-Match`` (304); with
                             ``wait_ms`` (<= 60000) and ``If-None-Match`` it long-polls:
@@ -67,7 +70,7 @@ log = get_logger("edge")
 
 BATCH_MAX_CHECKS = 1000
 BODY_MAX_BYTES = 1 << 20
-ALLOWED_BODY = b'{"allowed":true,"retry_after_ms":0}'
+ALLOWED_BODY = b'{"allowed":true,"retry_after_ms":0,"challenge":null}'
 CHECK_PATH = "/v1/check"
 _NO_TOKEN_PATHS = frozenset({"/healthz"})
 
@@ -88,7 +91,11 @@ def _json(value: object, status: int = 200) -> web.Response:
 
 
 def _verdict_body(verdict: Verdict) -> dict[str, object]:
-    return {"allowed": verdict.allowed, "retry_after_ms": verdict.retry_after_ms}
+    return {
+        "allowed": verdict.allowed,
+        "retry_after_ms": verdict.retry_after_ms,
+        "challenge": verdict.challenge,
+    }
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -182,6 +189,8 @@ class Edge:
         self.metrics.check(verdict.applied)
         if verdict.matched_key is not None:
             self._log_match("edge_check_refused", verdict.matched_key, verdict)
+        elif verdict.challenge_key is not None:
+            self._log_match("edge_check_challenged", verdict.challenge_key, verdict)
         elif verdict.observed_key is not None:
             self._log_match("edge_check_observed", verdict.observed_key, verdict)
         return verdict
@@ -225,7 +234,8 @@ class Edge:
             verdict = self._check(check_request(query.get))
         except CheckInputError:
             return None
-        body = ALLOWED_BODY if verdict.allowed else orjson.dumps(_verdict_body(verdict))
+        plain = verdict.allowed and verdict.challenge is None
+        body = ALLOWED_BODY if plain else orjson.dumps(_verdict_body(verdict))
         self.metrics.request(CHECK_PATH, 200, time.perf_counter() - started)
         return body
 
@@ -233,7 +243,7 @@ class Edge:
         req = parse_check_query(request.query)
         self._require_ready()
         verdict = self._check(req)
-        if verdict.allowed:
+        if verdict.allowed and verdict.challenge is None:
             return web.Response(body=ALLOWED_BODY, content_type="application/json")
         return _json(_verdict_body(verdict))
 

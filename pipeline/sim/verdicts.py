@@ -6,8 +6,15 @@ the login service: each attempt is first checked against the decisions in force 
 so it is reported as ``failure_reason = "refused"`` whatever its recorded outcome, and no
 rule counts it (the README's login service does exactly this). One line per input event:
 
-``{"event_id", "occurred_at", "account", "allowed", "retry_after_ms", "refused_by",
-"decisions", "lifts", "alerts", "notices"}``
+``{"event_id", "occurred_at", "account", "allowed", "retry_after_ms", "challenge",
+"challenge_passed", "refused_by", "decisions", "lifts", "alerts", "notices"}``
+
+``challenge`` is what the gateway would demand (``captcha``, ``step_up`` or null). The
+emulation assumes bots fail challenges and people pass them: a challenged attempt of a
+labelled attacker becomes a failed challenge (a ``captcha`` is failed before the
+password is checked, so the attempt is a ``flow = "challenge"`` failure; a ``step_up``
+after a correct password is a failed second factor, so a success becomes an ``mfa``
+failure), and anyone else's passes (``challenge_passed``) and goes on unchanged.
 
 ``refused_by`` lists the rules of every block in force that applies (the longest first);
 ``decisions``, ``lifts``, ``alerts`` and ``notices`` are what the event itself caused.
@@ -26,12 +33,13 @@ from typing import IO, Any
 import orjson
 
 from pipeline.contracts.models import format_utc_ms, ms_to_datetime
+from pipeline.core.attempt import Attempt
 from pipeline.core.decisions import keys_for
 from pipeline.core.engine import Engine
 from pipeline.core.policy import Policy
 from pipeline.sim.card import Tally
 from pipeline.sim.scoring import most_in_a_day
-from pipeline.sim.truth import TruthEvent
+from pipeline.sim.truth import ATTACKER, TruthEvent
 
 
 @dataclass
@@ -43,6 +51,7 @@ class VerdictSummary(Tally):
     decisions_by_rule: Counter[str] = field(default_factory=Counter)
     alerts_by_type: Counter[str] = field(default_factory=Counter)
     notices: int = 0
+    challenged: int = 0
     failures_let_through: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
 
     def per_account_24h(self) -> list[tuple[str, int]]:
@@ -61,6 +70,8 @@ class VerdictSummary(Tally):
             "alerts: "
             + (_counts(self.alerts_by_type) or "none")
             + f"; owner notices: {self.notices}",
+            f"challenged: {self.challenged:,} (bots are assumed to fail challenges, people to "
+            "pass them)",
             f"successes allowed: {self.successes_allowed:,}",
             "most failures let through per account in any 24 h:",
         ]
@@ -95,6 +106,11 @@ def verdicts(
             ]
             refused_by = [x.rule for x in sorted(blocks, key=lambda x: -x.expires_ms)]
             a = a._replace(success=False, failure_reason="refused")
+        passed: bool | None = None
+        if verdict.challenge is not None:
+            passed = event.role != ATTACKER
+            if not passed:
+                a = _failed_challenge(a, verdict.challenge)
         engine.step(a, now)
         line = {
             "event_id": event.event_id,
@@ -102,6 +118,8 @@ def verdicts(
             "account": event.account_plain,
             "allowed": verdict.allowed,
             "retry_after_ms": verdict.retry_after_ms,
+            "challenge": verdict.challenge,
+            "challenge_passed": passed,
             "refused_by": refused_by,
             "decisions": [
                 {
@@ -125,9 +143,23 @@ def verdicts(
         yield line
 
 
+def _failed_challenge(a: Attempt, kind: str) -> Attempt:
+    """What a bot's failed challenge makes of its attempt (see the module docstring)."""
+    if kind == "captcha":
+        return a._replace(flow="challenge", success=False, failure_reason="other")
+    if a.success:
+        return a._replace(flow="mfa", success=False, failure_reason="bad_second_factor")
+    return a  # a wrong password: the step-up was never reached
+
+
 def _add(summary: VerdictSummary, event: TruthEvent, line: dict[str, Any]) -> None:
     summary.events += 1
     a = event.attempt
+    if line["challenge"] is not None:
+        summary.challenged += 1
+        if not line["challenge_passed"]:
+            summary.add(False, False)  # a bot's failed challenge: stopped
+            return
     summary.add(line["allowed"], a.success)
     if not line["allowed"]:
         summary.refused_by_rule.update(line["refused_by"][:1])

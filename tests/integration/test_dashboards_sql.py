@@ -129,6 +129,7 @@ def decision_row(
         "tombstone": lift,
         "operator": None,
         "reason": None,
+        "challenge": None,
         "kafka_topic": "auth.throttle-decisions",
         "kafka_partition": 0,
         "kafka_offset": offset,
