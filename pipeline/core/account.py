@@ -21,7 +21,6 @@ from pipeline.core.decisions import (
     uia_key,
 )
 from pipeline.core.keys import Key
-from pipeline.core.lockout import StreakState
 from pipeline.core.outbox import Outbox
 from pipeline.core.records import build_alert
 from pipeline.core.rules import CounterRule, TenantRules
@@ -105,7 +104,7 @@ class AccountShard(Shard):
         flow = attempt.flow
         if flow in PASSWORD_FLOWS:
             trusted = attempt.trusted and attempt.device is not None
-            if self._familiar(attempt, rules, out, seq):
+            if self.familiar(attempt, rules, out, seq, attempt.account):
                 # One more account of the source's real users (the source stage).
                 out.forwards.append(attempt._replace(failure_reason="familiar"))
             elif not trusted:
@@ -150,46 +149,6 @@ class AccountShard(Shard):
         if entry is not None and entry.keep_until_ms > wm:
             self._clear(rule, key, entry, out, seq)
 
-    def _familiar(self, attempt: Attempt, rules: TenantRules, out: Outbox, seq: int) -> bool:
-        """The account succeeded from this source: publish (or renew, at most once per
-        ``familiar.renew_ms``) ``familiar|t|a|s|-``. True when published."""
-        if not rules.familiar_on:
-            return False
-        key: Key = ("familiar", attempt.tenant, attempt.account, attempt.source, None)
-        table = rules.familiar
-        entry = table.mapping.get(key)
-        now = attempt.occurred_ms
-        if entry is None:
-            entry = table.create(key, StreakState)
-        else:
-            table.mapping.move_to_end(key)
-            if now < entry.notice_until_ms or (seq >= 0 and entry.seq >= seq):
-                return False  # published within the renew period (the field is its end)
-        expires = now + rules.familiar_memory_ms
-        entry.blocked_until_ms = entry.keep_until_ms = expires
-        entry.notice_until_ms = now + rules.familiar_renew_ms
-        entry.rule = "familiar"
-        entry.decision_id = self.issue(
-            out,
-            "familiar",
-            "familiar",
-            key,
-            attempt.tenant,
-            attempt.account,
-            attempt.source,
-            None,
-            rules.familiar_cfg,
-            0,
-            now,
-            expires,
-            action="exempt",
-        )
-        if seq > entry.seq:
-            entry.seq = seq
-        if self.track_changes:
-            self.dirty[("familiar", key)] = None
-        return True
-
     def _reset(self, attempt: Attempt, rules: TenantRules, out: Outbox, seq: int) -> None:
         """A password reset proven through the mailbox (``flow = "reset"``): the owner
         chose a new password, so every guess at the old one is moot. It ends the run (the
@@ -212,7 +171,7 @@ class AccountShard(Shard):
                     entry.streak = 0
                     entry.lifetime_alerted = False
                 self._clear(rule, key, entry, out, seq)
-        if self._familiar(attempt, rules, out, seq):
+        if self.familiar(attempt, rules, out, seq, attempt.account):
             out.forwards.append(attempt._replace(failure_reason="familiar"))
 
     def _clear(self, rule: CounterRule, key: Key, entry: KeyState, out: Outbox, seq: int) -> None:

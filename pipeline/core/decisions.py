@@ -12,7 +12,8 @@ dict lookups:
   account_source or account blocks: a stranger cannot lock the owner out of their device;
 * other password flows: ``familiar|t|a|s|-`` (the account succeeded from this source:
   an ``exempt`` that lifts the wave's challenge and rule-issued source decisions for the
-  pair), ``account_source|t|a|s|-``, ``account|t|a|-|-``, the consecutive-failure lock
+  pair), ``familiar|t|-|s|-`` (some account succeeded there: the wave asks a step-up,
+  never a CAPTCHA), ``account_source|t|a|s|-``, ``account|t|a|-|-``, the consecutive-failure lock
   ``lock|t|a|-|-`` (seed 002, and the lifetime bound) and the tenant's wave challenge
   ``tenant|t|-|-|-``;
 * ``reset`` (a reset proven through the mailbox): operators' decisions only;
@@ -108,7 +109,8 @@ def applicable_keys(
         if trusted and device:
             return (("device", tenant, account, None, device), manual_source, manual_account)
         return (
-            ("familiar", tenant, account, source, None),  # first: it exempts the ones after
+            ("familiar", tenant, account, source, None),  # first: they qualify the ones after
+            ("familiar", tenant, None, source, None),
             source_key,
             ("account_source", tenant, account, source, None),
             ("account", tenant, account, None, None),
@@ -294,15 +296,17 @@ class DecisionIndex:
 
     def check(self, keys: tuple[Key, ...], now_ms: int) -> Verdict:
         """Refused iff an unexpired block applies; retry after the longest remaining one.
-        Else the first unexpired challenge names what to demand. An ``exempt`` (the
-        familiar pair, first among the keys) voids the tenant's wave challenge and the
-        rules' source decisions for this attempt; operators' decisions still apply."""
+        Else the first unexpired challenge names what to demand. An ``exempt`` on the
+        familiar pair (first among the keys) voids the tenant's wave challenge and the
+        rules' source decisions for this attempt; operators' decisions still apply. An
+        ``exempt`` on the source alone (some account succeeded there: a known place) turns
+        the wave's challenge into a ``step_up``, asked only after a correct password."""
         retry_ms = 0
         matched: Key | None = None
         observed: Key | None = None
         challenge: Key | None = None
         kind: str | None = None
-        exempt = False
+        exempt = known = False
         active = self._active
         for key in keys:
             entry = active.get(key)
@@ -310,7 +314,10 @@ class DecisionIndex:
                 continue
             action = entry.action
             if action == "exempt":
-                exempt = True
+                if key[2] is None:
+                    known = True
+                else:
+                    exempt = True
                 continue
             if exempt and (key[0] == "tenant" or (key[0] == "source" and key[4] is None)):
                 continue
@@ -326,6 +333,8 @@ class DecisionIndex:
         if matched is not None:
             return Verdict(False, retry_ms, matched, observed)
         if challenge is not None:
+            if known and challenge[0] == "tenant":
+                kind = "step_up"  # a known place: a correct password proves more than a bot
             return Verdict(True, 0, None, observed, kind, challenge)
         return Verdict(True, 0, None, observed) if observed else ALLOWED
 

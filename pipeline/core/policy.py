@@ -245,9 +245,10 @@ class TenantSprayConfig(_Frozen):
     """Distinct failing accounts in a tenant per tumbling window, against its trailing baseline.
 
     Fires when ``distinct >= max(min_accounts, factor * baseline)`` and at least
-    ``min_sources`` sources failed, where ``baseline`` is the mean of the previous
-    ``baseline_windows`` windows (a window that fired counts at its own baseline, so one
-    wave does not mask the next). ``min_history_windows`` keeps it quiet until the rollup
+    ``min_sources`` sources failed, where ``baseline`` is the ``baseline_quantile`` of the
+    previous ``baseline_windows`` windows seen (a low quantile, not the mean: a wave, or a
+    spray from too few sources to fire, does not raise it while it lasts, so one wave does
+    not mask the next). ``min_history_windows`` keeps it quiet until the rollup
     has seen that many earlier windows of the tenant: with no history the baseline is 0
     and a busy tenant's ordinary typos pass ``min_accounts``. Short windows (10 s) answer
     a wave within seconds; ``spray_tenant`` is alerted when a wave starts (the window
@@ -256,11 +257,12 @@ class TenantSprayConfig(_Frozen):
     """
 
     window_ms: int = Field(10_000, ge=1000, le=MAX_WINDOW_MS)
-    baseline_windows: int = Field(60, ge=1, le=1440)
+    baseline_windows: int = Field(360, ge=1, le=1440)
+    baseline_quantile: float = Field(0.25, ge=0.0, le=1.0)
     factor: float = Field(3.0, ge=1.0)
     min_accounts: int = Field(20, ge=1)
     min_sources: int = Field(10, ge=1)
-    min_history_windows: int = Field(30, ge=0, le=1440)
+    min_history_windows: int = Field(6, ge=0, le=1440)
 
 
 class TenantPolicy(_Frozen):

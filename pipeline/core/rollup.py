@@ -108,11 +108,13 @@ class TenantRollup:
             cfg = self._configs[tenant] = self.policy.for_tenant(tenant).tenant_spray
         baseline = self.baselines.get(slot)
         if baseline is None:
-            baseline = self._new_window(tenant, window, cfg.baseline_windows)
+            baseline = self._new_window(tenant, window, cfg)
         accounts, sources = self.accounts.get(slot, 0), self.sources.get(slot, 0)
-        if accounts < max(cfg.min_accounts, cfg.factor * baseline) or sources < cfg.min_sources:
+        if accounts < max(cfg.min_accounts, cfg.factor * baseline):
             return None
         if window - self.first_window[tenant] < cfg.min_history_windows:
+            return None  # still learning the tenant's norm
+        if sources < cfg.min_sources:
             return None
         self.fired.add(slot)
         self.newly_fired.append(slot)
@@ -188,18 +190,19 @@ class TenantRollup:
         alert_id = stable_id(alert.alert_id, total)
         return alert.model_copy(update={"alert_id": alert_id})
 
-    def _new_window(self, tenant: str, window: int, baseline_windows: int) -> float:
-        # A window that fired is a wave, not the norm: it counts at its own baseline, so
-        # one wave (or a spray beside it) does not hide the next.
-        baselines, fired, accounts = self.baselines, self.fired, self.accounts
-        previous = [
-            baselines.get(slot, 0.0) if slot in fired else accounts.get(slot, 0)
-            for slot in ((tenant, w) for w in range(window - baseline_windows, window))
-        ]
-        baseline = sum(previous) / baseline_windows
+    def _new_window(self, tenant: str, window: int, cfg: TenantSprayConfig) -> float:
+        # The baseline is a low quantile of the windows seen (at most ``baseline_windows``
+        # since the tenant's first), not their mean: a wave, or a spray from too few
+        # sources to fire, raises the mean while it lasts, and the next wave (or the
+        # same one's later windows) would hide under it. A quantile of raw counts is
+        # also a function of the counts alone, so a restored rollup computes the same.
+        seen = min(cfg.baseline_windows, window - self.first_window.get(tenant, window))
+        accounts = self.accounts
+        previous = sorted(accounts.get((tenant, w), 0) for w in range(window - seen, window))
+        baseline = float(previous[int(cfg.baseline_quantile * (seen - 1))]) if seen > 0 else 0.0
         self.baselines[(tenant, window)] = baseline
         # Forget windows older than the baseline needs (bounded memory).
-        horizon = window - baseline_windows - 2
+        horizon = window - cfg.baseline_windows - 2
         for table in (self.accounts, self.sources, self.baselines):
             for slot in [s for s in table if s[0] == tenant and s[1] < horizon]:
                 del table[slot]

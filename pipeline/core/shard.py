@@ -108,6 +108,50 @@ class Shard:
         self.metrics.decisions += 1
         return decision_id
 
+    def familiar(
+        self, attempt: Attempt, rules: TenantRules, out: Outbox, seq: int, account: str | None
+    ) -> bool:
+        """A success made ``account`` familiar at the attempt's source (the account shard's
+        ``familiar|t|a|s|-``), or the source known for some account (the source shard's
+        ``familiar|t|-|s|-``, ``account`` None): publish it, or renew it at most once per
+        ``familiar.renew_ms``. True when published."""
+        if not rules.familiar_on:
+            return False
+        key: Key = ("familiar", attempt.tenant, account, attempt.source, None)
+        table = rules.familiar
+        entry = table.mapping.get(key)
+        now = attempt.occurred_ms
+        if entry is None:
+            entry = table.create(key, StreakState)
+        else:
+            table.mapping.move_to_end(key)
+            if now < entry.notice_until_ms or (seq >= 0 and entry.seq >= seq):
+                return False  # published within the renew period (the field is its end)
+        expires = now + rules.familiar_memory_ms
+        entry.blocked_until_ms = entry.keep_until_ms = expires
+        entry.notice_until_ms = now + rules.familiar_renew_ms
+        entry.rule = "familiar"
+        entry.decision_id = self.issue(
+            out,
+            "familiar",
+            "familiar",
+            key,
+            attempt.tenant,
+            account,
+            attempt.source,
+            None,
+            rules.familiar_cfg,
+            0,
+            now,
+            expires,
+            action="exempt",
+        )
+        if seq > entry.seq:
+            entry.seq = seq
+        if self.track_changes:
+            self.dirty[("familiar", key)] = None
+        return True
+
     def lift(self, out: Outbox, key: Key) -> None:
         if self.index.lift(key) is not None:
             out.decisions.append((format_key(key), None))

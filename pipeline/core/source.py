@@ -97,7 +97,7 @@ class SourceShard(Shard):
                 self.metrics.counted += 1
                 self._challenge_failure(attempt, rules, src, skey, out)
         elif attempt.success:
-            self._success(attempt, rules, src)
+            self._success(attempt, rules, src, out, seq)
         else:
             self.metrics.counted += 1
             self._failure(attempt, rules, src, skey, out)
@@ -205,7 +205,9 @@ class SourceShard(Shard):
             expires,
         )
 
-    def _success(self, attempt: Attempt, rules: TenantRules, src: SourceState) -> None:
+    def _success(
+        self, attempt: Attempt, rules: TenantRules, src: SourceState, out: Outbox, seq: int
+    ) -> None:
         """A success forwarded here: an untrusted one, or one that made its account
         familiar at the source (``failure_reason = "familiar"``: one more account of the
         source's real users). After a failure of the same account from here (a
@@ -214,6 +216,7 @@ class SourceShard(Shard):
         if attempt.failure_reason == "familiar":
             period = now // rules.renew_ms
             src.vouch(period)
+            self.familiar(attempt, rules, out, seq, None)  # the source is known
             keep = (period + 2) * rules.renew_ms
             if keep > src.keep_until_ms:
                 src.keep_until_ms = keep

@@ -142,6 +142,9 @@ class Scorecard:
     legit_by_design: Counter[str] = field(default_factory=Counter)
     legit_by_design_why: dict[str, list[str]] = field(default_factory=dict)
     legit_challenged: Counter[str] = field(default_factory=Counter)
+    legit_untrusted_in_wave: int = 0
+    """Legitimate untrusted password attempts while a wave challenge was in force."""
+    legit_challenged_in_wave: int = 0
 
     @property
     def all_caught(self) -> bool:
@@ -190,6 +193,8 @@ class Scorecard:
                 "attempts": sum(self.legit_attempts.values()),
                 "refused": self.legit_refused_total,
                 "challenged": sum(self.legit_challenged.values()),
+                "untrusted_during_waves": self.legit_untrusted_in_wave,
+                "challenged_during_waves": self.legit_challenged_in_wave,
                 "refused_by_design": {
                     cohort: {"refused": n, "why": self.legit_by_design_why.get(cohort, [])}
                     for cohort, n in sorted(self.legit_by_design.items())

@@ -44,6 +44,8 @@ def render(card: Scorecard) -> str:
     lines.append(
         f"legitimate attempts challenged: {sum(card.legit_challenged.values())}"
         + (f" ({challenged})" if challenged else "")
+        + f"; untrusted password attempts during waves: {card.legit_challenged_in_wave}"
+        f" of {card.legit_untrusted_in_wave} challenged"
     )
     for cohort, n in sorted(card.legit_by_design.items()):
         lines.append(

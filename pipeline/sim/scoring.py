@@ -16,10 +16,12 @@ Legitimate attempts refused (roles ``legit`` and ``owner``) are counted per coho
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from typing import Any
 
+from pipeline.contracts.models import datetime_to_ms
 from pipeline.core.decisions import Verdict
 from pipeline.sim.by_design import design_reasons
 from pipeline.sim.card import AttackScore, Scorecard
@@ -48,6 +50,8 @@ def score(events: Sequence[TruthEvent], outputs: Outputs) -> Scorecard:
     legit_attempts: Counter[str] = Counter()
     legit_refused: Counter[str] = Counter()
     legit_challenged: Counter[str] = Counter()
+    waves = _wave_spans(outputs)
+    in_wave = [0, 0]  # legitimate untrusted password attempts during a wave; challenged
     by_design: Counter[str] = Counter()
     why: dict[str, list[str]] = defaultdict(list)
     examples: list[dict[str, Any]] = []
@@ -56,7 +60,7 @@ def score(events: Sequence[TruthEvent], outputs: Outputs) -> Scorecard:
     for event, verdict, reason in zip(events, verdicts, design, strict=True):
         if event.role == ATTACKER:
             # A challenge stops a bot: the assumption is that bots fail challenges.
-            challenged = verdict.allowed and verdict.challenge is not None
+            challenged = _shown(verdict, event)
             if challenged:
                 verdict = CHALLENGED
                 scores[event.scenario].challenged += 1
@@ -69,8 +73,13 @@ def score(events: Sequence[TruthEvent], outputs: Outputs) -> Scorecard:
                 let_through[(event.scenario, a.tenant, a.account)].append(event.occurred_ms)
         elif event.role in LEGIT_ROLES:
             legit_attempts[event.cohort] += 1
-            if verdict.allowed and verdict.challenge is not None:
+            shown = _shown(verdict, event)
+            if shown:
                 legit_challenged[event.cohort] += 1
+            a = event.attempt
+            if a.password_flow and not a.trusted and _during(waves, a.tenant, a.occurred_ms):
+                in_wave[0] += 1
+                in_wave[1] += shown
             if not verdict.allowed:
                 if reason is not None:
                     by_design[event.cohort] += 1
@@ -95,6 +104,8 @@ def score(events: Sequence[TruthEvent], outputs: Outputs) -> Scorecard:
         legit_attempts=legit_attempts,
         legit_refused=legit_refused,
         legit_challenged=legit_challenged,
+        legit_untrusted_in_wave=in_wave[0],
+        legit_challenged_in_wave=in_wave[1],
         legit_examples=examples,
         legit_by_design=by_design,
         legit_by_design_why=dict(why),
@@ -103,6 +114,41 @@ def score(events: Sequence[TruthEvent], outputs: Outputs) -> Scorecard:
         missing_decision_records=outputs.missing_decision_records,
         **decision_stats,
     )
+
+
+def _shown(verdict: Verdict, event: TruthEvent) -> bool:
+    """Whether the attempt met its challenge: a captcha before any password check, a
+    step-up only after a correct password (a wrong one fails as it would have)."""
+    if not verdict.allowed or verdict.challenge is None:
+        return False
+    return verdict.challenge != "step_up" or event.attempt.success
+
+
+def _wave_spans(outputs: Outputs) -> dict[str, list[tuple[int, int]]]:
+    """Per tenant, the [issued, expires) spans of its wave challenges, merged, in order."""
+    spans: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    for rec in outputs.decisions:
+        d = rec.decision
+        if d is not None and d.scope == "tenant":
+            spans[d.tenant].append((datetime_to_ms(d.issued_at), datetime_to_ms(d.expires_at)))
+    merged: dict[str, list[tuple[int, int]]] = {}
+    for tenant, items in spans.items():
+        out: list[tuple[int, int]] = []
+        for start, end in sorted(items):
+            if out and start <= out[-1][1]:
+                out[-1] = (out[-1][0], max(out[-1][1], end))
+            else:
+                out.append((start, end))
+        merged[tenant] = out
+    return merged
+
+
+def _during(waves: dict[str, list[tuple[int, int]]], tenant: str, t_ms: int) -> bool:
+    spans = waves.get(tenant)
+    if not spans:
+        return False
+    i = bisect_right(spans, (t_ms, 1 << 62)) - 1
+    return i >= 0 and spans[i][0] <= t_ms < spans[i][1]
 
 
 def most_in_a_day(times: Sequence[int]) -> int:

@@ -207,7 +207,11 @@ def test_patient_attackers_through_the_broker_get_what_the_core_gives(
     assert lockout_dos[0] <= 35 and lockout_dos[1:] == (0, "stopped"), done.stdout
     legit = card["legitimate"]
     assert legit["refused"] == 0, legit["examples"]
-    assert legit["by_cohort"]["owner_trusted_device"] == {"attempts": 11, "refused": 0}
+    assert legit["by_cohort"]["owner_trusted_device"] == {
+        "attempts": 11,
+        "refused": 0,
+        "challenged": 0,
+    }
     assert legit["refused_by_design"]["owner_without_trusted_device"]["refused"] == 9
     notices = [orjson.loads(m.value) for m in read_topic(kafka_bootstrap, stream_names.notices)]
     per_account = {n["account_digest"] for n in notices}

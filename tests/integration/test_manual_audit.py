@@ -3,6 +3,7 @@ table; a source decision wider than one source is refused (issue 14, issue 15 it
 
 from __future__ import annotations
 
+import orjson
 import pytest
 
 from pipeline.contracts.codec import DecodeError as BadMessage
@@ -35,6 +36,10 @@ def _normaliser() -> Normaliser:
     )
 
 
+MANUAL_KEY = b"source|acme|-|203.0.113.66|manual"
+"""The Kafka key of ``_manual()``'s decision (the sink pairs a value with its key)."""
+
+
 def _manual(source: str | None = "203.0.113.66", account: str | None = None) -> bytes:
     decision = manual_decision(
         Target("acme", source=source, account=account),
@@ -50,13 +55,13 @@ def _manual(source: str | None = "203.0.113.66", account: str | None = None) -> 
 def test_decode_decision_keeps_operator_and_reason_and_refuses_wide_sources() -> None:
     """A manual decision's row carries operator and reason; a /24 source (IPv4 grouped by
     /32) is a bad message, and fine when the sink groups IPv4 by /24."""
-    (row,) = decode_decision("t", 0, 1, 0, b"k", _manual()).rows
+    (row,) = decode_decision("t", 0, 1, 0, MANUAL_KEY, _manual()).rows
     assert row[3:10] == ["source", None, "203.0.113.66", "manual", "all", "block", "manual"]
     assert row[16:19] == [False, "alice", "ticket 42"]
     wide = _manual().replace(b'"203.0.113.66"', b'"203.0.113.0/24"')
     with pytest.raises(BadMessage, match="wider than one source"):
-        decode_decision("t", 0, 1, 0, b"k", wide)
-    assert decode_decision("t", 0, 1, 0, b"k", wide, (24, 64)).rows[0][5] == "203.0.113.0/24"
+        decode_decision("t", 0, 1, 0, MANUAL_KEY, wide)
+    assert decode_decision("t", 0, 1, 0, MANUAL_KEY, wide, (24, 64)).rows[0][5] == "203.0.113.0/24"
 
 
 async def test_sink_audits_operator_decisions(
@@ -69,12 +74,14 @@ async def test_sink_audits_operator_decisions(
     and skips a deny-all source decision (0.0.0.0/0)."""
     await create_topics(kafka_bootstrap, topics)
     deny_all = _manual().replace(b'"203.0.113.66"', b'"0.0.0.0/0"')
+    account = _manual(None, "Victim@Example.com")
+    account_key = orjson.loads(account)["key"].encode()  # the sink pairs values with keys
     await produce(
         kafka_bootstrap,
         [
             (topics.decisions, 0, b"source|acme|-|203.0.113.66|manual", _manual(), None),
             (topics.decisions, 0, b"source|acme|-|0.0.0.0/0|manual", deny_all, None),
-            (topics.decisions, 1, b"account-manual", _manual(None, "Victim@Example.com"), None),
+            (topics.decisions, 1, account_key, account, None),
         ],
     )
     sink.start()

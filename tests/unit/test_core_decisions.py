@@ -16,6 +16,7 @@ def test_untrusted_password_flow_keys() -> None:
     account, lock, the tenant's wave and the operator's source and account keys."""
     assert applicable_keys("t", A, S, D, None, False, "login") == (
         ("familiar", "t", A, S, None),
+        ("familiar", "t", None, S, None),
         ("source", "t", None, S, None),
         ("account_source", "t", A, S, None),
         ("account", "t", A, None, None),

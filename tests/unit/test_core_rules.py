@@ -660,11 +660,12 @@ def test_format_key_of_issued_decisions_matches_the_wire_key() -> None:
 
 
 def test_spray_tenant_waits_for_history_when_asked() -> None:
-    """With min_history_windows = 1 a tenant's first window never fires; its second can."""
+    """With min_history_windows = 1 a tenant's first window never fires (its 100 accounts
+    are far above min_accounts); its second, far above the first, can."""
     policy = policy_from_toml("[defaults.tenant_spray]\nmin_history_windows = 1\n")
     rollup = TenantRollup(policy)
     rollup.update("t", 5, "s", 0, 20)
-    rollup.update("t", 5, "a", 0, 500)
+    rollup.update("t", 5, "a", 0, 100)
     assert rollup.advance(5 * 15 * MIN + 1000) == []  # cold start: no earlier window seen
     rollup.update("t", 6, "s", 0, 20)
     rollup.update("t", 6, "a", 0, 500)
