@@ -35,9 +35,9 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
-from pipeline.contracts.models import datetime_to_ms
+from pipeline.contracts.models import Decision, datetime_to_ms
 from pipeline.core.attempt import PASSWORD_FLOWS, Attempt
 from pipeline.core.keys import Key, decision_key
 
@@ -269,10 +269,11 @@ class DecisionIndex:
         else:
             del self.subjects[subject]
 
-    def may_apply(self, account: str, source: str) -> bool:
-        """False when no active decision can concern this account or source."""
+    def may_apply(self, tenant: str, account: str, source: str) -> bool:
+        """False when no active decision can concern this account or source, nor the
+        tenant as a whole (a wave challenge)."""
         subjects = self.subjects
-        return bool(subjects) and (account in subjects or source in subjects)
+        return bool(subjects) and (account in subjects or source in subjects or tenant in subjects)
 
     def get(self, key: Key) -> Active | None:
         return self._active.get(key)
@@ -338,13 +339,8 @@ class DecisionIndex:
             return Verdict(True, 0, None, observed, kind, challenge)
         return Verdict(True, 0, None, observed) if observed else ALLOWED
 
-    def may_apply_tenant(self, tenant: str, account: str, source: str) -> bool:
-        """``may_apply``, or the tenant has a decision of its own (a wave challenge)."""
-        subjects = self.subjects
-        return bool(subjects) and (account in subjects or source in subjects or tenant in subjects)
 
-
-def index_wave(index: DecisionIndex, decisions: list[tuple[str, Any]]) -> None:
+def index_wave(index: DecisionIndex, decisions: list[tuple[str, Decision]]) -> None:
     """Put the rollup's wave decisions (``(wire key, Decision)``) into ``index``."""
     for _wire_key, d in decisions:
         expires = datetime_to_ms(d.expires_at)

@@ -113,7 +113,7 @@ class DecisionView:
         self._keys: dict[tuple[Any, ...], _Memo] = {}
         # Bound once: the check is a few lookups, so two attribute loads per call show.
         self._memo_get = self._keys.get
-        self._may_apply = self.index.may_apply_tenant
+        self._may_apply = self.index.may_apply
 
     def __len__(self) -> int:
         return len(self.index)

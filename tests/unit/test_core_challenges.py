@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pipeline.core.attempt import Attempt
-from pipeline.core.decisions import Verdict
+from pipeline.core.decisions import Verdict, keys_for
 from pipeline.core.engine import Engine
 from pipeline.core.policy import DEFAULT_POLICY
 from tests.unit.test_core_support import MIN, SEC, att, decisions
@@ -16,18 +16,12 @@ def _gateway(engine: Engine, attempts: list[Attempt]) -> list[Verdict]:
     """Each attempt checked before it is applied; a refused one reaches no password check."""
     out: list[Verdict] = []
     for a in attempts:
-        verdict = engine.accounts.index.check(_keys(a), a.occurred_ms)
+        verdict = engine.accounts.index.check(keys_for(a), a.occurred_ms)
         if not verdict.allowed:
             a = a._replace(success=False, failure_reason="refused")
         engine.step(a, max(engine.accounts.watermark_ms, a.occurred_ms))
         out.append(verdict)
     return out
-
-
-def _keys(a: Attempt) -> tuple[object, ...]:
-    from pipeline.core.decisions import keys_for
-
-    return keys_for(a)
 
 
 def _background(minutes: int) -> list[Attempt]:
