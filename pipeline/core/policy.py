@@ -251,8 +251,12 @@ class TenantSprayConfig(_Frozen):
     not mask the next). ``min_history_windows`` keeps it quiet until the rollup
     has seen that many earlier windows of the tenant: with no history the baseline is 0
     and a busy tenant's ordinary typos pass ``min_accounts``. Short windows (10 s) answer
-    a wave within seconds; ``spray_tenant`` is alerted when a wave starts (the window
-    before did not fire), and every firing window extends the wave challenge.
+    a wave within seconds. A paced wave (a spray from hundreds of addresses at a couple of
+    attempts a second) fires on the sum of the last ``slow_windows`` windows when it
+    reaches ``max(min_accounts, slow_factor * slow_windows * baseline)`` from at least
+    ``min_sources`` sources (``slow_windows = 1`` turns that off). ``spray_tenant`` is
+    alerted when a wave starts (the window before did not fire), and every firing window
+    extends the wave challenge.
     Existence-blind: unknown and real accounts count alike.
     """
 
@@ -263,6 +267,8 @@ class TenantSprayConfig(_Frozen):
     min_accounts: int = Field(20, ge=1)
     min_sources: int = Field(10, ge=1)
     min_history_windows: int = Field(6, ge=0, le=1440)
+    slow_windows: int = Field(6, ge=1, le=1440)
+    slow_factor: float = Field(2.0, ge=1.0)
 
 
 class TenantPolicy(_Frozen):

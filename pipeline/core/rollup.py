@@ -110,12 +110,21 @@ class TenantRollup:
         if baseline is None:
             baseline = self._new_window(tenant, window, cfg)
         accounts, sources = self.accounts.get(slot, 0), self.sources.get(slot, 0)
-        if accounts < max(cfg.min_accounts, cfg.factor * baseline):
-            return None
+        floor = cfg.min_accounts
+        if accounts < max(floor, cfg.factor * baseline) or sources < cfg.min_sources:
+            # Not a flood: is it a paced wave? The last ``slow_windows`` windows together
+            # against as many baselines, at the lower ``slow_factor``.
+            n = cfg.slow_windows
+            if n <= 1:
+                return None
+            span = range(window - n + 1, window + 1)
+            accounts = sum(self.accounts.get((tenant, w), 0) for w in span)
+            if accounts < max(floor, cfg.slow_factor * n * baseline):
+                return None
+            if sum(self.sources.get((tenant, w), 0) for w in span) < cfg.min_sources:
+                return None
         if window - self.first_window[tenant] < cfg.min_history_windows:
             return None  # still learning the tenant's norm
-        if sources < cfg.min_sources:
-            return None
         self.fired.add(slot)
         self.newly_fired.append(slot)
         self._wave(tenant, "spray_tenant", accounts, (window + 1) * cfg.window_ms)

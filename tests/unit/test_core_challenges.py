@@ -6,6 +6,7 @@ from pipeline.core.attempt import Attempt
 from pipeline.core.decisions import Verdict, keys_for
 from pipeline.core.engine import Engine
 from pipeline.core.policy import DEFAULT_POLICY
+from pipeline.core.rollup import TenantRollup
 from tests.unit.test_core_support import MIN, SEC, att, decisions
 
 NAT = "192.0.2.20"
@@ -168,3 +169,20 @@ def test_a_mailbox_reset_is_never_refused_and_ends_the_run() -> None:
         ],
     )[-3:]
     assert (locked.allowed, reset.allowed, new_password.allowed) == (False, True, True)
+
+
+def test_a_paced_spray_fires_the_wave_on_a_minutes_sum() -> None:
+    """A spray adding 16 accounts per 10 s to a norm of 15 (under 3 x 15 in any window)
+    fires rule 8 on the last six windows' sum (2 x 6 x 15 = 180 <= 186)."""
+    rollup = TenantRollup(DEFAULT_POLICY)
+    for window in range(20):
+        rollup.update("t", window, "a", 0, 15)
+        rollup.update("t", window, "s", 0, 12)
+        assert rollup.advance((window + 1) * 10 * SEC) == []
+    fired = []
+    for window in range(20, 26):
+        rollup.update("t", window, "a", 0, 31)
+        rollup.update("t", window, "s", 0, 28)
+        fired += rollup.advance((window + 1) * 10 * SEC)
+    assert [(a.type, a.count) for a in fired] == [("spray_tenant", 186)]
+    assert [d.scope for _, d in rollup.decisions] == ["tenant"]
