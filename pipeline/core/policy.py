@@ -26,6 +26,9 @@ DAY_MS = 24 * HOUR_MS
 MAX_WINDOW_MS = 7 * 24 * HOUR_MS
 MAX_BLOCK_MS = 366 * 24 * HOUR_MS
 """Longest block: keeps ``expires_at`` a representable timestamp whatever the config says."""
+UNTIL_SUCCESS_MS = 100 * 365 * 24 * HOUR_MS
+"""How long a hold "until a success" is published for: a century, far past any account
+and still inside ClickHouse's DateTime64 (2299)."""
 
 
 class _Frozen(BaseModel):
@@ -65,16 +68,27 @@ class BackoffConfig(_Frozen):
 class LifetimeConfig(_Frozen):
     """NIST 800-63B: this many consecutive failures with no success raise ``lifetime_bound``
     (rule 7's alert counts every flow's failures), and this many consecutive untrusted
-    password failures (the lockout's count) refuse untrusted password attempts for
-    ``block_ms`` or until a success, whichever comes first.
+    password failures (the lockout's count) refuse untrusted password attempts until a
+    success or a reset proven through the mailbox (``block_ms = 0``,
+    the default: seed 004's SHALL is "disable"; the decision is published as held for
+    ``UNTIL_SUCCESS_MS``, within what ClickHouse's DateTime64 stores), or for ``block_ms``
+    when set.
 
     ``memory_ms`` is how long rule 7's streak survives a quiet account; 0 (the default)
     never forgets: memory is bounded by ``entry_cap``, not by time.
     """
 
     threshold: int = Field(100, ge=1)
-    block_ms: int = Field(MAX_BLOCK_MS, ge=1000, le=MAX_BLOCK_MS)
+    block_ms: int = Field(0, ge=0, le=MAX_BLOCK_MS)
     memory_ms: int = Field(0, ge=0, le=MAX_BLOCK_MS)
+
+    @field_validator("block_ms")
+    @classmethod
+    def _zero_or_a_second(cls, value: int) -> int:
+        if 0 < value < 1000:
+            raise ValueError("lifetime.block_ms must be 0 (until a success) or >= 1000")
+        return value
+
     mode: Mode = "enforce"
 
 

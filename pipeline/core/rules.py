@@ -16,7 +16,7 @@ from typing import Any, TypeAlias
 from pipeline.core.keys import Key
 from pipeline.core.lockout import FOREVER_MS, StreakState
 from pipeline.core.normalise import parse_address
-from pipeline.core.policy import RuleConfig, TenantPolicy
+from pipeline.core.policy import UNTIL_SUCCESS_MS, RuleConfig, TenantPolicy
 from pipeline.core.state import KeyState, PairState, SourceState
 from pipeline.core.table import BoundedTable
 from pipeline.core.window import WindowSpec
@@ -137,7 +137,7 @@ class TenantRules:
         self.familiar_cfg = RuleConfig.model_construct(
             threshold=familiar.shared_accounts, window_ms=familiar.memory_ms, mode="enforce"
         )
-        self.lifetime_block_ms = lifetime.block_ms
+        self.lifetime_block_ms = lifetime.block_ms or UNTIL_SUCCESS_MS
         self.lifetime_memory_ms = lifetime.memory_ms or FOREVER_MS
         self.lifetime_threshold = lifetime.threshold
         self.mfa_curve = curve.enabled

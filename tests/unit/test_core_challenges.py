@@ -186,3 +186,18 @@ def test_a_paced_spray_fires_the_wave_on_a_minutes_sum() -> None:
         fired += rollup.advance((window + 1) * 10 * SEC)
     assert [(a.type, a.count) for a in fired] == [("spray_tenant", 186)]
     assert [d.scope for _, d in rollup.decisions] == ["tenant"]
+
+
+def test_the_lifetime_bound_holds_past_a_year_until_a_success() -> None:
+    """100 consecutive failures, then a guess 367 days later: still refused (seed 004's
+    "disable"; the hold no longer runs out after 366 days); the owner's reset lifts it."""
+    engine = Engine(DEFAULT_POLICY)
+    day = 24 * 60 * MIN
+    guesses = [att(i * 2 * 60 * MIN) for i in range(100)]  # paced past every window
+    late = att(guesses[-1].occurred_ms - guesses[0].occurred_ms + 367 * day)
+    after_reset = [
+        att(late.occurred_ms - guesses[0].occurred_ms + MIN, flow="reset", success=True),
+        att(late.occurred_ms - guesses[0].occurred_ms + 2 * MIN, success=True),
+    ]
+    verdicts = _gateway(engine, [*guesses, late, *after_reset])
+    assert [v.allowed for v in verdicts[-3:]] == [False, True, True]

@@ -13,7 +13,7 @@ from pipeline.core.decisions import Verdict, keys_for
 from pipeline.core.engine import Engine
 from pipeline.core.lockout import lock_ms, wait_ms
 from pipeline.core.outbox import Outbox
-from pipeline.core.policy import DEFAULT_POLICY
+from pipeline.core.policy import DEFAULT_POLICY, UNTIL_SUCCESS_MS
 from tests.unit.test_core_support import ACCOUNT, HOUR, MIN, SEC, T0, alerts, att, decisions, policy
 
 LOCK_KEY = f"lock|default|{ACCOUNT}|-|-"
@@ -173,7 +173,7 @@ def test_no_decay_99_failures_25_hours_quiet_then_one_reaches_the_bound() -> Non
         100,
         100,
     )
-    assert datetime_to_ms(bound.expires_at) == T0 + t + 366 * 24 * HOUR
+    assert datetime_to_ms(bound.expires_at) == T0 + t + UNTIL_SUCCESS_MS  # until a success
     (alert,) = alerts(engine.out, "lifetime_bound")
     assert alert.count == 100
     # The 101st consecutive untrusted guess is refused, from any source, days later.
