@@ -201,14 +201,19 @@ class TenantRollup:
 
     def _new_window(self, tenant: str, window: int, cfg: TenantSprayConfig) -> float:
         # The baseline is a low quantile of the windows seen (at most ``baseline_windows``
-        # since the tenant's first), not their mean: a wave, or a spray from too few
+        # since the tenant's first, those that fired left out), not their mean: a wave, or a spray from too few
         # sources to fire, raises the mean while it lasts, and the next wave (or the
         # same one's later windows) would hide under it. A quantile of raw counts is
         # also a function of the counts alone, so a restored rollup computes the same.
+        # Windows that fired are waves: they are left out of the sample (``fired`` is in
+        # the changelog, so a restored rollup leaves out the same).
         seen = min(cfg.baseline_windows, window - self.first_window.get(tenant, window))
-        accounts = self.accounts
-        previous = sorted(accounts.get((tenant, w), 0) for w in range(window - seen, window))
-        baseline = float(previous[int(cfg.baseline_quantile * (seen - 1))]) if seen > 0 else 0.0
+        accounts, fired = self.accounts, self.fired
+        slots = [(tenant, w) for w in range(window - seen, window)]
+        sample = sorted(accounts.get(slot, 0) for slot in slots if slot not in fired)
+        if not sample:  # nothing but waves: the waves are all there is to go on
+            sample = sorted(accounts.get(slot, 0) for slot in slots)
+        baseline = float(sample[int(cfg.baseline_quantile * (len(sample) - 1))]) if sample else 0.0
         self.baselines[(tenant, window)] = baseline
         # Forget windows older than the baseline needs (bounded memory).
         horizon = window - cfg.baseline_windows - 2
