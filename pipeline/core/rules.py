@@ -160,9 +160,7 @@ class TenantRules:
         self.spray_threshold = policy.source.threshold
         stuffing_cfg = policy.stuffing
         self.stuffing_min = stuffing_cfg.min_attempts
-        self.stuffing_ring_size = stuffing.ring_size
         self.stuffing_ratio = stuffing_cfg.unknown_ratio
-        self.stuffing_window_ms = stuffing_cfg.window_ms
         self.stuffing_tenant_window_ms = stuffing_cfg.tenant_window_ms
         self.unknown_shares_bound = 4 * stuffing_cfg.tenant_baseline_windows + 64
         self.challenge_rule = RuleConfig(

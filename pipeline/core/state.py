@@ -88,10 +88,9 @@ class SourceState:
     ``distinct`` counts each (source, account) pair once, in the bucket of its latest
     failure (the pair table remembers which bucket); ``failures`` counts failures and
     ``unknown`` the ``unknown_account`` failures of pairs new in the window (distinct
-    unknown accounts) for the credential-stuffing rule, ``successes`` its untrusted
-    password successes (real users: a NAT has many, a proxy almost none). ``redeemed_until_ms``: a user of
-    this source succeeded after failing from it (typo then success) within the window
-    before it. ``block_rule`` names the rule of the active decision (``source`` or
+    unknown accounts) for the credential-stuffing alert. ``successes`` and
+    ``redeemed_until_ms`` served the removed per-source stuffing block: no rule reads
+    them, they stay in the record so changelogs of either age load alike. ``block_rule`` names the rule of the active decision (``source`` or
     ``challenge_failures``; empty for none; ``stuffing`` in records of the removed
     per-source stuffing block). ``challenges`` counts the source's failed challenges
     (bot evidence); ``vouch_*`` count the accounts that became familiar at the source in
