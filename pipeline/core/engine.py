@@ -54,9 +54,9 @@ class Engine:
             self.advance(now_ms)
         verdict = self.accounts.step(attempt, now_ms, out)
         if out.tenant_shares:
-            self._record(out.tenant_shares, ACCOUNT_SHARE)
+            self._record(out.tenant_shares, ACCOUNT_SHARE, attempt.occurred_ms)
         if out.forwards:
-            self._forward(now_ms)
+            self._forward(now_ms, attempt.occurred_ms)
         return verdict
 
     def advance(self, now_ms: int) -> None:
@@ -86,22 +86,23 @@ class Engine:
             self.out.decisions.extend(rollup.decisions)
             rollup.decisions.clear()
 
-    def _record(self, shares: Shares, kind: str) -> None:
-        """Hand the shares a step changed to the rollup (this process's only shard: 0)."""
+    def _record(self, shares: Shares, kind: str, time_ms: int) -> None:
+        """Hand the shares a step changed to the rollup (this process's only shard: 0);
+        ``time_ms`` is the attempt's event time."""
         for (tenant, window), share in shares.items():
-            self.rollup.update(tenant, window, kind, 0, share)
+            self.rollup.update(tenant, window, kind, 0, share, time_ms)
         shares.clear()
 
-    def _forward(self, now_ms: int) -> None:
+    def _forward(self, now_ms: int, time_ms: int) -> None:
         out = self.out
         step = self.sources.step
         for forwarded in out.forwards:
             step(forwarded, now_ms, out)
         out.forwards.clear()
         if out.tenant_shares:
-            self._record(out.tenant_shares, SOURCE_SHARE)
+            self._record(out.tenant_shares, SOURCE_SHARE, time_ms)
         if out.unknown_shares:
-            self._record(out.unknown_shares, UNKNOWN_SHARE)
+            self._record(out.unknown_shares, UNKNOWN_SHARE, time_ms)
 
     def step_batch(self, attempts: Iterable[Attempt]) -> list[Verdict | None]:
         """``step`` each attempt with its own time as the watermark (a monotone max)."""

@@ -47,6 +47,10 @@ class TenantRollup:
         self._configs: dict[str, TenantSprayConfig] = {}
         self.stuffing = TenantStuffing()
         self.decisions: list[tuple[str, Decision]] = []
+        self.last_share_ms: dict[str, int] = {}
+        """Per tenant, the event time of the newest share recorded: a wave decision is
+        issued at the second boundary after it, which the stream and a replay agree on
+        (the tick of an evaluation does not: marks can jump over many seconds)."""
         self.newly_fired: list[tuple[str, int]] = []
         """Rule 8's windows that fired since the caller last drained this (a firing
         window of a wave already alerted raises no alert, but is recorded)."""
@@ -58,9 +62,14 @@ class TenantRollup:
             return self.stuffing.shares.get((tenant, window, part), 0)
         return self.shares.get((kind, tenant, window, part), 0)
 
-    def update(self, tenant: str, window: int, kind: str, part: int, share: int) -> None:
+    def update(
+        self, tenant: str, window: int, kind: str, part: int, share: int, time_ms: int = -1
+    ) -> None:
         """Record a shard's latest share (``kind`` ``ACCOUNT_SHARE`` or ``SOURCE_SHARE`` of
-        rule 8, ``UNKNOWN_SHARE`` of ``stuffing_tenant``); ``advance`` evaluates both."""
+        rule 8, ``UNKNOWN_SHARE`` of ``stuffing_tenant``); ``advance`` evaluates both.
+        ``time_ms`` is the event time of the attempt that changed the share."""
+        if time_ms > self.last_share_ms.get(tenant, -1):
+            self.last_share_ms[tenant] = time_ms
         if kind == UNKNOWN_SHARE:
             if self.stuffing.record(tenant, window, part, share):
                 self.touched_unknown[(tenant, window)] = None
@@ -144,15 +153,17 @@ class TenantRollup:
         )
 
     def _wave(self, tenant: str, rule: str, count: int, window_end_ms: int) -> None:
-        """A wave fired at ``tick_ms``: challenge the tenant's untrusted password attempts
-        for ``wave.hold_ms`` from then (a later firing issues a later expiry). Issued at
-        the evaluation, or at the window's end for a window evaluated only after it (the
-        end of a replay), so the record is a function of the events. No tombstone ever
+        """A wave fired: challenge the tenant's untrusted password attempts for
+        ``wave.hold_ms`` from the second boundary after the newest share it saw (a later
+        firing issues a later expiry), at most the window's end, so the record is a
+        function of the events. No tombstone ever
         lifts it: it ends at its ``expires_at``, live and in replay alike."""
         cfg = self.policy.for_tenant(tenant).wave
         if not cfg.enabled:
             return
-        issued = min(self.tick_ms, window_end_ms)
+        last = self.last_share_ms.get(tenant, -1)
+        issued = self.tick_ms if last < 0 else last - last % TICK_MS + TICK_MS
+        issued = min(issued, self.tick_ms, window_end_ms)
         expires = issued + cfg.hold_ms
         wire_key = format_key(("tenant", tenant, None, None, None))
         version = self.policy.policy_version

@@ -83,6 +83,8 @@ class RollupStage(InputPosition):
             rollup.touched_unknown.update(
                 ((tenant, window), None) for tenant, window in touched_unknown
             )
+            if len(meta) > 4:  # records before the wave challenge have no last share times
+                rollup.last_share_ms.update(meta[4])
             sequencer.restore_meta(order)
         sequencer.finish_restore()
         self.rollups[partition] = rollup
@@ -136,7 +138,7 @@ class RollupStage(InputPosition):
         alerts: list[Any] = []
         for _seq, time_ms, (tenant, window, kind, part, share) in sequencer.release():
             alerts.extend(rollup.advance(time_ms))
-            rollup.update(tenant, window, kind, part, share)
+            rollup.update(tenant, window, kind, part, share, time_ms)
             result.changelog.append((dumps([partition, tenant, window, kind, part]), dumps(share)))
         alerts.extend(rollup.advance(sequencer.released_ms))
         for wire_key, decision in rollup.decisions:  # wave challenges (never tombstoned)
@@ -164,6 +166,7 @@ class RollupStage(InputPosition):
             [list(slot) for slot in rollup.touched],
             sequencer.meta(),
             [list(slot) for slot in rollup.touched_unknown],
+            rollup.last_share_ms,
         ]
         result.changelog.append((changelog_key(partition, ["order"]), dumps(meta)))
         if offset is not None:
