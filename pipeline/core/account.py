@@ -28,6 +28,7 @@ from pipeline.core.shard import Shard
 from pipeline.core.state import KeyState
 from pipeline.core.streaks import (
     clear_streak,
+    device_bound_failure,
     late_failure,
     lock_failure,
     mark_streak,
@@ -205,9 +206,14 @@ class AccountShard(Shard):
         if flow in PASSWORD_FLOWS:
             device = attempt.device
             if attempt.trusted and device:
-                # Trusted-device failures feed only their device's counter (rule 3).
+                # Trusted-device failures feed only their device's counter (rule 3), and
+                # a device new to failing counts towards the account's bound on them.
                 key: Key = ("device", tenant, account, None, device)
+                known = rules.device.entries.get(key)
+                first = known is None or known.keep_until_ms <= self.watermark_ms
                 self._count(attempt, rules.device, key, None, device, out, seq)
+                if first:
+                    device_bound_failure(self, attempt, rules, out, seq)
             else:
                 key = ("account_source", tenant, account, attempt.source, None)
                 self._count(attempt, rules.pair_rule, key, attempt.source, None, out, seq)

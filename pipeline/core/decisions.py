@@ -8,7 +8,8 @@ dict lookups:
 * every flow but ``reset``: ``source|t|-|s|-`` (a rule's source decision), except a
   password flow from a device trusted for the account: a rule-issued source decision
   never refuses or challenges the owner's trusted device;
-* password flows from a trusted device: ``device|t|a|-|d`` only, never the
+* password flows from a trusted device: ``device|t|a|-|d`` and the account's bound on
+  distinct failing trusted devices ``device|t|a|-|-``, never the
   account_source or account blocks: a stranger cannot lock the owner out of their device;
 * other password flows: ``familiar|t|a|s|-`` (the account succeeded from this source:
   an ``exempt`` that lifts the wave's challenge and rule-issued source decisions for the
@@ -107,7 +108,12 @@ def applicable_keys(
     manual_account: Key = ("account", tenant, account, None, MANUAL)
     if flow in PASSWORD_FLOWS:
         if trusted and device:
-            return (("device", tenant, account, None, device), manual_source, manual_account)
+            return (
+                ("device", tenant, account, None, device),
+                ("device", tenant, account, None, None),  # past the trusted-device bound
+                manual_source,
+                manual_account,
+            )
         return (
             ("familiar", tenant, account, source, None),  # first: they qualify the ones after
             ("familiar", tenant, None, source, None),

@@ -307,6 +307,9 @@ class TenantPolicy(_Frozen):
     mfa_account: MfaAccountConfig = MfaAccountConfig()
     allowlist: tuple[str, ...] = Field((), description="CIDRs exempt from the source signal")
     case_sensitive: bool = False
+    trusted_devices_per_account: int = Field(
+        5, ge=1, le=1_000_000, description="distinct trusted devices failing per device window"
+    )
     sub_buckets: int = Field(15, ge=1, le=240, description="sliding-window resolution")
     entry_cap: int = Field(100_000, ge=10, description="entries per table for this tenant")
     streak_memory_ms: int = Field(

@@ -128,7 +128,13 @@ class TenantRules:
             "mfa_bound": RuleConfig.model_construct(
                 threshold=policy.mfa_account.threshold, window_ms=0, mode=policy.mfa_account.mode
             ),
+            "device_bound": RuleConfig.model_construct(
+                threshold=policy.trusted_devices_per_account,
+                window_ms=policy.device.window_ms,
+                mode=policy.device.mode,
+            ),
         }
+        self.trusted_devices_per_account = policy.trusted_devices_per_account
         self.mfa_bound_threshold = policy.mfa_account.threshold
         familiar = policy.familiar
         self.familiar_on = familiar.enabled

@@ -102,6 +102,30 @@ def mfa_failure(
     mark_streak(shard, key, streak, seq)
 
 
+def device_bound_failure(
+    shard: Shard, attempt: Attempt, rules: TenantRules, out: Outbox, seq: int
+) -> None:
+    """One more distinct trusted device failing for the account within the device
+    window. Past ``trusted_devices_per_account`` of them the account's trusted devices
+    are refused for the window (``device|t|a|-|-``, rule ``device_bound``): a login
+    service that marks a fresh device id trusted on every guess (a bug, or a forged
+    event) gets as many guesses as that, not unlimited ones. The owner's few real
+    devices never reach it."""
+    key = ("device", attempt.tenant, attempt.account, None, None)
+    streak = streak_entry(rules, key)
+    if seq >= 0 and streak.seq >= seq:
+        return
+    now = attempt.occurred_ms
+    if now >= streak.notice_until_ms:  # the field ends the current window here
+        streak.count = 0
+        streak.notice_until_ms = now + rules.device.cfg.window_ms
+    streak.count += 1
+    if streak.count > rules.trusted_devices_per_account and now >= streak.blocked_until_ms:
+        expires = now + rules.device.cfg.window_ms
+        _hold(shard, attempt, rules, key, streak, "device_bound", expires, None, None, out)
+    mark_streak(shard, key, streak, seq)
+
+
 def mfa_bound_failure(
     shard: Shard, attempt: Attempt, rules: TenantRules, out: Outbox, seq: int
 ) -> None:

@@ -201,3 +201,17 @@ def test_the_lifetime_bound_holds_past_a_year_until_a_success() -> None:
     ]
     verdicts = _gateway(engine, [*guesses, late, *after_reset])
     assert [v.allowed for v in verdicts[-3:]] == [False, True, True]
+
+
+def test_fresh_trusted_devices_on_every_guess_stop_at_the_accounts_bound() -> None:
+    """2,000 failures a second apart, each "trusted" with a fresh device id (a producer that
+    lies): each 15-minute hold starts at the 6th distinct device, so 6 get through in each
+    of the 3 windows and 1,982 are refused (before: 0); an owner whose three real devices
+    mistype is never refused by it."""
+    engine = Engine(DEFAULT_POLICY)
+    forged = [att(i * SEC, device=f"fresh-{i}", trusted=True) for i in range(2000)]
+    verdicts = _gateway(engine, forged)
+    assert sum(not v.allowed for v in verdicts) == 1982
+    owner = Engine(DEFAULT_POLICY)
+    typos = [att(i * SEC, device=f"own-{i % 3}", trusted=True) for i in range(9)]
+    assert all(v.allowed for v in _gateway(owner, typos))

@@ -27,11 +27,13 @@ def test_untrusted_password_flow_keys() -> None:
 
 
 def test_trusted_password_flow_keys() -> None:
-    """A trusted device is checked against its device key and the operator's keys only:
-    no rule's source decision refuses or challenges it (an operator's still do)."""
+    """A trusted device is checked against its device key, the account's bound on failing
+    trusted devices and the operator's keys only: no rule's source decision refuses or
+    challenges it (an operator's still do)."""
     for flow in ("login", "token", "recovery"):
         assert applicable_keys("t", A, S, D, None, True, flow) == (
             ("device", "t", A, None, D),
+            ("device", "t", A, None, None),
             *MANUAL_KEYS,
         )
 
