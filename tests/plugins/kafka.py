@@ -119,6 +119,9 @@ SCRAM_USERS = {
     "authpipe-gateway": "gateway-secret-0123",
     "login-service": "login-secret-0123",
     "authpipe-sink": "sink-secret-0123",
+    "authpipe-operator": "operator-secret-0123",
+    "login-acme": "login-acme-secret-0123",
+    "login-globex": "login-globex-secret-0123",
 }
 
 # Kafka's ACL codes (org.apache.kafka.common.acl / resource), as CreateAcls takes them.
