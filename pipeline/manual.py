@@ -12,7 +12,10 @@ cannot lift an operator's block and ``decisions remove`` cannot lift a rule's.
   prefix is refused, an address is stored as the group the pipeline gives its attempts;
 * an account is digested by the same normaliser as ingest (no plain identifier is ever
   published);
-* ``list`` and ``remove`` read the compacted topic to its end (no consumer group).
+* ``list`` and ``remove`` read the compacted topic to its end (no consumer group);
+* every connection takes the shared client options (``pipeline.kafka_client``: TLS and
+  SASL), so an operator connects as its own principal (docs/security.md's ``authpipe-operator``
+  row: read and write the decisions topic, read its normalisation fingerprint).
 
 Exit codes: 0 done, 1 a runtime problem (one line: broker unreachable, no such id),
 2 bad flags (argparse).
@@ -197,17 +200,22 @@ def render(decisions: list[Decision], *, manual_only: bool) -> str:
 async def _read(settings: Settings) -> list[tuple[bytes | None, bytes | None]]:
     from aiokafka.errors import KafkaError
 
+    from pipeline.kafka_client import security_kwargs
     from pipeline.sim.topics import read_topic
 
     kafka = settings.kafka
     try:
-        return (await read_topic(kafka.bootstrap_servers, kafka.decisions_topic, TIMEOUT_S)).records
+        read = await read_topic(
+            kafka.bootstrap_servers, kafka.decisions_topic, TIMEOUT_S, security_kwargs(kafka)
+        )
+        return read.records
     except AuthpipeError as exc:
         raise ManualError(str(exc)) from None
     except (KafkaError, OSError, TimeoutError) as exc:
         raise ManualError(
             f"could not read {kafka.decisions_topic} at {kafka.bootstrap_servers}: "
-            f"{type(exc).__name__} (is the broker up? authpipe stack status)"
+            f"{type(exc).__name__} (is the broker up? authpipe stack status; on a secured "
+            "cluster, does kafka.sasl_username hold the operator's ACLs? docs/security.md)"
         ) from None
 
 
@@ -215,8 +223,10 @@ async def _publish(settings: Settings, key: str, value: bytes | None) -> None:
     from aiokafka import AIOKafkaProducer
     from aiokafka.errors import KafkaError
 
+    from pipeline.kafka_client import client_kwargs
+
     producer = AIOKafkaProducer(
-        bootstrap_servers=settings.kafka.bootstrap_servers,
+        **client_kwargs(settings.kafka),
         acks="all",
         request_timeout_ms=int(TIMEOUT_S * 1000),
     )
@@ -228,7 +238,8 @@ async def _publish(settings: Settings, key: str, value: bytes | None) -> None:
         raise ManualError(
             f"could not publish to {settings.kafka.decisions_topic} at "
             f"{settings.kafka.bootstrap_servers}: {type(exc).__name__} "
-            "(is the broker up? authpipe stack status)"
+            "(is the broker up? authpipe stack status; on a secured cluster, does "
+            "kafka.sasl_username hold the operator's ACLs? docs/security.md)"
         ) from None
     finally:
         await producer.stop()

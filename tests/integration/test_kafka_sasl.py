@@ -17,11 +17,13 @@ import orjson
 import pytest
 from aiokafka.errors import TopicAuthorizationFailedError
 
-from pipeline.kafka_admin import BrokerUnavailableError, wait_for_broker
+from pipeline.fingerprint import fingerprint_topic
+from pipeline.kafka_admin import BrokerUnavailableError, TopicSpec, ensure_topics, wait_for_broker
 from pipeline.kafka_client import security_kwargs
 from pipeline.settings import ClickHouseSettings, KafkaSettings
 from pipeline.sinks.connect import open_clickhouse
 from pipeline.sinks.migrate import apply_migrations
+from pipeline.topics import DECISIONS_CONFIG
 from tests.integration.test_worker import as_messages, event
 from tests.plugins.clickhouse import ChHttpEndpoint
 from tests.plugins.kafka import REPO_ROOT, Acl, SaslBroker, free_ports, grant
@@ -30,11 +32,12 @@ from tests.plugins.worker import StreamNames, produce, read_topic, start_worker
 
 pytestmark = pytest.mark.integration
 
-WORKER, GATEWAY, LOGIN, SINK = (
+WORKER, GATEWAY, LOGIN, SINK, OPERATOR = (
     "authpipe-worker",
     "authpipe-gateway",
     "login-service",
     "authpipe-sink",
+    "authpipe-operator",
 )
 
 
@@ -51,6 +54,16 @@ def documented_acls(names: StreamNames) -> list[Acl]:
         Acl(GATEWAY, "read", "topic", names.decisions),
         *[Acl(SINK, "read", "topic", topic) for topic in outputs],
         Acl(SINK, "read", "group", f"{names.app_id}-sink"),
+    ]
+
+
+def operator_acls(names: StreamNames) -> list[Acl]:
+    """docs/security.md's ``authpipe-operator`` rows: read and write the decisions topic,
+    read its normalisation fingerprint, nothing else."""
+    return [
+        Acl(OPERATOR, "read", "topic", names.decisions),
+        Acl(OPERATOR, "write", "topic", names.decisions),
+        Acl(OPERATOR, "read", "topic", fingerprint_topic(names.decisions)),
     ]
 
 
@@ -220,3 +233,74 @@ def test_worker_edge_and_sink_run_through_the_sasl_listener(
     finally:
         sink.terminate()
         sink.wait(30)
+
+
+def _operator(sasl: SaslBroker, names: StreamNames, *args: str) -> subprocess.CompletedProcess[str]:
+    """``authpipe decisions <args>`` as an operator would run it, as user authpipe-operator
+    through the SASL listener."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AUTHPIPE_")}
+    env.update(
+        {
+            **sasl.env(OPERATOR),
+            "AUTHPIPE_KAFKA_DECISIONS_TOPIC": names.decisions,
+            "AUTHPIPE_IDENTITY_DIGEST_KEY": os.environ["AUTHPIPE_IDENTITY_DIGEST_KEY"],
+        }
+    )
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", "decisions", *args],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_the_operator_adds_lists_and_removes_through_sasl_with_its_own_acls_only(
+    kafka_sasl: SaslBroker, stream_names: StreamNames
+) -> None:
+    """authpipe decisions add, list and remove run as authpipe-operator under only its
+    documented ACLs (decisions read/write, fingerprint read): the block is on the topic, is
+    listed with who and why, and its tombstone lifts it; the operator can neither read nor
+    write the input topic."""
+    names = stream_names
+    asyncio.run(
+        ensure_topics(
+            kafka_sasl.admin_bootstrap,
+            [
+                TopicSpec(names.decisions, 2, DECISIONS_CONFIG),
+                TopicSpec(fingerprint_topic(names.decisions), 1, DECISIONS_CONFIG),
+                TopicSpec(names.input, 2, {}),
+            ],
+        )
+    )
+    grant(kafka_sasl.admin_bootstrap, operator_acls(names))
+    added = _operator(
+        kafka_sasl, names, "add", "--source", "203.0.113.9", "--ttl", "1h",
+        "--reason", "proxy, ticket 7", "--by", "olga",
+    )  # fmt: skip
+    assert added.returncode == 0, added.stderr
+    assert added.stdout.startswith("added "), added.stdout
+    decision_id = added.stdout.split()[1].rstrip(":")
+    values = [
+        orjson.loads(m.value) for m in read_topic(kafka_sasl.admin_bootstrap, names.decisions)
+    ]
+    assert [(v["decision_id"], v["source"], v["operator"]) for v in values] == [
+        (decision_id, "203.0.113.9", "olga")
+    ]
+
+    listed = _operator(kafka_sasl, names, "list")
+    assert listed.returncode == 0, listed.stderr
+    assert decision_id in listed.stdout and "olga: proxy, ticket 7" in listed.stdout
+
+    removed = _operator(kafka_sasl, names, "remove", decision_id)
+    assert removed.returncode == 0, removed.stderr
+    assert removed.stdout.startswith(f"removed {decision_id} "), removed.stdout
+    after = _operator(kafka_sasl, names, "list")
+    assert (after.returncode, after.stdout.strip()) == (0, "no active operator decisions")
+
+    produce(kafka_sasl.admin_bootstrap, names.input, [(b"k", b"an attempt")])
+    operator = security_kwargs(kafka_settings(kafka_sasl, OPERATOR))
+    assert read_topic(kafka_sasl.bootstrap, names.input, operator) == []
+    with pytest.raises(TopicAuthorizationFailedError):
+        produce(kafka_sasl.bootstrap, names.input, [(b"k", b"forged")], operator)
