@@ -45,13 +45,16 @@ class StreakState:
     ``count`` is the run of consecutive counted failures (a success sets it to 0);
     ``blocked_until_ms``/``decision_id``/``rule`` describe the active decision, if any;
     ``notice_until_ms`` ends the window in which the owner was already sent a notice;
-    ``seq`` makes a replayed event idempotent for this key (see ``state``).
+    ``seq`` makes a replayed event idempotent for this key (see ``state``);
+    ``held_since_ms`` is when the lock in force came into force (the account lock's
+    in-flight allowance is measured from it; 0 in records written before it existed).
     """
 
     __slots__ = (
         "blocked_until_ms",
         "count",
         "decision_id",
+        "held_since_ms",
         "keep_until_ms",
         "notice_until_ms",
         "rule",
@@ -66,6 +69,7 @@ class StreakState:
         self.notice_until_ms = 0
         self.keep_until_ms = FOREVER_MS
         self.seq = -1
+        self.held_since_ms = 0
 
     def dump(self) -> list[object]:
         return [
@@ -76,11 +80,14 @@ class StreakState:
             self.notice_until_ms,
             self.keep_until_ms,
             self.seq,
+            self.held_since_ms,
         ]
 
     @classmethod
     def load(cls, data: list[object]) -> StreakState:
         state = cls()
+        if len(data) > 7:
+            state.held_since_ms = data[7]  # type: ignore[assignment]
         (
             state.count,
             state.blocked_until_ms,
@@ -89,5 +96,5 @@ class StreakState:
             state.notice_until_ms,
             state.keep_until_ms,
             state.seq,
-        ) = data  # type: ignore[assignment]
+        ) = data[:7]  # type: ignore[assignment]
         return state

@@ -105,6 +105,12 @@ class LockoutConfig(_Frozen):
     otherwise every sign-in of the owner would hand the stranger ``threshold`` fresh
     guesses (measured: 1,391 of 10,000 stranger guesses through against an owner who
     signs in every 3 minutes for 14 h, against 25 with the default).
+
+    ``in_flight_ms`` is the decision latency the lock allows for (event time, from the
+    moment a lock comes into force): a failure inside it that the gateway did not report
+    ``refused`` passed the gateway's check while the decision was in flight, a real
+    guess, and is counted (the run and the lifetime bound); a later unreported failure
+    inside the lock is taken as refused by a gateway that does not report refusals.
     """
 
     threshold: int = Field(5, ge=1, le=1_000_000)
@@ -112,6 +118,7 @@ class LockoutConfig(_Frozen):
     step: int = Field(5, ge=1, le=1_000_000)
     cap_ms: int = Field(HOUR_MS, ge=1000, le=MAX_BLOCK_MS)
     trusted_success_clears: bool = False
+    in_flight_ms: int = Field(2000, ge=0, le=MAX_BLOCK_MS)
     mode: Mode = "enforce"
 
     @model_validator(mode="after")

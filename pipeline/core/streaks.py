@@ -48,25 +48,43 @@ def streak_entry(rules: TenantRules, key: Key) -> StreakState:
 
 
 def lock_failure(shard: Shard, attempt: Attempt, rules: TenantRules, out: Outbox, seq: int) -> None:
-    """One more consecutive untrusted password failure of the account: lock it on seed
-    002's curve, or until a success once the lifetime bound is reached. A lock already
-    in force is not shortened or re-issued, except to become the lifetime bound."""
+    """One more consecutive untrusted password failure of the account (never one the
+    gateway reported ``refused``: the caller drops those): lock it on seed 002's curve,
+    or until a success once the lifetime bound is reached.
+
+    Seed 002 counts every failure that passed its lock check. Inside a lock in force, a
+    failure within ``lockout.in_flight_ms`` of the lock coming into force passed the
+    gateway's check while the decision was in flight: it is counted, and re-issues the
+    lock when its own lock is longer on the curve or is the lifetime bound (so the
+    allowance is the seed's at any decision latency up to ``in_flight_ms``). A later one
+    is taken as refused but not reported (the simulator models no gateway): not
+    counted. A lock in force is never shortened. Event time only: replay = live."""
     key = lock_key(attempt.tenant, attempt.account)
     streak = streak_entry(rules, key)
     if seq >= 0 and streak.seq >= seq:
         return
     now = attempt.occurred_ms
-    if now < streak.blocked_until_ms and rules.streak_cfg[streak.rule].mode == "enforce":
+    held = now < streak.blocked_until_ms
+    lock = rules.policy.lockout
+    in_flight = held and now < streak.held_since_ms + lock.in_flight_ms
+    if held and not in_flight and rules.streak_cfg[streak.rule].mode == "enforce":
         return  # the lock refused it (seed 002 refuses before counting): not counted
     streak.count += 1
     n = streak.count
+    longer = False
     if n >= rules.lifetime_threshold:
         rule, expires = "lifetime_bound", now + rules.lifetime_block_ms
     else:
-        lock = rules.policy.lockout
         length = lock_ms(n, lock.threshold, lock.base_ms, lock.step, lock.cap_ms)
         rule, expires = "lockout", now + length if length else 0
-    if expires and (now >= streak.blocked_until_ms or rule != streak.rule):
+        longer = length > lock_ms(n - 1, lock.threshold, lock.base_ms, lock.step, lock.cap_ms)
+    if expires and (
+        not held
+        or rule != streak.rule
+        or (in_flight and longer and expires > streak.blocked_until_ms)
+    ):
+        if not held:
+            streak.held_since_ms = now
         _hold(shard, attempt, rules, key, streak, rule, expires, None, None, out)
         if rules.streak_cfg[rule].mode == "enforce":
             reason = "consecutive_lock" if rule == "lockout" else rule

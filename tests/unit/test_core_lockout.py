@@ -309,7 +309,9 @@ def test_lock_survives_a_changelog_round_trip() -> None:
         ("lock", "default", ACCOUNT, None, None),
     )
     streak = fresh.tenants["default"].streaks.get(("lock", "default", ACCOUNT, None, None))
-    assert streak is not None and (streak.count, streak.seq) == (5, 4)  # 6 and 7 were refused
+    # The 6th (1 s into the lock: in flight) counts; the 7th (2 s in) was refused unreported.
+    assert streak is not None and (streak.count, streak.seq) == (6, 5)
+    assert streak.held_since_ms == T0 + 4 * SEC
 
 
 @settings(max_examples=60, deadline=None)
