@@ -26,9 +26,9 @@ SERVICES = frozenset({"worker", "sink", "edge", "alerts"})
 
 
 def _stack(args: argparse.Namespace, settings: Settings) -> int:
-    from pipeline.dev.stack import run_stack_command
+    from pipeline.dev.command import run_stack_command
 
-    return run_stack_command(args.action, settings)
+    return run_stack_command(args.action, settings, args.brokers, args.tls)
 
 
 def _clickhouse(args: argparse.Namespace, settings: Settings) -> int:
@@ -177,6 +177,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     stack = sub.add_parser("stack", help="the local dev stack (real Kafka broker)")
     stack.add_argument("action", choices=["up", "down", "status"])
+    stack.add_argument(
+        "--brokers", type=int, default=None, help="up: nodes of a KRaft cluster (default 1)"
+    )
+    stack.add_argument(
+        "--tls",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="up: add TLS and mutual-TLS listeners and a local CA (keytool)",
+    )
     stack.set_defaults(handler=_stack)
 
     ch = sub.add_parser("clickhouse", help="ClickHouse schema")

@@ -154,7 +154,7 @@ async def publish_fingerprint(settings: Settings, policy: Policy | None = None) 
     from aiokafka.errors import KafkaError
 
     from pipeline.kafka_admin import TopicSpec, ensure_topics, wait_for_broker
-    from pipeline.kafka_client import client_kwargs, security_kwargs
+    from pipeline.kafka_client import producer_kwargs, security_kwargs
 
     kafka = settings.kafka
     topic = fingerprint_topic(kafka.decisions_topic)
@@ -168,7 +168,7 @@ async def publish_fingerprint(settings: Settings, policy: Policy | None = None) 
             replication_factor=kafka.replication_factor,
             security=security,
         )
-        producer = AIOKafkaProducer(**client_kwargs(kafka), acks="all")
+        producer = AIOKafkaProducer(**producer_kwargs(kafka))
         try:
             async with asyncio.timeout(TIMEOUT_S):
                 await producer.start()

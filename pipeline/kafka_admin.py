@@ -230,3 +230,47 @@ async def ensure_topics(
         ) from exc
     finally:
         await admin.close()
+
+
+@dataclass(frozen=True, order=True)
+class PartitionReplicas:
+    """Where one partition lives: its leader (-1: none), replicas and in-sync replicas."""
+
+    topic: str
+    partition: int
+    leader: int
+    replicas: tuple[int, ...]
+    isr: tuple[int, ...]
+
+    @property
+    def under_replicated(self) -> bool:
+        return len(self.isr) < len(self.replicas)
+
+
+async def describe_partitions(
+    bootstrap: str, request_timeout_ms: int = 10_000, *, security: Mapping[str, Any] = _PLAIN
+) -> list[PartitionReplicas]:
+    """Every partition of every topic the cluster at ``bootstrap`` has, from its metadata."""
+    admin = _admin(bootstrap, request_timeout_ms, security)
+    try:
+        await admin.start()
+        described = await admin.describe_topics()
+    except KafkaError as exc:
+        raise KafkaAdminError(
+            f"could not describe the topics at {bootstrap} ({type(exc).__name__}: {exc}); "
+            "check that a broker is up (`authpipe stack status`)"
+        ) from exc
+    finally:
+        await admin.close()
+    return sorted(
+        PartitionReplicas(
+            topic=str(topic["topic"]),
+            partition=int(p["partition"]),
+            leader=int(p.get("leader", -1)),
+            replicas=tuple(p.get("replicas") or ()),
+            isr=tuple(p.get("isr") or ()),
+        )
+        for topic in described
+        if topic.get("error_code", _NO_ERROR) == _NO_ERROR
+        for p in topic.get("partitions") or ()
+    )

@@ -9,6 +9,8 @@ bootstrap it already has, so TLS and SASL apply everywhere or nowhere.
 from __future__ import annotations
 
 import ssl
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 from pipeline.settings import KafkaSettings
@@ -47,3 +49,16 @@ def security_kwargs(kafka: KafkaSettings) -> dict[str, Any]:
 def client_kwargs(kafka: KafkaSettings) -> dict[str, Any]:
     """``bootstrap_servers`` plus ``security_kwargs``: what every aiokafka client takes."""
     return {"bootstrap_servers": kafka.bootstrap_servers, **security_kwargs(kafka)}
+
+
+# Every producer of ours: a write is acknowledged only once ``min.insync.replicas`` replicas
+# have it (a leader lost after its ack loses nothing), and a send retried after a lost
+# acknowledgement is not written twice (idempotence: the broker drops the repeat).
+PRODUCER_GUARANTEES: Mapping[str, Any] = MappingProxyType(
+    {"acks": "all", "enable_idempotence": True}
+)
+
+
+def producer_kwargs(kafka: KafkaSettings) -> dict[str, Any]:
+    """``client_kwargs`` plus ``PRODUCER_GUARANTEES``: what every aiokafka producer takes."""
+    return {**client_kwargs(kafka), **PRODUCER_GUARANTEES}

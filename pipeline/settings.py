@@ -45,7 +45,14 @@ class _Section(BaseModel):
 class KafkaSettings(_Section):
     bootstrap_servers: str = Field("127.0.0.1:9092", description="host:port[,host:port]")
     partitions: int = Field(8, ge=1, le=1024, description="partitions of every topic we create")
-    replication_factor: int = Field(1, ge=1, description="1 on the local single-node broker")
+    replication_factor: int = Field(
+        1, ge=1, description="replicas of every topic we create: 1 on one broker, 3 in production"
+    )
+    min_insync_replicas: int = Field(
+        1,
+        ge=1,
+        description="replicas a write needs in sync (topic min.insync.replicas): 2 of 3 in production",
+    )
     input_topic: str = Field("auth.login-attempts", description="login attempts from producers")
     decisions_topic: str = Field("auth.throttle-decisions", description="compacted decisions")
     alerts_topic: str = Field("auth.alerts", description="alerts, once per subject per window")
@@ -73,6 +80,11 @@ class KafkaSettings(_Section):
 
     @model_validator(mode="after")
     def _security_consistent(self) -> KafkaSettings:
+        if self.min_insync_replicas > self.replication_factor:
+            raise ValueError(
+                f"min_insync_replicas={self.min_insync_replicas} exceeds replication_factor="
+                f"{self.replication_factor}: every write would be refused; lower it"
+            )
         protocol = self.security_protocol
         if protocol.startswith("SASL_") and (not self.sasl_username or self.sasl_password is None):
             raise ValueError(

@@ -64,6 +64,7 @@ class Topics:
     dlq: str
     audit: str
     app_id: str
+    min_insync_replicas: int = 1
 
     @classmethod
     def from_settings(cls, kafka: KafkaSettings) -> Topics:
@@ -79,6 +80,7 @@ class Topics:
             dlq=kafka.dlq_topic,
             audit=kafka.audit_topic,
             app_id=kafka.app_id,
+            min_insync_replicas=kafka.min_insync_replicas,
         )
 
     def changelog(self, table: str) -> str:
@@ -86,19 +88,26 @@ class Topics:
         return f"{self.app_id}-{table}-changelog"
 
     def specs(self, partitions: int) -> list[TopicSpec]:
+        """Every topic, each with ``min.insync.replicas`` from the settings (an acks=all write
+        is refused while fewer replicas are in sync: never acknowledged, then lost)."""
+        isr = {"min.insync.replicas": str(self.min_insync_replicas)}
+
         def deleting(days: int) -> dict[str, str]:
-            return {"cleanup.policy": "delete", "retention.ms": str(days * DAY_MS)}
+            return {"cleanup.policy": "delete", "retention.ms": str(days * DAY_MS), **isr}
 
         return [
             TopicSpec(self.input, partitions, deleting(7)),
             TopicSpec(self.by_account, partitions, deleting(1)),
             TopicSpec(self.by_source, partitions, deleting(1)),
             TopicSpec(self.shares, partitions, deleting(1)),
-            TopicSpec(self.decisions, partitions, DECISIONS_CONFIG),
+            TopicSpec(self.decisions, partitions, {**DECISIONS_CONFIG, **isr}),
             TopicSpec(self.alerts, partitions, deleting(30)),
             TopicSpec(self.notices, partitions, deleting(7)),
             TopicSpec(self.dlq, partitions, deleting(30)),
             TopicSpec(self.audit, partitions, deleting(7)),
             # Created here, before faust starts, so no client ever sees them missing.
-            *(TopicSpec(self.changelog(t), partitions, CHANGELOG_CONFIG) for t in TABLES),
+            *(
+                TopicSpec(self.changelog(t), partitions, {**CHANGELOG_CONFIG, **isr})
+                for t in TABLES
+            ),
         ]

@@ -110,3 +110,87 @@ def parse_local_port(bootstrap_servers: str) -> int:
             f"port {port} is out of range; use 1..65534 (the next one is the controller)"
         )
     return port
+
+
+# Cluster-wide replica settings a node of a ``replicas``-node cluster gets (every one of
+# them 1 on a single node): internal topics replicated like ours, min ISR 2 from 3 nodes.
+_REPLICA_KEYS = (
+    "default.replication.factor",
+    "offsets.topic.replication.factor",
+    "transaction.state.log.replication.factor",
+    "share.coordinator.state.topic.replication.factor",
+)
+_MIN_ISR_KEYS = (
+    "min.insync.replicas",
+    "transaction.state.log.min.isr",
+    "share.coordinator.state.topic.min.isr",
+)
+
+
+def cluster_min_insync(replicas: int) -> int:
+    """The in-sync replicas a write needs on a ``replicas``-node cluster: all but one from 3
+    nodes up (one node may fail, or restart, without refusing writes), else 1."""
+    return replicas - 1 if replicas >= 3 else 1
+
+
+def set_properties(properties: str, overrides: dict[str, str]) -> str:
+    """``properties`` with the value of each key of ``overrides`` replaced (keys the text
+    lacks are appended), comments and order kept."""
+    left = dict(overrides)
+    lines = []
+    for line in properties.splitlines():
+        key = line.partition("=")[0]
+        if key in left:
+            line = f"{key}={left.pop(key)}"
+        lines.append(line)
+    lines += [f"{key}={value}" for key, value in left.items()]
+    return "\n".join(lines) + "\n"
+
+
+def cluster_node_properties(properties: str, node_id: int, voters: str, replicas: int) -> str:
+    """server.properties of node ``node_id`` of a KRaft cluster whose controller quorum is
+    ``voters`` (``1@127.0.0.1:p1,2@...``; every node is broker and controller), with every
+    topic replicated ``replicas`` times and writes needing ``cluster_min_insync`` replicas."""
+    min_isr = str(cluster_min_insync(replicas))
+    overrides = {"node.id": str(node_id), "controller.quorum.voters": voters}
+    overrides.update(dict.fromkeys(_REPLICA_KEYS, str(replicas)))
+    overrides.update(dict.fromkeys(_MIN_ISR_KEYS, min_isr))
+    return set_properties(properties, overrides)
+
+
+def add_listener(properties: str, name: str, protocol: str, port: int) -> str:
+    """server.properties with one more client listener ``name`` (``protocol``) on
+    127.0.0.1:``port``, advertised as such."""
+    lines = []
+    for line in properties.splitlines():
+        key, _, value = line.partition("=")
+        if key in ("listeners", "advertised.listeners"):
+            line = f"{key}={value},{name}://127.0.0.1:{port}"
+        elif key == "listener.security.protocol.map":
+            line = f"{key}={value},{name}:{protocol}"
+        lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
+def add_tls_listeners(
+    properties: str,
+    ssl_properties: dict[str, str],
+    ssl_port: int,
+    mtls_port: int,
+    sasl_ssl_port: int | None = None,
+) -> str:
+    """server.properties with TLS client listeners on 127.0.0.1: ``SSL`` (the broker proves
+    itself), ``MTLS`` (clients must too: ``ssl.client.auth=required``) and, if
+    ``sasl_ssl_port``, ``SASL_SSL`` with SCRAM (users added at format time). No authorizer
+    here: on a TLS-only broker every authenticated client may do everything."""
+    rendered = add_listener(properties, "SSL", "SSL", ssl_port)
+    rendered = add_listener(rendered, "MTLS", "SSL", mtls_port)
+    extra = {**ssl_properties, "listener.name.mtls.ssl.client.auth": "required"}
+    if sasl_ssl_port is not None:
+        rendered = add_listener(rendered, "SASL_SSL", "SASL_SSL", sasl_ssl_port)
+        extra["sasl.enabled.mechanisms"] = ",".join(SCRAM_MECHANISMS)
+        extra.update(
+            (f"listener.name.sasl_ssl.{m.lower()}.sasl.jaas.config", _SCRAM_LOGIN)
+            for m in SCRAM_MECHANISMS
+        )
+    return set_properties(rendered, extra)

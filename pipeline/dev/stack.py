@@ -29,6 +29,8 @@ from pipeline.dev.broker_config import (
     LOG4J_PATH,
     TEMPLATE_PATH,
     add_sasl_listener,
+    add_tls_listeners,
+    cluster_node_properties,
     new_cluster_id,
     parse_local_port,
     render_server_properties,
@@ -48,14 +50,28 @@ from pipeline.dev.processes import (
     tail_lines,
     wait_gone,
 )
+from pipeline.dev.tls import TlsFiles
 from pipeline.logs import get_logger
-from pipeline.settings import Settings, ensure_digest_key_file
+from pipeline.settings import Settings
 
 log = get_logger("stack")
 
-EXIT_RUNNING = 0
-EXIT_STOPPED = 3
 _FORMAT_TIMEOUT_S = 120.0
+
+
+@dataclass(frozen=True)
+class TlsListeners:
+    """A node's TLS listeners: ``ssl_port`` (server TLS), ``mtls_port`` (mutual TLS) and,
+    optionally, ``sasl_ssl_port`` (SCRAM over TLS); certificates from ``files``."""
+
+    files: TlsFiles
+    ssl_port: int
+    mtls_port: int
+    sasl_ssl_port: int | None = None
+
+    @property
+    def ports(self) -> tuple[int, ...]:
+        return tuple(p for p in (self.ssl_port, self.mtls_port, self.sasl_ssl_port) if p)
 
 
 @dataclass(frozen=True)
@@ -93,8 +109,14 @@ class LocalKafka:
         stop_timeout_s: float = 30.0,
         sasl_port: int | None = None,
         scram_users: dict[str, str] | None = None,
+        node_id: int = 1,
+        voters: str | None = None,
+        replicas: int = 1,
+        tls: TlsListeners | None = None,
+        cluster_id: str | None = None,
     ) -> None:
         ports = [p for p in (port, controller_port, sasl_port) if p is not None]
+        ports += list(tls.ports if tls is not None else ())
         if len(set(ports)) < len(ports):
             raise StackError(
                 f"port, controller_port and sasl_port must all differ ({ports}); use distinct ports"
@@ -102,6 +124,11 @@ class LocalKafka:
         if scram_users and sasl_port is None:
             raise StackError("scram_users need a sasl_port (the SASL/SCRAM listener)")
         self.sasl_port = sasl_port
+        self.node_id = node_id
+        self.voters = voters
+        self.replicas = replicas
+        self.tls = tls
+        self.cluster_id = cluster_id
         self.scram_users = dict(scram_users or {})
         self.state_dir = state_dir.resolve()
         self.port = port
@@ -174,15 +201,21 @@ class LocalKafka:
 
     def up(self) -> StackStatus:
         """Start the broker unless ours already runs; return once it answers metadata."""
+        self.wait_ready(self.start())
+        return self.status()
+
+    def start(self) -> int:
+        """Spawn the broker unless ours already runs (no wait: a cluster's nodes answer
+        only once a quorum of controllers is up); its pid."""
         pid = self.running_pid()
         if pid is not None:
             log.info("kafka_already_running", pid=pid, bootstrap=self.bootstrap)
-            self._wait_ready(pid, started=time.monotonic())
-            return self.status()
+            return pid
         if self.pid_path.exists():
             log.info("kafka_stale_pidfile_removed", pid_path=str(self.pid_path))
             self.pid_path.unlink(missing_ok=True)
-        for port in (self.port, self.controller_port, self.sasl_port):
+        tls_ports = self.tls.ports if self.tls is not None else ()
+        for port in (self.port, self.controller_port, self.sasl_port, *tls_ports):
             if port is not None and not port_free(port):
                 raise StackError(
                     f"port {port} on 127.0.0.1 is in use by another process; stop it, or pick "
@@ -193,11 +226,25 @@ class LocalKafka:
         fetch_libs(self.libs_dir)
         self._write_config()
         self._format_storage(java)
-        started = time.monotonic()
         pid = self._spawn(java)
         log.info("kafka_starting", pid=pid, bootstrap=self.bootstrap, state_dir=str(self.state_dir))
-        self._wait_ready(pid, started)
-        return self.status()
+        return pid
+
+    def wait_ready(self, pid: int) -> None:
+        """Until the broker ``pid`` answers metadata (BrokerStartError after start_timeout_s)."""
+        self._wait_ready(pid, started=time.monotonic())
+
+    def kill(self) -> bool:
+        """SIGKILL our broker (a crash: no controlled shutdown); False if none ran."""
+        pid = self.running_pid()
+        if pid is None:
+            return False
+        log.warning("kafka_sigkill", pid=pid, node_id=self.node_id)
+        os.kill(pid, signal.SIGKILL)
+        if not wait_gone(pid, 10.0):
+            raise StackError(f"Kafka broker pid {pid} survived SIGKILL; check it with `ps`")
+        self.pid_path.unlink(missing_ok=True)
+        return True
 
     def down(self) -> bool:
         """Stop our broker (SIGTERM, then SIGKILL after stop_timeout_s); False if none ran."""
@@ -220,8 +267,19 @@ class LocalKafka:
         rendered = render_server_properties(
             TEMPLATE_PATH.read_text(), self.port, self.controller_port, self.data_dir
         )
+        if self.voters is not None:
+            rendered = cluster_node_properties(rendered, self.node_id, self.voters, self.replicas)
         if self.sasl_port is not None:
             rendered = add_sasl_listener(rendered, self.sasl_port)
+        if self.tls is not None:
+            tls = self.tls
+            rendered = add_tls_listeners(
+                rendered,
+                tls.files.broker_properties(),
+                tls.ssl_port,
+                tls.mtls_port,
+                tls.sasl_ssl_port,
+            )
         self.properties_path.write_text(rendered)
         shutil.copyfile(LOG4J_PATH, self.state_dir / "log4j2.properties")
 
@@ -239,7 +297,7 @@ class LocalKafka:
     def _cluster_id(self) -> str:
         path = self.state_dir / "cluster.id"
         if not path.exists():
-            path.write_text(new_cluster_id() + "\n")
+            path.write_text((self.cluster_id or new_cluster_id()) + "\n")
         return path.read_text().strip()
 
     def _format_storage(self, java: str) -> None:
@@ -331,24 +389,3 @@ class LocalKafka:
             if not wait_gone(pid, 10.0):
                 raise StackError(f"Kafka broker pid {pid} survived SIGKILL; check it with `ps`")
         self.pid_path.unlink(missing_ok=True)
-
-
-def run_stack_command(action: str, settings: Settings) -> int:
-    """``authpipe stack up|down|status``; status exits 0 when running, 3 when stopped."""
-    kafka = LocalKafka.from_settings(settings)
-    if action == "up":
-        status = kafka.up()
-        if settings.identity.digest_key is None:
-            key_path = ensure_digest_key_file(settings.state_dir)
-            print(f"digest key: {key_path} (identity.digest_key; give gateways the same key)")
-    elif action == "down":
-        kafka.down()
-        status = kafka.status()
-    elif action == "status":
-        status = kafka.status()
-    else:
-        raise StackError(f"unknown stack action {action!r}; use up, down or status")
-    print("\n".join(status.lines()), flush=True)
-    if action == "status":
-        return EXIT_RUNNING if status.running else EXIT_STOPPED
-    return 0

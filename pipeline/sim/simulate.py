@@ -158,7 +158,7 @@ async def produce(options: SimulateOptions, settings: Settings) -> Summary:
     from aiokafka import AIOKafkaProducer
 
     from pipeline.kafka_admin import ensure_topics, wait_for_broker
-    from pipeline.kafka_client import client_kwargs, security_kwargs
+    from pipeline.kafka_client import producer_kwargs, security_kwargs
 
     kafka = settings.kafka
     security = security_kwargs(kafka)
@@ -171,8 +171,7 @@ async def produce(options: SimulateOptions, settings: Settings) -> Summary:
         security=security,
     )
     producer = AIOKafkaProducer(
-        **client_kwargs(kafka),
-        acks="all",
+        **producer_kwargs(kafka),
         linger_ms=20,
         max_batch_size=512 * 1024,
         max_request_size=4 * 1024 * 1024,

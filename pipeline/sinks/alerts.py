@@ -252,7 +252,7 @@ class AlertRunner:
         from aiokafka import AIOKafkaProducer
 
         from pipeline.kafka_admin import ensure_topics, wait_for_broker
-        from pipeline.kafka_client import client_kwargs, security_kwargs
+        from pipeline.kafka_client import producer_kwargs, security_kwargs
 
         kafka = self.settings.kafka
         bootstrap = kafka.bootstrap_servers
@@ -268,7 +268,7 @@ class AlertRunner:
             )
         except AuthpipeError as exc:
             raise AlertRuleError(f"alerts run cannot reach Kafka: {exc}") from exc
-        self._producer = AIOKafkaProducer(**client_kwargs(kafka), acks="all")
+        self._producer = AIOKafkaProducer(**producer_kwargs(kafka))
         await self._producer.start()
         if self.webhook:
             import aiohttp

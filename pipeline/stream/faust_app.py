@@ -8,7 +8,7 @@ from typing import Any
 
 import faust
 
-from pipeline.kafka_client import security_kwargs
+from pipeline.kafka_client import PRODUCER_GUARANTEES, security_kwargs
 from pipeline.settings import KafkaSettings, Settings
 
 # Every topic the worker declares carries bytes: the stages encode their own envelopes.
@@ -31,9 +31,20 @@ def broker_credentials(kafka: KafkaSettings) -> Any:
     )
 
 
+class _App(faust.App):
+    """faust's App whose producer writes with ``PRODUCER_GUARANTEES`` (acks=all and
+    idempotence; faust itself asks for idempotence only inside transactions)."""
+
+    def _new_producer(self) -> Any:
+        producer: Any = super()._new_producer()
+        extra = producer._settings_extra
+        producer._settings_extra = lambda: {**extra(), **PRODUCER_GUARANTEES}
+        return producer
+
+
 def new_app(s: Settings) -> faust.App:
     """The faust app for ``s`` (no agents yet)."""
-    app = faust.App(
+    app = _App(
         s.kafka.app_id,
         broker=[f"kafka://{host}" for host in s.kafka.bootstrap_servers.split(",")],
         broker_credentials=broker_credentials(s.kafka),
