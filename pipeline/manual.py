@@ -223,11 +223,10 @@ async def _publish(settings: Settings, key: str, value: bytes | None) -> None:
     from aiokafka import AIOKafkaProducer
     from aiokafka.errors import KafkaError
 
-    from pipeline.kafka_client import client_kwargs
+    from pipeline.kafka_client import producer_kwargs
 
     producer = AIOKafkaProducer(
-        **client_kwargs(settings.kafka),
-        acks="all",
+        **producer_kwargs(settings.kafka),
         request_timeout_ms=int(TIMEOUT_S * 1000),
     )
     try:
