@@ -140,6 +140,12 @@ class IngestSettings(_Section):
         (), description="tenants whose account identifiers are case-sensitive"
     )
     max_event_bytes: int = Field(16384, ge=256, description="larger events are dead-lettered")
+    max_batch_bytes: int = Field(
+        8_388_608,
+        ge=65_536,
+        description="a compressed input batch inflating past this (or holding a record over "
+        "max_event_bytes + 4096) is dead-lettered oversize, never inflated in full",
+    )
     max_future_skew_ms: int = Field(
         300_000, ge=0, description="events further ahead: dead-lettered"
     )

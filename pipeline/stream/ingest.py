@@ -8,7 +8,11 @@ beyond ``max_past_skew_ms`` behind or before 1970, which the tables cannot hold)
 Besides the codec's reasons, ingest dead-letters ``unknown_tenant`` (``ingest.tenants``
 is set and does not list the event's tenant) and ``tenant_cap`` (the worker already
 tracks ``ingest.max_tenants`` tenants: every tenant costs counters and tables, so
-a producer cannot grow a worker's memory by inventing tenants).
+a producer cannot grow a worker's memory by inventing tenants), and ``oversize``: a record
+whose key and value together exceed ``max_event_bytes + RECORD_OVERHEAD_BYTES`` is not
+copied to the dead-letter topic (its dead letter has no key and an empty value and names
+the offset; the bytes stay in the input topic), so no producer can make the worker hold or
+send more than that per record (compressed batches: ``pipeline.stream.inflation``).
 """
 
 from __future__ import annotations
@@ -25,6 +29,11 @@ from pipeline.core.policy import Policy
 from pipeline.settings import Settings
 from pipeline.stream.partitioning import account_partition
 from pipeline.wiring import build_normaliser
+
+RECORD_OVERHEAD_BYTES = 4096
+"""Allowed beside an event's value in one record (its key, headers and framing) before the
+record is ``oversize``."""
+OVERSIZE = "oversize"
 
 
 class RawRecord(Protocol):
@@ -147,7 +156,13 @@ class Ingest:
         max_bytes = self.max_event_bytes
         normalise = self.normaliser.normalise
         admitted = self.admitted
+        max_record = max_bytes + RECORD_OVERHEAD_BYTES
         for record in records:
+            size = len(record.value or b"") + len(record.key or b"")
+            if size > max_record:
+                result.dead.append(oversize(record, size, max_record))
+                result.reasons[OVERSIZE] += 1
+                continue
             try:
                 event = decode_attempt(record.value, max_bytes=max_bytes)
                 attempt = normalise(event)
@@ -177,3 +192,13 @@ class Ingest:
                 bucket.append(row)
         result.valid = sum(len(bucket) for bucket in rows.values())
         return result
+
+
+def oversize(record: RawRecord, size: int, max_record: int) -> DeadLetter:
+    """The dead letter of a record too large to copy: no key, an empty value, its offset."""
+    detail = (
+        f"key and value are {size} bytes, over the {max_record}-byte bound "
+        "(ingest.max_event_bytes + 4096); the bytes stay in the input topic at this offset"
+    )
+    empty = Record(record.topic, record.partition, record.offset, None, b"")
+    return DeadLetter(empty, OVERSIZE, detail)

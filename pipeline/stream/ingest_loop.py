@@ -30,6 +30,7 @@ from pipeline.kafka_client import client_kwargs
 from pipeline.logs import get_logger
 from pipeline.settings import Settings
 from pipeline.stream.envelopes import account_envelopes
+from pipeline.stream.inflation import bound_decompression
 from pipeline.stream.ingest import DeadLetter, Ingest
 from pipeline.stream.marks import InputMarks
 from pipeline.stream.metrics import WorkerMetrics
@@ -134,6 +135,7 @@ class IngestLoop:
     async def run(self) -> None:
         """Read, validate and send until cancelled (a faust task)."""
         s = self.settings
+        bound_decompression(s.ingest.max_batch_bytes, s.ingest.max_event_bytes)  # bombs
         consumer = AIOKafkaConsumer(
             **client_kwargs(s.kafka),
             group_id=f"{s.kafka.app_id}-ingest",

@@ -11,7 +11,9 @@ positions already moved on).
 aiokafka's fetcher: the batch being unpacked (partition, first offset, next offset,
 codec), the records of that partition decoded before it, and the records of other
 partitions drained earlier in the same call. The ingest loop keeps the records, seeks
-past the batch and dead-letters its offset range with reason ``undecodable_batch``.
+past the batch and dead-letters its offset range with reason ``undecodable_batch``, or
+``oversize`` for a batch ``pipeline.stream.inflation`` refused to inflate (a decompression
+bomb).
 aiokafka is pinned below 0.15; ``tests/integration/test_compression.py`` runs this path
 against the real broker, so a change of the fetcher's internals fails a test, not a worker.
 """
@@ -26,6 +28,7 @@ from aiokafka.consumer.fetcher import Fetcher, FetchResult, PartitionRecords
 from aiokafka.errors import CorruptRecordException, UnsupportedCodecError
 from aiokafka.structs import TopicPartition
 
+from pipeline.stream import inflation
 from pipeline.stream.ingest import DeadLetter, Record
 
 REASON = "undecodable_batch"
@@ -58,7 +61,8 @@ class Salvage:
             f"offsets {self.first_offset}..{self.next_offset - 1} (codec {self.codec}): {message}"
         )
         record = Record(self.tp.topic, self.tp.partition, self.first_offset, None, b"")
-        return DeadLetter(record, REASON, detail, last_offset=self.next_offset - 1)
+        reason = inflation.REASON if isinstance(error, inflation.OversizeBatch) else REASON
+        return DeadLetter(record, reason, detail, last_offset=self.next_offset - 1)
 
 
 def _frames(tb: TracebackType | None) -> list[Any]:
