@@ -2,7 +2,7 @@
 
 | topic | partitions | configs | purpose |
 |---|---|---|---|
-| ``auth.login-attempts`` | P | delete, 7 days | input from login services |
+| ``auth.login-attempts`` | P | delete, 7 days, batches up to 1 MiB | input from login services |
 | ``<app>.attempts-by-account`` | P | delete, 1 day | ingest -> account stage (batch envelopes) |
 | ``<app>.attempts-by-source`` | P | delete, 1 day | account stage -> source stage |
 | ``<app>.tenant-shares`` | P | delete, 1 day | shards' shares of rule 8 -> rollup |
@@ -39,6 +39,12 @@ DECISIONS_CONFIG = {
     "min.compaction.lag.ms": str(3_600_000),
 }
 
+
+# The input's batches, as the broker receives them (compressed): 1 MiB, Kafka's default,
+# written out so a broker default raised for other topics does not raise it here. The
+# broker bounds only the compressed size; what a batch may inflate to is ingest's bound
+# (ingest.max_batch_bytes, pipeline.stream.inflation).
+INPUT_MAX_MESSAGE_BYTES = 1_048_576
 
 # The stages' changelogs: compacted so a restore reads the live keys, not the history.
 CHANGELOG_CONFIG = {
@@ -96,7 +102,11 @@ class Topics:
             return {"cleanup.policy": "delete", "retention.ms": str(days * DAY_MS), **isr}
 
         return [
-            TopicSpec(self.input, partitions, deleting(7)),
+            TopicSpec(
+                self.input,
+                partitions,
+                {**deleting(7), "max.message.bytes": str(INPUT_MAX_MESSAGE_BYTES)},
+            ),
             TopicSpec(self.by_account, partitions, deleting(1)),
             TopicSpec(self.by_source, partitions, deleting(1)),
             TopicSpec(self.shares, partitions, deleting(1)),

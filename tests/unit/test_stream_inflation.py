@@ -149,3 +149,16 @@ def test_ingest_dead_letters_an_oversize_record_without_copying_it() -> None:
         (1, "too_large", b"key", 17_000),
     ]
     assert (result.valid, dict(result.reasons)) == (1, {"oversize": 1, "too_large": 1})
+
+
+def test_the_input_topic_is_created_with_a_1_mib_batch_bound() -> None:
+    """The input topic's max.message.bytes is written out (1 MiB), whatever the broker's
+    default; the other topics keep the broker's."""
+    from pipeline.settings import KafkaSettings
+    from pipeline.topics import Topics
+
+    specs = {s.name: s.configs for s in Topics.from_settings(KafkaSettings()).specs(4)}
+    assert specs["auth.login-attempts"]["max.message.bytes"] == "1048576"
+    assert [name for name, c in specs.items() if "max.message.bytes" in c] == [
+        "auth.login-attempts"
+    ]
