@@ -10,6 +10,7 @@ The TOML file is ``authpipe.toml`` in the working directory, or the path in
 from __future__ import annotations
 
 import os
+import re
 import secrets
 from pathlib import Path
 from typing import Any, Literal
@@ -35,6 +36,7 @@ from pipeline.core.dedupe import DEDUPE_CAPACITY, DEDUPE_HORIZON_MS
 from pipeline.errors import ConfigError
 
 MIN_DIGEST_KEY_BYTES = 32
+_TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
 DIGEST_KEY_FILE = "digest.key"
 
 
@@ -166,12 +168,31 @@ class IngestSettings(_Section):
         1000, ge=1, description="tenants a worker tracks; further ones are dead-lettered tenant_cap"
     )
 
+    tenant_topics: dict[str, str] = Field(
+        default_factory=dict,
+        description="per-tenant input topics, {topic: tenant}: ingest reads them beside "
+        "kafka.input_topic; an event whose tenant is not its topic's, or a bound tenant's "
+        "event on another topic, is dead-lettered tenant_not_allowed",
+    )
+
     @field_validator("tenants", "case_sensitive_tenants")
     @classmethod
     def _tenant_names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         bad = [name for name in value if not valid_tenant(name)]
         if bad:
             raise ValueError(f"{bad[0]!r}: {TENANT_RULE}")
+        return value
+
+    @field_validator("tenant_topics")
+    @classmethod
+    def _bound_tenants(cls, value: dict[str, str]) -> dict[str, str]:
+        for topic, tenant in value.items():
+            if not valid_tenant(tenant):
+                raise ValueError(f"{topic!r}: {tenant!r}: {TENANT_RULE}")
+            if not _TOPIC_NAME.fullmatch(topic):
+                raise ValueError(
+                    f"{topic[:80]!r} is not a Kafka topic name (letters, digits, '.', '_', '-')"
+                )
         return value
 
 

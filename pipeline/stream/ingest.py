@@ -13,12 +13,23 @@ whose key and value together exceed ``max_event_bytes + RECORD_OVERHEAD_BYTES`` 
 copied to the dead-letter topic (its dead letter has no key and an empty value and names
 the offset; the bytes stay in the input topic), so no producer can make the worker hold or
 send more than that per record (compressed batches: ``pipeline.stream.inflation``).
+
+Tenant topics (``ingest.tenant_topics``, {topic: tenant}): ingest reads each beside the
+input topic, so a deployment can confine a login service to its tenants with topic ACLs
+(it may write only its tenants' topics). An event on a bound topic must name that topic's
+tenant, and a bound tenant's events are taken only from its own topics; anything else is
+dead-lettered ``tenant_not_allowed`` (before the tenant cap: it takes no slot). Every input
+partition has a slot, the input partition number rows, marks and the stages' replay skip
+use: the input topic's partitions are their own numbers, a tenant topic's are offset by a
+stable base from its name (``input_slot_base``), so adding or removing a tenant topic
+renumbers no other.
 """
 
 from __future__ import annotations
 
+import zlib
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -26,6 +37,7 @@ from pipeline.contracts.codec import DecodeError, decode_attempt
 from pipeline.core.attempt import Normaliser
 from pipeline.core.errors import InvalidAttempt
 from pipeline.core.policy import Policy
+from pipeline.errors import ConfigError
 from pipeline.settings import Settings
 from pipeline.stream.partitioning import account_partition
 from pipeline.wiring import build_normaliser
@@ -34,6 +46,36 @@ RECORD_OVERHEAD_BYTES = 4096
 """Allowed beside an event's value in one record (its key, headers and framing) before the
 record is ``oversize``."""
 OVERSIZE = "oversize"
+TENANT_NOT_ALLOWED = "tenant_not_allowed"
+SLOT_STRIDE = 1024
+"""Input slots per topic: more than any topic's partitions (kafka.partitions <= 1024)."""
+SLOT_BASES = 1023
+
+
+def input_slot_base(topic: str) -> int:
+    """The first input slot of tenant topic ``topic``: a multiple of SLOT_STRIDE from 1024
+    up, stable for the name (CRC-32), so it never depends on which other topics exist."""
+    return (1 + zlib.crc32(topic.encode()) % SLOT_BASES) * SLOT_STRIDE
+
+
+def input_slots(input_topic: str, tenant_topics: Iterable[str]) -> dict[str, int]:
+    """Each input topic's first slot (the input topic's is 0); ConfigError if two tenant
+    topics share one, or a tenant topic is the input topic."""
+    bases = {input_topic: 0}
+    taken = {0: input_topic}
+    for topic in sorted(tenant_topics):
+        if topic == input_topic:
+            raise ConfigError(
+                f"ingest.tenant_topics binds {topic}, which is kafka.input_topic; bind a "
+                "topic of its own to the tenant (the input topic takes any other tenant)"
+            )
+        base = input_slot_base(topic)
+        if base in taken:
+            raise ConfigError(
+                f"tenant topics {taken[base]} and {topic} share input slots; rename one of them"
+            )
+        bases[topic], taken[base] = base, topic
+    return bases
 
 
 class RawRecord(Protocol):
@@ -116,7 +158,47 @@ class Ingest:
     keep_plain_account: bool = False
     tenants: frozenset[str] = frozenset()
     max_tenants: int = 1000
+    input_topic: str = "auth.login-attempts"
+    tenant_topics: Mapping[str, str] = field(default_factory=dict)
     admitted: set[str] = field(default_factory=set, init=False, repr=False, compare=False)
+    slot_bases: dict[str, int] = field(init=False, repr=False, compare=False)
+    bound_tenants: frozenset[str] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "slot_bases", input_slots(self.input_topic, self.tenant_topics))
+        object.__setattr__(self, "bound_tenants", frozenset(self.tenant_topics.values()))
+
+    @property
+    def input_topics(self) -> list[str]:
+        """Every topic ingest reads: the input topic, then the tenant topics."""
+        return [self.input_topic, *sorted(self.tenant_topics)]
+
+    def slot(self, topic: str, partition: int) -> int:
+        """The input slot of ``partition`` of ``topic`` (module docstring)."""
+        return self.slot_bases.get(topic, 0) + partition
+
+    def input_count(
+        self, partitions_for_topic: Callable[[str], Collection[int] | None], default: int
+    ) -> int:
+        """Input partitions over every input topic (``default`` each while its metadata is
+        unknown): the upstreams the account stage waits for marks from."""
+        return sum(len(partitions_for_topic(topic) or ()) or default for topic in self.input_topics)
+
+    def check_topic(self, topic: str, tenant: str) -> None:
+        """Raise DecodeError ``tenant_not_allowed`` unless ``topic`` may carry ``tenant``."""
+        bound = self.tenant_topics.get(topic)
+        if bound is not None and tenant != bound:
+            raise DecodeError(
+                TENANT_NOT_ALLOWED,
+                f"topic {topic} is bound to tenant {bound} (ingest.tenant_topics); this event "
+                f"names tenant {tenant[:70]!r}",
+            )
+        if bound is None and tenant in self.bound_tenants:
+            raise DecodeError(
+                TENANT_NOT_ALLOWED,
+                f"tenant {tenant} is bound to its own topics (ingest.tenant_topics); its "
+                f"events on {topic} are refused",
+            )
 
     @classmethod
     def from_settings(cls, settings: Settings, policy: Policy) -> Ingest:
@@ -129,6 +211,8 @@ class Ingest:
             max_past_skew_ms=settings.ingest.max_past_skew_ms,
             tenants=frozenset(settings.ingest.tenants),
             max_tenants=settings.ingest.max_tenants,
+            input_topic=settings.kafka.input_topic,
+            tenant_topics=dict(settings.ingest.tenant_topics),
             keep_plain_account=settings.clickhouse.store_plain_account,
         )
 
@@ -157,6 +241,8 @@ class Ingest:
         normalise = self.normaliser.normalise
         admitted = self.admitted
         max_record = max_bytes + RECORD_OVERHEAD_BYTES
+        bases = self.slot_bases
+        confined = bool(self.tenant_topics)
         for record in records:
             size = len(record.value or b"") + len(record.key or b"")
             if size > max_record:
@@ -175,6 +261,8 @@ class Ingest:
                         if attempt.occurred_ms < 0
                         else "occurred_at is older than ingest.max_past_skew_ms",
                     )
+                if confined:
+                    self.check_topic(record.topic, event.tenant)
                 # Admitted last: an event dead-lettered for any other reason takes no slot.
                 if event.tenant not in admitted:
                     self.admit_tenant(event.tenant)
@@ -183,7 +271,8 @@ class Ingest:
                 result.reasons[exc.reason] += 1
                 continue
             plain = event.account if keep_plain else None
-            row: list[object] = [record.partition, record.offset, event.service, plain, *attempt]
+            slot = record.partition + bases.get(record.topic, 0) if confined else record.partition
+            row: list[object] = [slot, record.offset, event.service, plain, *attempt]
             target = account_partition(attempt.account, partitions)
             bucket = rows.get(target)
             if bucket is None:

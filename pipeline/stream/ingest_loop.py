@@ -144,7 +144,7 @@ class IngestLoop:
             max_partition_fetch_bytes=4 * 1024 * 1024,
             fetch_max_wait_ms=s.worker.batch_max_wait_ms,
         )
-        consumer.subscribe([self.topics.input], listener=RereadLast(consumer))
+        consumer.subscribe(self.ingest.input_topics, listener=RereadLast(consumer))
         await consumer.start()
         self.ready.set()
         try:
@@ -235,7 +235,8 @@ class IngestLoop:
                 now = wall_ms()
                 for tp, messages in got.items():
                     if messages:
-                        self.handed.setdefault(tp.partition, []).append((messages[-1].offset, now))
+                        slot = self.ingest.slot(tp.topic, tp.partition)
+                        self.handed.setdefault(slot, []).append((messages[-1].offset, now))
             return got
         except DECODE_ERRORS as exc:
             found = salvage(exc)
@@ -263,6 +264,7 @@ class IngestLoop:
         """Ingest's marks for the input partitions it reads, and the input topic's
         partition count (``pipeline.stream.marks``)."""
         assigned = consumer.assignment()
+        slot = self.ingest.slot
         caught_up = []
         # When the fetch answer that showed each caught-up partition's end came (aiokafka
         # stamps every partition of a fetch answer with the wall time it arrived).
@@ -270,13 +272,13 @@ class IngestLoop:
         for tp in assigned:
             highwater = consumer.highwater(tp)
             if highwater is not None and await consumer.position(tp) >= highwater:
-                caught_up.append(tp.partition)
+                caught_up.append(slot(tp.topic, tp.partition))
                 stamp = consumer.last_poll_timestamp(tp)
                 if stamp is not None:
-                    fetched_ms[tp.partition] = int(stamp)
-        inputs = len(consumer.partitions_for_topic(self.topics.input) or ()) or self.partitions
+                    fetched_ms[slot(tp.topic, tp.partition)] = int(stamp)
+        inputs = self.ingest.input_count(consumer.partitions_for_topic, self.partitions)
         marks = self.marks.marks(
-            [tp.partition for tp in assigned], caught_up, now_ms, fetched_ms, quiet
+            [slot(tp.topic, tp.partition) for tp in assigned], caught_up, now_ms, fetched_ms, quiet
         )
         return marks, inputs
 
@@ -295,9 +297,9 @@ class IngestLoop:
             commits[tp] = max(commits.get(tp, 0), dead.record.offset + dead.offsets)
             result.dead.append(dead)
             result.reasons[dead.reason] += dead.offsets
-        observe = self.marks.observe
+        observe, slot = self.marks.observe, self.ingest.slot
         for record in records:
-            observe(record.partition, None, now_ms)
+            observe(slot(record.topic, record.partition), None, now_ms)
         handed, self.handed = self.handed, {}
         for rows in result.rows.values():
             for row in rows:

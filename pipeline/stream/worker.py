@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from dataclasses import replace
 
 from pipeline.kafka_admin import ensure_topics, wait_for_broker
 from pipeline.kafka_client import security_kwargs
@@ -21,6 +22,13 @@ async def prepare_topics(settings: Settings, timeout_s: float = 30.0) -> None:
     security = security_kwargs(kafka)
     await wait_for_broker(kafka.bootstrap_servers, timeout_s, security=security)
     specs = Topics.from_settings(kafka).specs(kafka.partitions)
+    # Tenant topics (ingest.tenant_topics) are input topics: the input's partitions and configs.
+    specs += [
+        replace(spec, name=topic)
+        for spec in specs
+        if spec.name == kafka.input_topic
+        for topic in sorted(settings.ingest.tenant_topics)
+    ]
     await ensure_topics(
         kafka.bootstrap_servers,
         specs,
