@@ -23,6 +23,7 @@ from pipeline.logs import get_logger
 log = get_logger("kafka_admin")
 
 _POLL_INTERVAL_S = 0.25
+_DESCRIBE_TRIES = 12
 _NO_ERROR = 0
 
 
@@ -250,11 +251,21 @@ class PartitionReplicas:
 async def describe_partitions(
     bootstrap: str, request_timeout_ms: int = 10_000, *, security: Mapping[str, Any] = _PLAIN
 ) -> list[PartitionReplicas]:
-    """Every partition of every topic the cluster at ``bootstrap`` has, from its metadata."""
+    """Every partition of every topic the cluster at ``bootstrap`` has, from its metadata.
+
+    The admin client asks a random known broker; one that just died is still known until
+    the cluster fences it, so a failed request is asked again (``_DESCRIBE_TRIES`` times)."""
     admin = _admin(bootstrap, request_timeout_ms, security)
     try:
         await admin.start()
-        described = await admin.describe_topics()
+        for attempt in range(_DESCRIBE_TRIES):
+            try:
+                described = await admin.describe_topics()
+                break
+            except KafkaError:
+                if attempt == _DESCRIBE_TRIES - 1:
+                    raise
+                await asyncio.sleep(_POLL_INTERVAL_S)
     except KafkaError as exc:
         raise KafkaAdminError(
             f"could not describe the topics at {bootstrap} ({type(exc).__name__}: {exc}); "

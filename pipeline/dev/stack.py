@@ -121,8 +121,10 @@ class LocalKafka:
             raise StackError(
                 f"port, controller_port and sasl_port must all differ ({ports}); use distinct ports"
             )
-        if scram_users and sasl_port is None:
-            raise StackError("scram_users need a sasl_port (the SASL/SCRAM listener)")
+        if scram_users and sasl_port is None and (tls is None or tls.sasl_ssl_port is None):
+            raise StackError(
+                "scram_users need a sasl_port or a tls.sasl_ssl_port (a SASL/SCRAM listener)"
+            )
         self.sasl_port = sasl_port
         self.node_id = node_id
         self.voters = voters

@@ -7,8 +7,8 @@ keys Python and librdkafka clients load, ``openssl pkcs12``:
   keyCertSign, cRLSign (a CA without keyUsage fails Python 3.13's strict verification);
 * ``broker.p12``: the broker's key and certificate (SAN ``DNS:localhost``, ``IP:127.0.0.1``),
   signed by the CA; ``truststore.p12``: the CA alone, for the broker's check of clients;
-* ``<name>.pem`` / ``<name>.key``: a client certificate (CN=<name>) and its unencrypted key
-  for mutual TLS.
+* ``<name>.pem`` / ``<name>.key``: a client certificate (CN=<name>) and its unencrypted
+  PKCS#8 key for mutual TLS (``openssl pkcs12``: keytool exports no private key).
 
 Every store has the password ``STORE_PASSWORD``: throwaway development material, never a
 production CA. Invariant: ``make_authority`` is idempotent (files that exist are kept).
@@ -93,20 +93,43 @@ def _signed_keypair(files: TlsFiles, store: Path, alias: str, dname: str, ext: l
     common = ["-keystore", str(store), "-storetype", "PKCS12"]
     _run(
         _keytool(
-            "-genkeypair", "-alias", alias, "-keyalg", "RSA", "-keysize", "2048",
-            "-dname", dname, "-validity", _VALIDITY_DAYS, "-keypass", STORE_PASSWORD, *common,
+            "-genkeypair",
+            "-alias",
+            alias,
+            "-keyalg",
+            "RSA",
+            "-keysize",
+            "2048",
+            "-dname",
+            dname,
+            "-validity",
+            _VALIDITY_DAYS,
+            "-keypass",
+            STORE_PASSWORD,
+            *common,
         ),
         f"keytool -genkeypair {alias}",
-    )  # fmt: skip
+    )
     _run(_keytool("-certreq", "-alias", alias, "-file", str(csr), *common), "keytool -certreq")
     extensions = [arg for e in ext for arg in ("-ext", e)]
     _run(
         _keytool(
-            "-gencert", "-alias", "ca", "-keystore", str(d / "ca.p12"), "-infile", str(csr),
-            "-outfile", str(signed), "-rfc", "-validity", _VALIDITY_DAYS, *extensions,
+            "-gencert",
+            "-alias",
+            "ca",
+            "-keystore",
+            str(d / "ca.p12"),
+            "-infile",
+            str(csr),
+            "-outfile",
+            str(signed),
+            "-rfc",
+            "-validity",
+            _VALIDITY_DAYS,
+            *extensions,
         ),
         f"keytool -gencert {alias}",
-    )  # fmt: skip
+    )
     _run(
         _keytool("-importcert", "-alias", "ca", "-file", str(files.ca_pem), *common),
         "keytool -importcert ca",
@@ -119,38 +142,71 @@ def _signed_keypair(files: TlsFiles, store: Path, alias: str, dname: str, ext: l
     signed.unlink(missing_ok=True)
 
 
-def make_authority(directory: Path, clients: tuple[str, ...] = ("authpipe-client",)) -> TlsFiles:
-    """The CA, the broker's keystore, the truststore and a certificate per client name."""
+def make_authority(
+    directory: Path, clients: tuple[str, ...] = ("authpipe-client",), *, broker: bool = True
+) -> TlsFiles:
+    """The CA, a certificate per client name and (``broker``) the broker's keystore and
+    the truststore."""
     files = TlsFiles(directory.resolve())
     files.directory.mkdir(parents=True, exist_ok=True)
     ca_store = files.directory / "ca.p12"
     if not ca_store.exists():
         _run(
             _keytool(
-                "-genkeypair", "-alias", "ca", "-keyalg", "RSA", "-keysize", "2048",
-                "-dname", "CN=authpipe-dev-ca", "-ext", "bc:c",
-                "-ext", "KU:c=keyCertSign,cRLSign", "-validity", _VALIDITY_DAYS,
-                "-keystore", str(ca_store), "-storetype", "PKCS12", "-keypass", STORE_PASSWORD,
+                "-genkeypair",
+                "-alias",
+                "ca",
+                "-keyalg",
+                "RSA",
+                "-keysize",
+                "2048",
+                "-dname",
+                "CN=authpipe-dev-ca",
+                "-ext",
+                "bc:c",
+                "-ext",
+                "KU:c=keyCertSign,cRLSign",
+                "-validity",
+                _VALIDITY_DAYS,
+                "-keystore",
+                str(ca_store),
+                "-storetype",
+                "PKCS12",
+                "-keypass",
+                STORE_PASSWORD,
             ),
             "keytool: the local CA",
-        )  # fmt: skip
+        )
     if not files.ca_pem.exists():
         _run(
             _keytool(
-                "-exportcert", "-rfc", "-alias", "ca", "-keystore", str(ca_store),
-                "-file", str(files.ca_pem),
+                "-exportcert",
+                "-rfc",
+                "-alias",
+                "ca",
+                "-keystore",
+                str(ca_store),
+                "-file",
+                str(files.ca_pem),
             ),
             "keytool -exportcert ca",
-        )  # fmt: skip
-    if not files.truststore.exists():
+        )
+    if broker and not files.truststore.exists():
         _run(
             _keytool(
-                "-importcert", "-alias", "ca", "-file", str(files.ca_pem),
-                "-keystore", str(files.truststore), "-storetype", "PKCS12",
+                "-importcert",
+                "-alias",
+                "ca",
+                "-file",
+                str(files.ca_pem),
+                "-keystore",
+                str(files.truststore),
+                "-storetype",
+                "PKCS12",
             ),
             "keytool: the truststore",
-        )  # fmt: skip
-    if not files.broker_keystore.exists():
+        )
+    if broker and not files.broker_keystore.exists():
         _signed_keypair(
             files,
             files.broker_keystore,
@@ -165,12 +221,16 @@ def make_authority(directory: Path, clients: tuple[str, ...] = ("authpipe-client
 
 
 def _client(files: TlsFiles, name: str) -> None:
-    """``<name>.pem`` (certificate, then the CA) and ``<name>.key`` (PEM, unencrypted)."""
+    """``<name>.pem`` (the client's certificate alone) and ``<name>.key`` (PEM, PKCS#8,
+    unencrypted)."""
     store = files.directory / f"{name}.p12"
     store.unlink(missing_ok=True)
     _signed_keypair(files, store, name, f"CN={name}", ["KU=digitalSignature", "EKU=clientAuth"])
     openssl = require_tool("openssl", "install OpenSSL (`apt-get install openssl`)")
     source = [openssl, "pkcs12", "-in", str(store), "-passin", f"pass:{STORE_PASSWORD}"]
-    _run([*source, "-nokeys", "-out", str(files.client_cert(name))], "openssl: client cert")
+    _run(
+        [*source, "-nokeys", "-clcerts", "-out", str(files.client_cert(name))],
+        "openssl: client cert",
+    )
     _run([*source, "-nocerts", "-nodes", "-out", str(files.client_key(name))], "openssl: key")
     files.client_key(name).chmod(0o600)

@@ -24,9 +24,11 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.dev.cluster import LocalCluster, NodePorts
 from pipeline.dev.jars import fetch_libs
 from pipeline.dev.processes import pid_alive, port_free
-from pipeline.dev.stack import LocalKafka
+from pipeline.dev.stack import LocalKafka, TlsListeners
+from pipeline.dev.tls import TlsFiles, make_authority
 from pipeline.errors import AuthpipeError
 from pipeline.kafka_admin import wait_for_broker
 
@@ -79,7 +81,8 @@ def _reap_orphan_brokers(base: Path) -> None:
         owner = state_dir.name.split("-", 1)[0]
         if not owner.isdigit() or pid_alive(int(owner)):
             continue
-        LocalKafka(state_dir, port=1, controller_port=2).down()
+        for node_dir in [state_dir, *sorted(state_dir.glob("node-*"))]:  # a cluster's nodes
+            LocalKafka(node_dir, port=1, controller_port=2).down()
         shutil.rmtree(state_dir, ignore_errors=True)
 
 
@@ -239,3 +242,97 @@ def kafka_sasl(local_kafka: LocalKafka | None) -> Iterator[SaslBroker]:
 def topic_name(request: pytest.FixtureRequest) -> str:
     """A fresh topic name derived from the test's name."""
     return unique_topic(request.node.name)
+
+
+CLUSTER_BROKERS = 3
+
+
+@pytest.fixture(scope="session")
+def kafka_cluster() -> Iterator[LocalCluster]:
+    """A three-node KRaft cluster of the session (every node broker and controller, one
+    quorum; replication factor 3, min.insync.replicas 2), for the fault tests; tests may
+    kill and restart nodes but must leave all three running."""
+    _reap_orphan_brokers(TEST_STATE_BASE)
+    state_dir = TEST_STATE_BASE / f"{os.getpid()}-cluster-{uuid.uuid4().hex[:8]}"
+    ports = free_ports(2 * CLUSTER_BROKERS)
+    nodes = [NodePorts(ports[2 * i], ports[2 * i + 1]) for i in range(CLUSTER_BROKERS)]
+    cluster = LocalCluster(state_dir, nodes, libs_dir=SHARED_LIBS_DIR)
+    try:
+        cluster.up()
+    except AuthpipeError as exc:
+        cluster.down()
+        _fail("the test Kafka cluster did not start", exc)
+    try:
+        yield cluster
+    finally:
+        cluster.down()
+        shutil.rmtree(state_dir, ignore_errors=True)
+
+
+# Client certificate names of the TLS broker's authority: a trusted client, and one of a
+# second authority the broker does not trust.
+TLS_CLIENT = "authpipe-client"
+UNTRUSTED_CLIENT = "intruder"
+
+
+@dataclass(frozen=True)
+class TlsBroker:
+    """A test broker's TLS listeners: ``ssl`` (the broker proves itself), ``mtls`` (the
+    client must too), ``sasl_ssl`` (SCRAM over TLS, users ``SCRAM_USERS``); ``plaintext``
+    is its administrator's loopback listener. ``files``: the authority it trusts;
+    ``untrusted``: another authority, with a client certificate ``UNTRUSTED_CLIENT``."""
+
+    ssl: str
+    mtls: str
+    sasl_ssl: str
+    plaintext: str
+    files: TlsFiles
+    untrusted: TlsFiles
+
+    def env(self, mutual: bool) -> dict[str, str]:
+        """AUTHPIPE_KAFKA_* variables of a service on the SSL (or mutual TLS) listener."""
+        env = {
+            "AUTHPIPE_KAFKA_BOOTSTRAP_SERVERS": self.mtls if mutual else self.ssl,
+            "AUTHPIPE_KAFKA_SECURITY_PROTOCOL": "SSL",
+            "AUTHPIPE_KAFKA_SSL_CAFILE": str(self.files.ca_pem),
+        }
+        if mutual:
+            env["AUTHPIPE_KAFKA_SSL_CERTFILE"] = str(self.files.client_cert(TLS_CLIENT))
+            env["AUTHPIPE_KAFKA_SSL_KEYFILE"] = str(self.files.client_key(TLS_CLIENT))
+        return env
+
+
+@pytest.fixture(scope="session")
+def kafka_tls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsBroker]:
+    """A broker of its own with TLS, mutual-TLS and SASL_SSL listeners, certificates from
+    a keytool authority made for the session (and a second, untrusted, authority)."""
+    _reap_orphan_brokers(TEST_STATE_BASE)
+    base = tmp_path_factory.mktemp("tls")
+    try:
+        files = make_authority(base / "ca", (TLS_CLIENT,))
+        untrusted = make_authority(base / "untrusted-ca", (UNTRUSTED_CLIENT,), broker=False)
+    except AuthpipeError as exc:
+        _fail("the test TLS authority could not be made", exc)
+    state_dir = TEST_STATE_BASE / f"{os.getpid()}-tls-{uuid.uuid4().hex[:8]}"
+    port, controller_port, ssl_port, mtls_port, sasl_ssl_port = free_ports(5)
+    kafka = LocalKafka(
+        state_dir,
+        port,
+        controller_port,
+        libs_dir=SHARED_LIBS_DIR,
+        scram_users=SCRAM_USERS,
+        tls=TlsListeners(files, ssl_port, mtls_port, sasl_ssl_port),
+    )
+    _start_local(kafka)
+    try:
+        yield TlsBroker(
+            ssl=f"127.0.0.1:{ssl_port}",
+            mtls=f"127.0.0.1:{mtls_port}",
+            sasl_ssl=f"127.0.0.1:{sasl_ssl_port}",
+            plaintext=kafka.bootstrap,
+            files=files,
+            untrusted=untrusted,
+        )
+    finally:
+        kafka.down()
+        shutil.rmtree(state_dir, ignore_errors=True)
