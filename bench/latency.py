@@ -31,6 +31,7 @@ import tempfile
 import time
 import urllib.request
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +68,15 @@ def load_1min() -> float:
 class EdgeRun:
     """One ``authpipe edge serve`` subprocess following ``decisions`` on ``bootstrap``."""
 
-    def __init__(self, bootstrap: str, decisions: str, log_path: Path, env: dict[str, str]):
+    def __init__(
+        self,
+        bootstrap: str,
+        decisions: str,
+        log_path: Path,
+        env: dict[str, str],
+        root: Path = REPO_ROOT,
+    ):
+        self.root = root
         self.port = free_port()
         self.env = {
             **os.environ,
@@ -86,7 +95,7 @@ class EdgeRun:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "pipeline.cli", "edge", "serve", "--port", str(self.port)],
                 env=self.env,
-                cwd=REPO_ROOT,
+                cwd=self.root,
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
@@ -121,29 +130,52 @@ class EdgeRun:
 
 
 class CheckClient:
-    """A keep-alive HTTP/1.1 connection asking ``GET /v1/check``; the answer's ``allowed``."""
+    """A keep-alive HTTP/1.1 connection to the edge: ``GET /v1/check``'s ``allowed``, and
+    the block-list feed long-polled as ``examples/gateway/sync-blocklist.sh`` does."""
 
     def __init__(self, port: int) -> None:
         self.port = port
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
 
-    async def allowed(self, account: str, ip: str) -> bool:
+    async def get(self, target: str, headers: str = "") -> tuple[bytes, bytes]:
+        """(head, body) of ``GET target``; any status."""
         if self.writer is None or self.writer.is_closing():
             self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port)
         assert self.reader is not None
-        self.writer.write(
-            f"GET /v1/check?account={account}&ip={ip} HTTP/1.1\r\nHost: b7\r\n\r\n".encode()
-        )
+        self.writer.write(f"GET {target} HTTP/1.1\r\nHost: b7\r\n{headers}\r\n".encode())
         head = await self.reader.readuntil(b"\r\n\r\n")
         length = 0
         for line in head.split(b"\r\n"):
             if line.lower().startswith(b"content-length:"):
                 length = int(line.split(b":", 1)[1])
-        body = await self.reader.readexactly(length)
+        return head, await self.reader.readexactly(length)
+
+    async def allowed(self, account: str, ip: str) -> bool:
+        head, body = await self.get(f"/v1/check?account={account}&ip={ip}")
         if not head.startswith(b"HTTP/1.1 200"):
             raise RuntimeError(f"edge answered {head[:40]!r} {body[:200]!r}")
         return bool(orjson.loads(body)["allowed"])
+
+    async def feed_lists(self, ip: str, timeout_s: float) -> bool:
+        """Long-poll ``/v1/blocklist?format=text`` (``If-None-Match``, ``wait_ms``) until
+        its body lists ``ip``; False after ``timeout_s``."""
+        deadline = time.perf_counter() + timeout_s
+        etag = ""
+        line = ip.encode() + b"\n"
+        while (left_ms := int((deadline - time.perf_counter()) * 1000)) > 0:
+            conditional = f"If-None-Match: {etag}\r\n" if etag else ""
+            wait = f"&wait_ms={left_ms}" if etag else ""
+            head, body = await self.get(f"/v1/blocklist?format=text{wait}", conditional)
+            if head.startswith(b"HTTP/1.1 200"):
+                if line in body:
+                    return True
+                for h in head.split(b"\r\n"):
+                    if h.lower().startswith(b"etag:"):
+                        etag = h.split(b":", 1)[1].strip().decode()
+            elif not head.startswith(b"HTTP/1.1 304"):
+                raise RuntimeError(f"edge feed answered {head[:40]!r} {body[:200]!r}")
+        return False
 
     async def close(self) -> None:
         if self.writer is not None:
@@ -166,6 +198,8 @@ async def run_probes(
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks=-1, linger_ms=0)
     await asyncio.gather(producer.start(), consumer.start())
     client = CheckClient(edge_port)
+    feed_client = CheckClient(edge_port)
+    feeds: list[float | None] = []
     acked_wall: dict[str, int] = {}
     acked_at: dict[str, float] = {}
     to_topic: dict[str, float] = {}
@@ -193,17 +227,7 @@ async def run_probes(
         for i in range(probes):
             account = f"b7-{run_tag}-{i}@example.com"
             ip = f"172.20.{i // 250}.{i % 250 + 1}"
-            now = wall_ms()
-            sends = []
-            for n in range(4):
-                key, value, ts = failure(f"b7{run_tag}-{i}-{n}", account, ip, now + n)
-                sends.append(
-                    await producer.send(names.input, key=key, value=value, timestamp_ms=ts)
-                )
-            await asyncio.gather(*sends)
-            await asyncio.sleep(gap_s)
-            key, value, ts = failure(f"b7{run_tag}-{i}-4", account, ip, wall_ms())
-            await producer.send_and_wait(names.input, key=key, value=value, timestamp_ms=ts)
+            await send_five(producer, names.input, f"b7{run_tag}-{i}", account, ip, gap_s)
             acked = time.perf_counter()
             acked_at[ip], acked_wall[ip] = acked, wall_ms()
             refused_s = None
@@ -212,6 +236,8 @@ async def run_probes(
                     refused_s = time.perf_counter() - acked
                     break
                 await asyncio.sleep(POLL_S)
+            feed_ms = await feed_probe(producer, names, feed_client, f"{run_tag}-{i}", i)
+            feeds.append(feed_ms)
             if refused_s is None:
                 timed_out += 1
                 continue
@@ -232,6 +258,7 @@ async def run_probes(
         reader.cancel()
         await asyncio.gather(reader, return_exceptions=True)
         await client.close()
+        await feed_client.close()
         await asyncio.gather(producer.stop(), consumer.stop(), return_exceptions=True)
 
     def column(name: str) -> list[float]:
@@ -244,18 +271,66 @@ async def run_probes(
         "to_edge": latency_summary(column("to_edge_ms")),
         "to_topic": latency_summary(column("to_topic_ms")),
         "to_worker_send": latency_summary(column("to_worker_send_ms")),
+        # the block-list feed: a fresh source's 5th failed challenge to the feed listing it
+        "to_feed": latency_summary([ms / 1000 for ms in feeds if ms is not None]),
+        "feed_timed_out": sum(ms is None for ms in feeds),
+        "feed_ms": feeds,
         "traces": traces,
     }
 
 
-def bench_one(ctx: Context, rate_per_s: int, probes: int, **worker_env: str) -> dict[str, Any]:
-    """One load: a fresh worker and edge, the load flowing for ``WARMUP_S``, then probes."""
+async def send_five(
+    producer: AIOKafkaProducer,
+    topic: str,
+    tag: str,
+    account: str,
+    ip: str,
+    gap_s: float,
+    **fields: str,
+) -> None:
+    """Four failures of (account, ip), their acknowledgements, ``gap_s``, then the
+    tripping fifth, returning at its acknowledgement (acks=all)."""
+    now = wall_ms()
+    sends = []
+    for n in range(4):
+        key, value, ts = failure(f"{tag}-{n}", account, ip, now + n, **fields)
+        sends.append(await producer.send(topic, key=key, value=value, timestamp_ms=ts))
+    await asyncio.gather(*sends)
+    await asyncio.sleep(gap_s)
+    key, value, ts = failure(f"{tag}-4", account, ip, wall_ms(), **fields)
+    await producer.send_and_wait(topic, key=key, value=value, timestamp_ms=ts)
+
+
+async def feed_probe(
+    producer: AIOKafkaProducer, names: Names, client: CheckClient, tag: str, i: int
+) -> float | None:
+    """A fresh source fails ``challenge_failures.threshold`` (5) captchas; from the
+    broker's acknowledgement of the 5th, ms until the edge's block-list feed lists the
+    source (the ``challenge_failures`` block, through the source stage). None: not
+    within ``PROBE_TIMEOUT_S``."""
+    ip = f"172.21.{i // 250}.{i % 250 + 1}"
+    account = f"b7f-{tag}@example.com"
+    # a failed captcha (flow challenge): bot evidence for the source stage
+    captcha = {"failure_reason": "other", "flow": "challenge", "challenge": "captcha"}
+    await send_five(producer, names.input, f"b7f{tag}", account, ip, 0.05, **captcha)
+    acked = time.perf_counter()
+    if not await client.feed_lists(ip, PROBE_TIMEOUT_S):
+        return None
+    return round((time.perf_counter() - acked) * 1000, 1)
+
+
+def bench_one(
+    ctx: Context, rate_per_s: int, probes: int, root: Path = REPO_ROOT, **worker_env: str
+) -> dict[str, Any]:
+    """One load: a fresh worker and edge (the code of ``root``), the load flowing for
+    ``WARMUP_S``, then probes."""
     names = Names.fresh(f"b7-{rate_per_s}")
     create_topics(ctx.bootstrap, names, ctx.partitions)
+    label = f"b7-{rate_per_s}-{names.app_id[-8:]}"
     run: WorkerRun = ctx.worker(
-        names, f"b7-{rate_per_s}", AUTHPIPE_IDENTITY_DIGEST_KEY=DIGEST_KEY, **worker_env
+        names, label, root, AUTHPIPE_IDENTITY_DIGEST_KEY=DIGEST_KEY, **worker_env
     )
-    edge = EdgeRun(ctx.bootstrap, names.decisions, ctx.workdir / f"edge-b7-{rate_per_s}.log", {})
+    edge = EdgeRun(ctx.bootstrap, names.decisions, ctx.workdir / f"edge-{label}.log", {}, root)
     load: subprocess.Popen[bytes] | None = None
     try:
         edge.start()
@@ -313,16 +388,36 @@ def bench_one(ctx: Context, rate_per_s: int, probes: int, **worker_env: str) -> 
         run.stop()
 
 
+@dataclass(frozen=True)
+class Variant:
+    """One side of an A/B run: a label, the checkout whose code runs, worker settings."""
+
+    label: str
+    root: Path = REPO_ROOT
+    env: tuple[tuple[str, str], ...] = ()
+
+
 def bench_b7(
-    ctx: Context, loads: tuple[int, ...] = LOADS, probes: int = PROBES, **worker_env: str
+    ctx: Context,
+    loads: tuple[int, ...] = LOADS,
+    probes: int = PROBES,
+    variants: tuple[Variant, ...] = (Variant(""),),
+    rounds: int = 1,
 ) -> dict[str, Any]:
-    """B7 at every load in ``loads``; a load that fails is recorded, the others go on."""
+    """B7 at every load in ``loads``, each variant in turn (``rounds`` times, so an A/B
+    comparison shares the machine's moment); a load that fails is recorded, the others
+    go on. Results by ``"<load>"`` or, with variants, ``"<load>/<label>[/<round>]"``."""
     out: dict[str, Any] = {"loads": list(loads), "probes_per_load": probes, "by_load": {}}
     for rate in loads:
-        try:
-            out["by_load"][str(rate)] = bench_one(ctx, rate, probes, **worker_env)
-        except Exception as exc:  # one load failing must not lose the others
-            out["by_load"][str(rate)] = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
+        for n in range(rounds):
+            for v in variants:
+                name = "/".join(
+                    x for x in (str(rate), v.label, str(n + 1) if rounds > 1 else "") if x
+                )
+                try:
+                    out["by_load"][name] = bench_one(ctx, rate, probes, v.root, **dict(v.env))
+                except Exception as exc:  # one load failing must not lose the others
+                    out["by_load"][name] = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
     return out
 
 
@@ -330,21 +425,37 @@ def table(result: dict[str, Any]) -> list[str]:
     """B7 as markdown rows: load, p50/p99 to the edge, to the topic, late rows, load average."""
     lines = [
         "| background load (events/s) | achieved | p50 to edge | p99 to edge | p99 to topic "
-        "| p99 ack to worker send | refused / probes | late rows | load average |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| p99 ack to worker send | refused / probes | late rows | load average "
+        "| feed p50 / p99 (listed / probes) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for rate, part in result.get("by_load", {}).items():
         if "error" in part:
-            lines.append(f"| {int(rate):,} | **error** {part['error'][:200]} | | | | | | | |")
+            lines.append(f"| {rate} | **error** {part['error'][:200]} | | | | | | | | |")
             continue
+        feed = part.get("to_feed") or {}
         lines.append(
-            f"| {int(rate):,} | {part['worker_events_per_s_during']:,} "
+            f"| {rate} | {part['worker_events_per_s_during']:,} "
             f"| {part['to_edge']['p50_ms']} ms | {part['to_edge']['p99_ms']} ms "
             f"| {part['to_topic']['p99_ms']} ms | {part['to_worker_send']['p99_ms']} ms "
             f"| {part['refused']} / {part['probes']} | {part['late_rows']} "
-            f"| {part['load_average_start']} / {part['load_average_end']} |"
+            f"| {part['load_average_start']} / {part['load_average_end']} "
+            f"| {feed.get('p50_ms')} / {feed.get('p99_ms')} ms "
+            f"({part['probes'] - part.get('feed_timed_out', 0)} / {part['probes']}) |"
         )
     return lines
+
+
+def _pair(text: str) -> tuple[str, str]:
+    name, _, value = text.partition("=")
+    return name, value
+
+
+def _variant(text: str, base: tuple[tuple[str, str], ...]) -> Variant:
+    label, _, rest = text.partition(":")
+    root, _, env = rest.partition(":")
+    pairs = tuple(_pair(item) for item in env.split(",") if item)
+    return Variant(label, Path(root) if root else REPO_ROOT, base + pairs)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -355,16 +466,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--loads", default=",".join(map(str, LOADS)))
     parser.add_argument("--probes", type=int, default=PROBES)
     parser.add_argument(
-        "--worker-env", action="append", default=[], help="NAME=VALUE for the worker (A/B runs)"
+        "--worker-env", action="append", default=[], help="NAME=VALUE for the worker (A side)"
     )
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        help="LABEL[:ROOT[:NAME=VALUE,...]]: an A/B side (the code of checkout ROOT, worker "
+        "settings); every variant runs at each load in turn",
+    )
+    parser.add_argument("--rounds", type=int, default=1, help="rounds of the variants per load")
     args = parser.parse_args(argv)
     loads = tuple(int(x) for x in args.loads.split(","))
-    worker_env = dict(item.split("=", 1) for item in args.worker_env)
+    base = tuple(_pair(item) for item in args.worker_env)
+    variants = tuple(_variant(text, base) for text in args.variant) or (Variant("", env=base),)
     workdir = Path(tempfile.mkdtemp(prefix="authpipe-b7-"))
     with broker(args.bootstrap) as bootstrap:
         ctx = Context(bootstrap, workdir)
         try:
-            result = bench_b7(ctx, loads, args.probes, **worker_env)
+            result = bench_b7(ctx, loads, args.probes, variants, args.rounds)
         finally:
             ctx.stop_all()
     sys.stdout.write("\n".join(table(result)) + "\n")

@@ -209,7 +209,8 @@ def flood_events(count: int, sources: int, seed: int, end_ms: int) -> list[Messa
     return out
 
 
-def failure(event_id: str, account: str, source: str, at_ms: int) -> Message:
+def failure(event_id: str, account: str, source: str, at_ms: int, **fields: str) -> Message:
+    """A failed password attempt (``fields`` override or add contract fields)."""
     body = {
         "event_id": event_id,
         "occurred_at": iso_ms(at_ms),
@@ -218,6 +219,7 @@ def failure(event_id: str, account: str, source: str, at_ms: int) -> Message:
         "peer_ip": source,
         "outcome": "failure",
         "failure_reason": "bad_password",
+        **fields,
     }
     return account.encode(), orjson.dumps(body), at_ms
 
@@ -372,10 +374,11 @@ def parse_metrics(text: str) -> dict[str, float]:
 class WorkerRun:
     """One ``authpipe worker`` subprocess with its own web port; stopped by ``stop()``."""
 
-    def __init__(self, env: dict[str, str], log_path: Path) -> None:
+    def __init__(self, env: dict[str, str], log_path: Path, root: Path = REPO_ROOT) -> None:
         self.port = free_port()
         self.env = {**os.environ, **env, "AUTHPIPE_WORKER_WEB_PORT": str(self.port)}
         self.log_path = log_path
+        self.root = root  # the checkout whose code runs (an A/B run's other side)
         self.proc: subprocess.Popen[bytes] | None = None
         self.started = 0.0
 
@@ -384,7 +387,7 @@ class WorkerRun:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "pipeline.cli", "worker"],
                 env=self.env,
-                cwd=REPO_ROOT,
+                cwd=self.root,
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
@@ -475,7 +478,7 @@ class Context:
     extra_env: dict[str, str] = field(default_factory=dict)
     workers: list[WorkerRun] = field(default_factory=list)
 
-    def worker(self, names: Names, label: str, **env: str) -> WorkerRun:
+    def worker(self, names: Names, label: str, root: Path = REPO_ROOT, **env: str) -> WorkerRun:
         state = self.workdir / f"state-{names.app_id}"
         state.mkdir(parents=True, exist_ok=True)
         full = {
@@ -488,7 +491,7 @@ class Context:
             **self.extra_env,
             **env,
         }
-        run = WorkerRun(full, self.workdir / f"worker-{label}.log")
+        run = WorkerRun(full, self.workdir / f"worker-{label}.log", root)
         self.workers.append(run)
         return run.start()
 

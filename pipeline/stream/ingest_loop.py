@@ -124,6 +124,7 @@ class IngestLoop:
         self.marks = InputMarks(
             idle_ms=settings.worker.input_idle_ms,
             live_slack_ms=settings.worker.input_live_slack_ms,
+            live_slack_max_ms=settings.worker.input_live_slack_max_ms,
         )
         self.sent_marks: list[list[int]] = []
         # Per input partition of the batch being gathered: (last offset, wall ms) of each

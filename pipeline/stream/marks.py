@@ -27,7 +27,13 @@ passes in; the wall clock only decides when a partition counts as idle.
   ``live_slack_ms`` after it occurred, instead of after ``idle_ms`` (issue 25). An event
   that breaks the assumption is late (applied at once, counted); as soon as one arrives
   later than ``live_slack_ms`` the rule is off until ``idle_ms`` passes without such an
-  arrival, so a slow producer or a lagging ingest falls back to the rules above.
+  arrival, so a slow producer or a lagging ingest falls back to the rules above;
+* with ``live_slack_max_ms`` above ``live_slack_ms`` (``worker.input_live_slack_max_ms``)
+  the slack instead grows to the largest hand-over delay of the last ``idle_ms`` while
+  that is at most ``live_slack_max_ms``: a worker waiting a moment for a CPU (the
+  consumer handed an event over 120 ms after it occurred) marks ``F - 120`` for
+  ``idle_ms`` rather than falling back to the idle rule; only a delay past
+  ``live_slack_max_ms`` turns the live marks off.
 
 The reordering therefore costs a live event at most the time until every input
 partition has delivered a later event; while the live marks hold, at most
@@ -56,11 +62,17 @@ class InputMarks:
         idle_ms: int = DEFAULT_IDLE_MS,
         slack_ms: int = DEFAULT_SLACK_MS,
         live_slack_ms: int = 0,
+        live_slack_max_ms: int = 0,
     ) -> None:
         self.idle_ms = idle_ms
         self.slack_ms = slack_ms
         # 0: no live marks (the rule in the module docstring is off).
         self.live_slack_ms = live_slack_ms
+        # The live slack may grow to this (at most: below live_slack_ms it is fixed).
+        self.live_slack_max_ms = max(live_slack_ms, live_slack_max_ms)
+        # (wall_ms, delay) of hand-overs slower than live_slack_ms but within the max,
+        # delays decreasing: the largest of the last idle_ms is first.
+        self.delays: deque[tuple[int, int]] = deque()
         self.latest: dict[int, int] = {}
         self.arrived_ms: dict[int, int] = {}
         self.caught_up_ms: dict[int, int] = {}
@@ -88,12 +100,15 @@ class InputMarks:
         self.arrived_ms[partition] = wall_ms
         if occurred_ms is None:
             return
-        if (
-            fetched_ms is not None
-            and self.live_slack_ms
-            and fetched_ms - occurred_ms > self.live_slack_ms
-        ):
-            self.slow_ms = wall_ms
+        if fetched_ms is not None and self.live_slack_ms:
+            delay = fetched_ms - occurred_ms
+            if delay > self.live_slack_max_ms:
+                self.slow_ms = wall_ms
+            elif delay > self.live_slack_ms:
+                delays = self.delays
+                while delays and delays[-1][1] <= delay:
+                    delays.pop()
+                delays.append((wall_ms, delay))
         if occurred_ms > self.latest.get(partition, NO_MARK):
             self.latest[partition] = occurred_ms
             if occurred_ms >= self.newest_ms:
@@ -181,6 +196,11 @@ class InputMarks:
             return {}
         if wall_ms - self.slow_ms < self.idle_ms:
             return {}
+        delays = self.delays
+        while delays and delays[0][0] < wall_ms - self.idle_ms:
+            delays.popleft()
+        if delays:
+            slack = delays[0][1]
         cap = self.newest_ms + 1
         given = self.live_given
         live = {}

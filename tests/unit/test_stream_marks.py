@@ -131,3 +131,28 @@ def test_without_fetch_times_or_with_live_slack_0_there_are_no_live_marks() -> N
     ):
         marks.observe(0, 10_000, 10_010, 10_005)
         assert marks.marks([0, 1], [0, 1], 10_100, fetched) == [[0, 10_000]]
+
+
+def test_the_live_slack_grows_to_the_slowest_hand_over_of_the_last_idle_ms() -> None:
+    """live_slack_max_ms 300: an event handed over 120 ms after it occurred makes the live
+    mark F - 120 for idle_ms (not off), then F - 50 again; one 301 ms late turns it off."""
+    marks = InputMarks(idle_ms=500, slack_ms=1000, live_slack_ms=50, live_slack_max_ms=300)
+    marks.observe(0, 10_000, 10_020, fetched_ms=10_020)
+    assert marks.marks([0, 1], [1], 10_030, {1: 10_030}) == [[0, 10_000], [1, 9_980]]
+    marks.observe(0, 10_100, 10_220, fetched_ms=10_220)
+    assert marks.marks([0, 1], [1], 10_230, {1: 10_230}) == [[0, 10_100], [1, 10_101]]
+    assert marks.marks([0, 1], [1], 10_240, {1: 10_200}) == [[0, 10_100], [1, 10_080]]
+    marks.observe(0, 10_700, 10_710, fetched_ms=10_710)  # the 120 ms left the last idle_ms
+    assert marks.marks([0, 1], [1], 10_721, {1: 10_721}) == [[0, 10_700], [1, 10_671]]
+    marks.observe(0, 10_800, 10_830, fetched_ms=10_830)
+    assert marks.marks([0, 1], [1], 10_840, {1: 10_840}) == [[0, 10_800], [1, 10_790]]
+    marks.observe(0, 10_900, 11_201, fetched_ms=11_201)
+    # off: partition 1 falls back to the idle rule (oldest recent event less slack_ms)
+    assert marks.marks([0, 1], [1], 11_210, {1: 11_210}) == [[0, 10_900], [1, 9_700]]
+
+
+def test_without_a_max_the_first_slow_hand_over_turns_the_live_marks_off() -> None:
+    """live_slack_max_ms 0 (a fixed slack): 51 ms late is enough to fall back."""
+    marks = InputMarks(idle_ms=500, slack_ms=1000, live_slack_ms=50)
+    marks.observe(0, 10_000, 10_051, fetched_ms=10_051)
+    assert marks.marks([0, 1], [1], 10_060, {1: 10_060}) == [[0, 10_000]]
