@@ -110,6 +110,9 @@ class AccountShard(Shard):
                 out.forwards.append(attempt._replace(failure_reason="familiar"))
             elif not trusted:
                 out.forwards.append(attempt)  # a redemption of the pair, if it failed there
+            if attempt.device is not None and not trusted:
+                # A cookie (or an app's install id) that signed in: its owner's own client.
+                self.familiar(attempt, rules, out, seq, attempt.account, attempt.device)
             key: Key = ("lock", tenant, account, None, None)
             streak = rules.streaks.mapping.get(key)
             if streak is not None and (
@@ -221,7 +224,7 @@ class AccountShard(Shard):
                 if fresh:
                     if self._count_entry(attempt, acct_rule, acct_key, acct, None, None, out):
                         self._under_attack(attempt, rules, acct, out)
-                    if acct.spray_window != attempt.occurred_ms // rules.tenant_window_ms:
+                    if rules.wave_counts_familiar or not self._familiar_here(attempt, rules):
                         self._tenant_share(attempt, rules, acct, out)
                     out.forwards.append(attempt)
         elif flow == "uia":
@@ -293,15 +296,39 @@ class AccountShard(Shard):
         )
         self.metrics.alerts += 1
 
+    @staticmethod
+    def _familiar_here(attempt: Attempt, rules: TenantRules) -> bool:
+        """The account succeeded from this source, or with this device cookie, within
+        ``familiar.memory_ms``: its failure here is the owner's typo or the owner's app,
+        not a wave's (rule 8 counts the others)."""
+        mapping, now = rules.familiar.mapping, attempt.occurred_ms
+        tenant, account = attempt.tenant, attempt.account
+        entry = mapping.get(("familiar", tenant, account, attempt.source, None))
+        if entry is not None and entry.blocked_until_ms > now:
+            return True
+        if attempt.device is None:
+            return False
+        entry = mapping.get(("familiar", tenant, account, None, attempt.device))
+        return entry is not None and entry.blocked_until_ms > now
+
     def _tenant_share(
         self, attempt: Attempt, rules: TenantRules, acct: KeyState, out: Outbox
     ) -> None:
-        """Count the account once per tumbling window in this shard's share of rule 8
-        (the caller checked it is not counted in this window yet)."""
-        window = self.add_tenant_share(attempt, rules, out)
+        """An unfamiliar failure of the account: count it in this shard's share of rule 8
+        when the account had none in the ``recount_ms`` before (a stale app retrying for
+        twenty minutes counts once, a spray's or a stuffing's account every time), at
+        most once per tumbling window. ``spray_window`` is the window of its latest one."""
+        window = attempt.occurred_ms // rules.tenant_window_ms
+        last = acct.spray_window
+        if window == last:
+            return
+        if last < 0 or window - last > rules.recount_windows:
+            self.add_tenant_share(attempt, rules, out)
         acct.spray_window = window
-        # Keep the entry to the window's end, or a re-created entry would count twice.
-        acct.keep_until_ms = max(acct.keep_until_ms, (window + 1) * rules.tenant_window_ms)
+        # Keep the entry while its latest failure still silences a recount, or a
+        # re-created entry would count again.
+        keep = (window + rules.recount_windows + 1) * rules.tenant_window_ms
+        acct.keep_until_ms = max(acct.keep_until_ms, keep)
 
     def _count(
         self,

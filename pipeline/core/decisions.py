@@ -13,7 +13,8 @@ dict lookups:
   account_source or account blocks: a stranger cannot lock the owner out of their device;
 * other password flows: ``familiar|t|a|s|-`` (the account succeeded from this source:
   an ``exempt`` that lifts the wave's challenge and rule-issued source decisions for the
-  pair), ``familiar|t|-|s|-`` (some account succeeded there: the wave asks a step-up,
+  pair) and ``familiar|t|a|-|d`` (the account succeeded with this untrusted device
+  cookie or app install id: the same exempt for that client), ``familiar|t|-|s|-`` (some account succeeded there: the wave asks a step-up,
   never a CAPTCHA), ``account_source|t|a|s|-``, ``account|t|a|-|-``, the consecutive-failure lock
   ``lock|t|a|-|-`` (seed 002, and the lifetime bound) and the tenant's wave challenge
   ``tenant|t|-|-|-``;
@@ -92,6 +93,10 @@ def mfa_key(tenant: str, account: str, source: str, device: str | None, session:
     return decision_key("mfa", tenant, account, source, None)
 
 
+_NO_KEY: Key = ("", "", None, None, None)
+"""A key no decision has: holds a slot of the check's fixed layout."""
+
+
 def applicable_keys(
     tenant: str,
     account: str,
@@ -116,6 +121,7 @@ def applicable_keys(
             )
         return (
             ("familiar", tenant, account, source, None),  # first: they qualify the ones after
+            ("familiar", tenant, account, None, device) if device else _NO_KEY,
             ("familiar", tenant, None, source, None),
             source_key,
             ("account_source", tenant, account, source, None),

@@ -213,7 +213,7 @@ class WaveConfig(_Frozen):
 
     enabled: bool = True
     challenge: ChallengeKind = "captcha"
-    hold_ms: int = Field(15 * MINUTE_MS, ge=1000, le=MAX_WINDOW_MS)
+    hold_ms: int = Field(5 * MINUTE_MS, ge=1000, le=MAX_WINDOW_MS)
     mode: Mode = "enforce"
 
 
@@ -274,22 +274,40 @@ class TenantSprayConfig(_Frozen):
     and a busy tenant's ordinary typos pass ``min_accounts``. Short windows (10 s) answer
     a wave within seconds. A paced wave (a spray from hundreds of addresses at a couple of
     attempts a second) fires on the sum of the last ``slow_windows`` windows when it
-    reaches ``max(min_accounts, slow_factor * slow_windows * baseline)`` from at least
+    reaches ``max(min_accounts, slow_min_accounts, slow_factor * slow_windows * baseline)``
+    from at least
     ``min_sources`` sources (``slow_windows = 1`` turns that off). ``spray_tenant`` is
     alerted when a wave starts (the window before did not fire), and every firing window
     extends the wave challenge.
-    Existence-blind: unknown and real accounts count alike.
+    Existence-blind: unknown and real accounts count alike. Only unfamiliar failures
+    count: an untrusted failure of an account at a source it succeeded from within
+    ``familiar.memory_ms`` is its owner's typo, not a wave's, unless ``count_familiar``
+    (an attacker cannot make its own address familiar for an account without that
+    account's password, so this does not depend on which accounts exist). An account
+    counts when it fails with no unfamiliar failure in the ``recount_ms`` before: an app
+    retrying a stale password every minute for twenty minutes counts once, where a spray or a
+    stuffing list touches each account once and counts every one (0 counts every window).
     """
 
     window_ms: int = Field(10_000, ge=1000, le=MAX_WINDOW_MS)
     baseline_windows: int = Field(360, ge=1, le=1440)
-    baseline_quantile: float = Field(0.25, ge=0.0, le=1.0)
+    baseline_quantile: float = Field(0.1, ge=0.0, le=1.0)
     factor: float = Field(3.0, ge=1.0)
     min_accounts: int = Field(20, ge=1)
     min_sources: int = Field(10, ge=1)
     min_history_windows: int = Field(6, ge=0, le=1440)
     slow_windows: int = Field(6, ge=1, le=1440)
     slow_factor: float = Field(2.0, ge=1.0)
+    slow_min_accounts: int = Field(40, ge=1)
+    recount_ms: int = Field(
+        5 * MINUTE_MS,
+        ge=0,
+        le=MAX_WINDOW_MS,
+        description="an account failing again sooner than this after its last failure counts once",
+    )
+    count_familiar: bool = Field(
+        False, description="count failures of an account at a source it succeeded from"
+    )
 
 
 class TenantPolicy(_Frozen):

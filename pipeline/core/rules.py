@@ -109,6 +109,8 @@ class TenantRules:
         )
         self.max_span_ms = max(spec.span_ms for spec in self.specs.values())
         self.tenant_window_ms = policy.tenant_spray.window_ms
+        self.wave_counts_familiar = policy.tenant_spray.count_familiar
+        self.recount_windows = -(-policy.tenant_spray.recount_ms // self.tenant_window_ms)
         self.shares_bound = 4 * policy.tenant_spray.baseline_windows + 64
         self._compile_streaks(policy)
         self._compile_sources(policy)

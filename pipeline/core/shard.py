@@ -109,15 +109,23 @@ class Shard:
         return decision_id
 
     def familiar(
-        self, attempt: Attempt, rules: TenantRules, out: Outbox, seq: int, account: str | None
+        self,
+        attempt: Attempt,
+        rules: TenantRules,
+        out: Outbox,
+        seq: int,
+        account: str | None,
+        device: str | None = None,
     ) -> bool:
         """A success made ``account`` familiar at the attempt's source (the account shard's
-        ``familiar|t|a|s|-``), or the source known for some account (the source shard's
+        ``familiar|t|a|s|-``) or with its device cookie (``familiar|t|a|-|d``, ``device``
+        given), or the source known for some account (the source shard's
         ``familiar|t|-|s|-``, ``account`` None): publish it, or renew it at most once per
         ``familiar.renew_ms``. True when published."""
         if not rules.familiar_on:
             return False
-        key: Key = ("familiar", attempt.tenant, account, attempt.source, None)
+        source = None if device else attempt.source
+        key: Key = ("familiar", attempt.tenant, account, source, device)
         table = rules.familiar
         entry = table.mapping.get(key)
         now = attempt.occurred_ms
@@ -138,8 +146,8 @@ class Shard:
             key,
             attempt.tenant,
             account,
-            attempt.source,
-            None,
+            source,
+            device,
             rules.familiar_cfg,
             0,
             now,

@@ -175,12 +175,12 @@ def test_a_paced_spray_fires_the_wave_on_a_minutes_sum() -> None:
     """A spray adding 16 accounts per 10 s to a norm of 15 (under 3 x 15 in any window)
     fires rule 8 on the last six windows' sum (2 x 6 x 15 = 180 <= 186)."""
     rollup = TenantRollup(DEFAULT_POLICY)
-    for window in range(20):
+    for window in range(40):  # past min_history_windows (30)
         rollup.update("t", window, "a", 0, 15)
         rollup.update("t", window, "s", 0, 12)
         assert rollup.advance((window + 1) * 10 * SEC) == []
     fired = []
-    for window in range(20, 26):
+    for window in range(40, 46):
         rollup.update("t", window, "a", 0, 31)
         rollup.update("t", window, "s", 0, 28)
         fired += rollup.advance((window + 1) * 10 * SEC)

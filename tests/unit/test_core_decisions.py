@@ -12,10 +12,12 @@ MANUAL_KEYS = (("source", "t", None, S, "manual"), ("account", "t", A, None, "ma
 
 
 def test_untrusted_password_flow_keys() -> None:
-    """An untrusted login is checked against familiar (first), source, account_source,
-    account, lock, the tenant's wave and the operator's source and account keys."""
+    """An untrusted login is checked against familiar (the pair, the cookie, the place:
+    first), source, account_source, account, lock, the tenant's wave and the operator's
+    source and account keys."""
     assert applicable_keys("t", A, S, D, None, False, "login") == (
         ("familiar", "t", A, S, None),
+        ("familiar", "t", A, None, D),
         ("familiar", "t", None, S, None),
         ("source", "t", None, S, None),
         ("account_source", "t", A, S, None),

@@ -13,6 +13,8 @@ import orjson
 
 from pipeline.core.account import AccountShard
 from pipeline.core.attempt import Attempt
+from pipeline.core.decisions import index_wave
+from pipeline.core.keys import format_key
 from pipeline.core.outbox import ACCOUNT_SHARE, SOURCE_SHARE, Outbox
 from pipeline.core.rollup import TenantRollup
 from pipeline.core.source import SourceShard
@@ -30,7 +32,7 @@ def test_two_engines_give_byte_identical_outputs() -> None:
     assert rows == serialised(second.out)
     # Tombstones are part of the replay (most lift seed 004's short mfa waits).
     assert sum(1 for _, v in rows if v is None) == 100
-    assert len(rows) == 212 + len(first.out.alerts)
+    assert len(rows) == 226 + len(first.out.alerts)  # 14 of them the sprayer's wave challenges
 
 
 _DIGEST_SCRIPT = """
@@ -77,6 +79,10 @@ class _Wired:
         out = self.out
         if now >= self.next_advance:
             out.alerts.extend(self.rollup.advance(now))
+            if self.rollup.decisions:  # wave challenges, published and indexed
+                index_wave(self.accounts.index, self.rollup.decisions)
+                out.decisions.extend(self.rollup.decisions)
+                self.rollup.decisions.clear()
             self.accounts.advance(now, out)
             self.sources.advance(now, out)
             self.next_advance = now - now % 1000 + 1000
@@ -151,7 +157,9 @@ def _state(shard: AccountShard | SourceShard) -> dict[str, Any]:
                 tables[f"{tenant}/{name}"] = live
     return {
         "tables": tables,
-        "index": sorted((k, a.decision_id, a.expires_ms) for k, a in shard.index.items()),
+        "index": sorted(
+            (format_key(k), a.decision_id, a.expires_ms) for k, a in shard.index.items()
+        ),
         "watermark": shard.watermark_ms,
     }
 

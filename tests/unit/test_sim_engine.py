@@ -43,7 +43,10 @@ def test_default_policy_catches_every_attack_and_refuses_nobody_legitimate(tmp_p
         # attempts meet a challenge (the rest were wrong passwords at known places, where
         # the challenge is a step-up after a correct password), no takeover.
         "spray": "stopped",
-        "low_and_slow_spray": "detected_only",  # paced under every threshold: alerted
+        # Paced under every per-window threshold, but rule 8 counts only unfamiliar
+        # failures and each account once per quiet spell: the paced-wave sum fires, and
+        # 939 of its 3,000 attempts meet the wave's challenge.
+        "low_and_slow_spray": "slowed",
         "credential_stuffing": "stopped",
     }
     by_name = {a.attack: a for a in card.attacks}
@@ -121,7 +124,7 @@ def test_stuffing_stopped_at_demo_pace_without_refusing_nat_typos_stale_app_or_i
     # Spray is never blocked by its own rule (seed 001): rule 8's wave challenges it
     # (issue 24); the seed 002 lock may refuse where spray and an owner's typos share an
     # account's consecutive run.
-    assert (spray.status, spray.challenged) == ("stopped", 5974)
+    assert (spray.status, spray.challenged) == ("stopped", 5945)
     assert set(spray.blocks) <= {"lockout"}
     assert "spray_source" in spray.alerts
     assert set(card.legit_attempts) >= {"nat_office", "ordinary", "ipv6_rotating", "stale_app"}
