@@ -256,6 +256,16 @@ class WorkerSettings(_Section):
             " input_idle_ms); an event appended later than this after occurring is late; 0: off"
         ),
     )
+    marks_interval_ms: int = Field(
+        100,
+        ge=0,
+        le=60_000,
+        description=(
+            "an account partition holding no rows gets ingest's new marks at most this often"
+            " (one with rows, or rows its marks do not release yet, gets every batch's);"
+            " 0: every partition every batch"
+        ),
+    )
     input_live_slack_max_ms: int = Field(
         300,
         ge=0,

@@ -32,14 +32,16 @@ def account_envelopes(
     marks: list[list[int]],
     partitions: int,
     size: int = MAX_ROWS_PER_MESSAGE,
+    targets: set[int] | None = None,
 ) -> list[tuple[int, list[list[Any]], list[list[int]]]]:
-    """``(account partition, rows, marks)`` of one ingest batch: every partition gets the
-    marks, rows or not (its watermark is the minimum over every input partition), in
-    messages of at most ``size`` rows. The marks ride on each partition's last message
-    only: they cover every row of the batch, so an earlier message carrying them would
-    make the rows of the later ones late."""
+    """``(account partition, rows, marks)`` of one ingest batch: every partition (or
+    every one of ``targets``, which holds those with rows) gets the marks, rows or not
+    (its watermark is the minimum over every input partition), in messages of at most
+    ``size`` rows. The marks ride on each partition's last message only: they cover
+    every row of the batch, so an earlier message carrying them would make the rows of
+    the later ones late."""
     out: list[tuple[int, list[list[Any]], list[list[int]]]] = []
-    for partition in range(partitions):
+    for partition in range(partitions) if targets is None else sorted(targets):
         parts = chunks(rows.get(partition, []), size)
         for i, part in enumerate(parts):
             out.append((partition, part, marks if i == len(parts) - 1 else []))

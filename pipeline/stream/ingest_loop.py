@@ -32,7 +32,7 @@ from pipeline.settings import Settings
 from pipeline.stream.envelopes import account_envelopes
 from pipeline.stream.inflation import bound_decompression
 from pipeline.stream.ingest import DeadLetter, Ingest
-from pipeline.stream.marks import InputMarks
+from pipeline.stream.marks import InputMarks, MarkRounds
 from pipeline.stream.metrics import WorkerMetrics
 from pipeline.stream.undecodable import DECODE_ERRORS, salvage
 from pipeline.topics import Topics
@@ -126,7 +126,8 @@ class IngestLoop:
             live_slack_ms=settings.worker.input_live_slack_ms,
             live_slack_max_ms=settings.worker.input_live_slack_max_ms,
         )
-        self.sent_marks: list[list[int]] = []
+        # Which account partitions each batch sends to (marks.py, MarkRounds).
+        self.rounds = MarkRounds(self.partitions, settings.worker.marks_interval_ms)
         # Per input partition of the batch being gathered: (last offset, wall ms) of each
         # getmany answer, so each event's delay is measured when the consumer handed it
         # over, not after the batch's linger (the live marks' guard, marks.py).
@@ -306,12 +307,12 @@ class IngestLoop:
             for row in rows:
                 observe(row[0], row[5], now_ms, handed_ms(handed, row[0], row[1]))  # type: ignore[arg-type]
         marks, inputs = await self._marks(consumer, now_ms, not records and not undecodable)
-        if not records and not undecodable and marks == self.sent_marks:
+        targets = self.rounds.targets(result.rows, marks, now_ms)
+        if not records and not undecodable and not targets:
             return
-        self.sent_marks = marks
         pending: list[Awaitable[Any]] = []
         for partition, rows, envelope_marks in account_envelopes(
-            result.rows, marks, self.partitions
+            result.rows, marks, self.partitions, targets=targets
         ):
             envelope = dumps({"v": 1, "rows": rows, "marks": envelope_marks, "inputs": inputs})
             pending.append(await self.send_envelope(partition, envelope))

@@ -211,3 +211,50 @@ class InputMarks:
                     mark = given.get(p, NO_MARK)
                 live[p] = given[p] = mark
         return live
+
+
+class MarkRounds:
+    """Which account partitions one ingest batch sends an envelope to (issue 25).
+
+    Every batch used to send the marks to every account partition, rows or not: at a
+    trickle that is a marks-only round of ``partitions`` envelopes per batch, each
+    costing the account stage (and, through its forwarded marks, the source stage and
+    the rollup) a fixed amount, which on a busy machine held ingest back for seconds.
+    A partition gets an envelope when the batch has rows for it, or its marks changed
+    and either it still holds rows the marks it was sent do not release (their event
+    time is at or past the lowest of them), or ``interval_ms`` passed since its last
+    envelope. So an account decision is never delayed by this; a partition with nothing
+    held gets new marks at most every ``interval_ms`` (its forwarded marks, and what the
+    source stage and rule 8 wait for, lag by that much at most: the feed's latency).
+    Marks only say when rows are released, never in which order, so replay = live is
+    untouched. ``interval_ms`` 0: every partition, every batch (the old rounds)."""
+
+    def __init__(self, partitions: int, interval_ms: int) -> None:
+        self.partitions = partitions
+        self.interval_ms = interval_ms
+        self.sent: dict[int, list[list[int]]] = {}
+        self.sent_ms: dict[int, int] = {}
+        # Per account partition: the newest event time of the rows sent to it.
+        self.newest_ms: dict[int, int] = {}
+
+    def targets(
+        self, rows: Mapping[int, list[list[object]]], marks: list[list[int]], wall_ms: int
+    ) -> set[int]:
+        """The partitions to send to now (``rows``: the batch's, by account partition;
+        a row's event time is its field 5), recorded as sent."""
+        out = set()
+        for p in range(self.partitions):
+            if p in rows:
+                newest = max(int(row[5]) for row in rows[p])  # type: ignore[call-overload]
+                if newest > self.newest_ms.get(p, NO_MARK):
+                    self.newest_ms[p] = newest
+            elif self.sent.get(p) == marks:
+                continue
+            elif self.interval_ms and wall_ms - self.sent_ms.get(p, NO_MARK) < self.interval_ms:
+                given = self.sent.get(p) or [[0, NO_MARK]]
+                if self.newest_ms.get(p, NO_MARK) < min(mark for _, mark in given):
+                    continue  # nothing held there: the next round takes these marks
+            out.add(p)
+            self.sent[p] = marks
+            self.sent_ms[p] = wall_ms
+        return out

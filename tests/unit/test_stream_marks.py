@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pipeline.stream.marks import InputMarks
+from pipeline.stream.marks import InputMarks, MarkRounds
 
 
 def test_a_partition_being_read_marks_its_newest_event_and_holds_the_others() -> None:
@@ -156,3 +156,33 @@ def test_without_a_max_the_first_slow_hand_over_turns_the_live_marks_off() -> No
     marks = InputMarks(idle_ms=500, slack_ms=1000, live_slack_ms=50)
     marks.observe(0, 10_000, 10_051, fetched_ms=10_051)
     assert marks.marks([0, 1], [1], 10_060, {1: 10_060}) == [[0, 10_000]]
+
+
+def row(input_partition: int, occurred_ms: int) -> list[object]:
+    """An ingest row: only its input partition (field 0) and event time (field 5) matter."""
+    return [input_partition, 0, "t", "a", "s", occurred_ms]
+
+
+def test_mark_rounds_send_to_partitions_with_rows_or_held_rows_and_the_rest_every_interval() -> (
+    None
+):
+    """4 account partitions, 100 ms: rows go to their partition with the marks; changed
+    marks go to a partition still holding rows at once, to the others once 100 ms passed."""
+    rounds = MarkRounds(4, 100)
+    assert rounds.targets({}, [[0, 1_000]], 0) == {0, 1, 2, 3}
+    assert rounds.targets({2: [row(0, 1_500)]}, [[0, 1_500]], 20) == {2}
+    assert rounds.targets({}, [[0, 1_500]], 30) == set()  # 2 has these; the rest wait
+    assert rounds.targets({}, [[0, 1_501]], 40) == {2}  # releases 2's row at 1,500
+    assert rounds.targets({}, [[0, 1_600]], 60) == set()  # nothing held anywhere
+    assert rounds.targets({}, [[0, 1_600]], 100) == {0, 1, 3}
+    assert rounds.targets({}, [[0, 1_700]], 145) == {2}
+    assert rounds.targets({}, [[0, 1_700]], 200) == {0, 1, 3}
+    assert rounds.targets({}, [[0, 1_700]], 400) == set()  # unchanged: never re-sent
+
+
+def test_mark_rounds_with_interval_0_send_every_changed_batch_everywhere() -> None:
+    """interval_ms 0: the old rounds (every partition whenever the marks change)."""
+    rounds = MarkRounds(2, 0)
+    assert rounds.targets({}, [[0, 1_000]], 0) == {0, 1}
+    assert rounds.targets({1: [row(0, 1_100)]}, [[0, 1_100]], 1) == {0, 1}
+    assert rounds.targets({}, [[0, 1_100]], 2) == set()
