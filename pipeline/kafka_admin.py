@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypeVar
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError, for_code
@@ -23,7 +23,7 @@ from pipeline.logs import get_logger
 log = get_logger("kafka_admin")
 
 _POLL_INTERVAL_S = 0.25
-_DESCRIBE_TRIES = 12
+_ADMIN_TRIES = 12
 _NO_ERROR = 0
 
 
@@ -55,6 +55,21 @@ class TopicSpec:
 
 
 _PLAIN: Mapping[str, Any] = MappingProxyType({})
+T = TypeVar("T")
+
+
+async def _retrying(call: Callable[[], Awaitable[T]], tries: int = _ADMIN_TRIES) -> T:
+    """``call()``, asked again after a retriable error (a broker of a cluster that just died
+    is still in the metadata until the cluster fences it, and the admin client picks a
+    random known broker), at most ``tries`` times."""
+    for attempt in range(tries):
+        try:
+            return await call()
+        except KafkaError as exc:
+            if not exc.retriable or attempt == tries - 1:
+                raise
+            await asyncio.sleep(_POLL_INTERVAL_S)
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def _admin(
@@ -156,7 +171,7 @@ async def _wait_for_leaders(
     deadline = time.monotonic() + timeout_ms / 1000
     waiting = list(names)
     while waiting and time.monotonic() < deadline:
-        waiting = _leaderless(waiting, await admin.describe_topics())
+        waiting = _leaderless(waiting, await _retrying(admin.describe_topics))
         if waiting:
             await asyncio.sleep(_POLL_INTERVAL_S)
     if waiting:
@@ -190,21 +205,23 @@ async def ensure_topics(
     try:
         await admin.start()
         # All topics, not by name: a by-name metadata request may auto-create topics.
-        existing = _topic_partitions(await admin.describe_topics())
+        existing = _topic_partitions(await _retrying(admin.describe_topics))
         _check_partitions(specs, existing)
         missing = [spec for spec in specs if spec.name not in existing]
         if missing:
-            response = await admin.create_topics(
-                [
-                    NewTopic(
-                        name=spec.name,
-                        num_partitions=spec.partitions,
-                        replication_factor=replication_factor,
-                        topic_configs=dict(spec.configs),
-                    )
-                    for spec in missing
-                ],
-                timeout_ms=request_timeout_ms,
+            new_topics = [
+                NewTopic(
+                    name=spec.name,
+                    num_partitions=spec.partitions,
+                    replication_factor=replication_factor,
+                    topic_configs=dict(spec.configs),
+                )
+                for spec in missing
+            ]
+            # A retry after a lost answer finds the topics created: TopicAlreadyExists,
+            # which _creation_failures ignores.
+            response = await _retrying(
+                lambda: admin.create_topics(new_topics, timeout_ms=request_timeout_ms)
             )
             problems = _creation_failures(response)
             if problems:
@@ -213,7 +230,7 @@ async def ensure_topics(
                     "fix the topic spec or the broker configuration"
                 )
             # A topic created concurrently by someone else may have other partitions.
-            _check_partitions(specs, _topic_partitions(await admin.describe_topics()))
+            _check_partitions(specs, _topic_partitions(await _retrying(admin.describe_topics)))
             await _wait_for_leaders(admin, [spec.name for spec in missing], request_timeout_ms)
         if missing:
             # One line for the lot (a worker creates about eleven at its first start).
@@ -253,19 +270,11 @@ async def describe_partitions(
 ) -> list[PartitionReplicas]:
     """Every partition of every topic the cluster at ``bootstrap`` has, from its metadata.
 
-    The admin client asks a random known broker; one that just died is still known until
-    the cluster fences it, so a failed request is asked again (``_DESCRIBE_TRIES`` times)."""
+    A request that fails on a broker that just died is asked again (``_retrying``)."""
     admin = _admin(bootstrap, request_timeout_ms, security)
     try:
         await admin.start()
-        for attempt in range(_DESCRIBE_TRIES):
-            try:
-                described = await admin.describe_topics()
-                break
-            except KafkaError:
-                if attempt == _DESCRIBE_TRIES - 1:
-                    raise
-                await asyncio.sleep(_POLL_INTERVAL_S)
+        described = await _retrying(admin.describe_topics)
     except KafkaError as exc:
         raise KafkaAdminError(
             f"could not describe the topics at {bootstrap} ({type(exc).__name__}: {exc}); "

@@ -50,6 +50,7 @@ class LocalCluster:
         libs_dir: Path,
         tls: TlsFiles | None = None,
         heap_mb: int = 384,
+        jvm_options: tuple[str, ...] = (),
     ) -> None:
         if not ports:
             raise StackError("a cluster needs at least one node; give one NodePorts per node")
@@ -68,6 +69,7 @@ class LocalCluster:
                 libs_dir=libs_dir,
                 heap_mb=heap_mb,
                 stop_timeout_s=15.0,
+                jvm_options=jvm_options,
                 node_id=i,
                 voters=voters,
                 replicas=len(ports),

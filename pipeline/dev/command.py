@@ -6,7 +6,8 @@ PLAINTEXT on ``P + 2i`` and CONTROLLER on ``P + 2i + 1``; with ``--tls``, server
 ``P + 2N + 2i`` and mutual TLS on ``P + 2N + 2i + 1``. One node keeps its state in
 ``<state_dir>/kafka`` (as before); a cluster in ``<state_dir>/kafka-cluster/node-<i>``;
 TLS material in ``<state_dir>/kafka-tls``. ``up`` records the layout in
-``<state_dir>/kafka-stack.json`` so ``down`` and ``status`` need no flags.
+``<state_dir>/kafka-stack.json`` so ``down`` and ``status`` need no flags (``up`` takes
+only its own: one plaintext node unless told otherwise).
 """
 
 from __future__ import annotations
@@ -33,13 +34,11 @@ def stack_tls_dir(settings: Settings) -> Path:
     return settings.state_dir / "kafka-tls"
 
 
-def _layout(settings: Settings, brokers: int | None, tls: bool | None) -> tuple[int, bool]:
+def _saved_layout(settings: Settings) -> tuple[int, bool]:
+    """(brokers, tls) of the last ``stack up`` in this state dir; (1, False) if none."""
     path = settings.state_dir / LAYOUT_FILE
     saved = json.loads(path.read_text()) if path.is_file() else {}
-    return (
-        brokers if brokers is not None else int(saved.get("brokers", 1)),
-        tls if tls is not None else bool(saved.get("tls", False)),
-    )
+    return int(saved.get("brokers", 1)), bool(saved.get("tls", False))
 
 
 def build_stack(settings: Settings, brokers: int, tls: bool) -> LocalCluster | LocalKafka:
@@ -119,9 +118,10 @@ def run_stack_command(
     """``authpipe stack up|down|status``; status exits 0 when every node runs, 3 otherwise."""
     if action not in ("up", "down", "status"):
         raise StackError(f"unknown stack action {action!r}; use up, down or status")
-    count, with_tls = _layout(
-        settings, brokers if action == "up" else None, tls if action == "up" else None
-    )
+    if action == "up":  # what the flags say (one plaintext node by default)
+        count, with_tls = brokers or 1, bool(tls)
+    else:  # the layout of the last `up`
+        count, with_tls = _saved_layout(settings)
     stack = build_stack(settings, count, with_tls)
     if action == "up":
         files = make_authority(stack_tls_dir(settings), (CLIENT_NAME,)) if with_tls else None

@@ -102,6 +102,16 @@ def port_free(port: int) -> bool:
     return True
 
 
+def wait_port_free(port: int, wait_s: float) -> bool:
+    """True once ``port`` is free on 127.0.0.1, polled for up to ``wait_s`` seconds."""
+    deadline = time.monotonic() + wait_s
+    while not port_free(port):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(POLL_INTERVAL_S)
+    return True
+
+
 def port_accepts(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=1.0):

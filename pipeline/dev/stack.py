@@ -44,11 +44,11 @@ from pipeline.dev.processes import (
     java_binary,
     pid_alive,
     port_accepts,
-    port_free,
     process_cmdline,
     run_sync,
     tail_lines,
     wait_gone,
+    wait_port_free,
 )
 from pipeline.dev.tls import TlsFiles
 from pipeline.logs import get_logger
@@ -57,6 +57,8 @@ from pipeline.settings import Settings
 log = get_logger("stack")
 
 _FORMAT_TIMEOUT_S = 120.0
+# A node restarted right after kill -9 may find a port still held for a moment.
+_PORT_FREE_WAIT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -114,6 +116,7 @@ class LocalKafka:
         replicas: int = 1,
         tls: TlsListeners | None = None,
         cluster_id: str | None = None,
+        jvm_options: tuple[str, ...] = (),
     ) -> None:
         ports = [p for p in (port, controller_port, sasl_port) if p is not None]
         ports += list(tls.ports if tls is not None else ())
@@ -131,6 +134,7 @@ class LocalKafka:
         self.replicas = replicas
         self.tls = tls
         self.cluster_id = cluster_id
+        self.jvm_options = jvm_options
         self.scram_users = dict(scram_users or {})
         self.state_dir = state_dir.resolve()
         self.port = port
@@ -218,7 +222,7 @@ class LocalKafka:
             self.pid_path.unlink(missing_ok=True)
         tls_ports = self.tls.ports if self.tls is not None else ()
         for port in (self.port, self.controller_port, self.sasl_port, *tls_ports):
-            if port is not None and not port_free(port):
+            if port is not None and not wait_port_free(port, _PORT_FREE_WAIT_S):
                 raise StackError(
                     f"port {port} on 127.0.0.1 is in use by another process; stop it, or pick "
                     "another port (AUTHPIPE_KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:<port>, "
@@ -290,6 +294,7 @@ class LocalKafka:
             java,
             f"-Xmx{self.heap_mb}m",
             "-XX:+ExitOnOutOfMemoryError",
+            *self.jvm_options,
             "-Djava.awt.headless=true",
             f"-Dlog4j2.configurationFile={self.state_dir / 'log4j2.properties'}",
             "-cp",
