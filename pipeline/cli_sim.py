@@ -28,6 +28,7 @@ def _simulate(args: argparse.Namespace, settings: Settings) -> int:
         start_ms=args.start,
         truth=args.truth,
         out=args.out,
+        history_s=args.history_s,
     )
 
 
@@ -133,6 +134,13 @@ def add_sim_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         type=args_type.positive,
         default=600.0,
         help="simulated seconds (default 600)",
+    )
+    simulate.add_argument(
+        "--history-s",
+        type=args_type.non_negative,
+        default=0.0,
+        help="simulated seconds of the deployment's past before the run (ordinary sign-ins, "
+        "apps' syncs, returning people: familiar places exist when a wave comes; default 0)",
     )
     simulate.add_argument("--seed", type=int, default=1, help="the same seed gives the same events")
     simulate.add_argument(

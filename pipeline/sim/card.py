@@ -145,6 +145,12 @@ class Scorecard:
     legit_untrusted_in_wave: int = 0
     """Legitimate untrusted password attempts while a wave challenge was in force."""
     legit_challenged_in_wave: int = 0
+    legit_challenged_outside_attacks: int = 0
+    """Legitimate attempts challenged while no attack's password attempts ran (the truth),
+    a wave's hold after an attack included."""
+    wave_answers: list[dict[str, Any]] = field(default_factory=list)
+    """Per attacker (scenario, cohort, tenant): seconds from its first attempt until a wave
+    challenge was in force (``pipeline.sim.waves.answers``)."""
 
     @property
     def all_caught(self) -> bool:
@@ -189,12 +195,14 @@ class Scorecard:
             "account_takeovers": self.takeovers,
             "summary": self.closing_line(),
             "attacks": [a.as_json() for a in self.attacks],
+            "wave_answers": self.wave_answers,
             "legitimate": {
                 "attempts": sum(self.legit_attempts.values()),
                 "refused": self.legit_refused_total,
                 "challenged": sum(self.legit_challenged.values()),
                 "untrusted_during_waves": self.legit_untrusted_in_wave,
                 "challenged_during_waves": self.legit_challenged_in_wave,
+                "challenged_outside_attacks": self.legit_challenged_outside_attacks,
                 "refused_by_design": {
                     cohort: {"refused": n, "why": self.legit_by_design_why.get(cohort, [])}
                     for cohort, n in sorted(self.legit_by_design.items())

@@ -46,7 +46,15 @@ def render(card: Scorecard) -> str:
         + (f" ({challenged})" if challenged else "")
         + f"; untrusted password attempts during waves: {card.legit_challenged_in_wave}"
         f" of {card.legit_untrusted_in_wave} challenged"
+        f"; challenged while no attack ran: {card.legit_challenged_outside_attacks}"
     )
+    answered = ", ".join(
+        f"{w['attack']}/{w['cohort']} "
+        + ("never" if w["challenged_after_s"] is None else f"{w['challenged_after_s']:.1f} s")
+        for w in card.wave_answers
+    )
+    if answered:
+        lines.append(f"waves challenged after (from each attacker's first attempt): {answered}")
     for cohort, n in sorted(card.legit_by_design.items()):
         lines.append(
             f"  refused by design: {cohort} {n}: {'; '.join(card.legit_by_design_why.get(cohort, []))}"

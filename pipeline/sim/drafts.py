@@ -58,6 +58,8 @@ class SimConfig:
     duration_ms: int
     seed: int
     start_ms: int
+    history_ms: int = 0
+    """Event time before ``start_ms`` with the deployment's past (``pipeline.sim.history``)."""
 
     @property
     def end_ms(self) -> int:

@@ -46,7 +46,7 @@ PER_HOUR = {
 }
 
 
-def _per_run(cfg: SimConfig, per_hour: float) -> int:
+def per_run(cfg: SimConfig, per_hour: float) -> int:
     return max(1, round(per_hour * cfg.duration_ms / HOUR_MS))
 
 
@@ -93,7 +93,7 @@ class _Visit:
         return t
 
 
-def _person(cfg: SimConfig, cohort: str, index: int) -> User:
+def person(cfg: SimConfig, cohort: str, index: int) -> User:
     user = make_user(cfg.seed, MAIN_TENANT, cohort, index)
     names = random.Random(f"{cfg.seed}/{cohort}/{index}")
     account = f"{word(names)}.{word(names)}{index:04d}@example.com"
@@ -111,7 +111,7 @@ def _wrong_identifiers(account: str) -> list[str]:
     ]
 
 
-def _home(user: User, rng: random.Random) -> str:
+def home_of(user: User, rng: random.Random) -> str:
     return v6_address(user.v6_prefix, rng) if user.v6_prefix else user.home_v4
 
 
@@ -133,10 +133,10 @@ def _at_home(
     trusted laptop (``trusted_share`` of them) or a new browser."""
     t0, t1 = window(cfg, 0.0, 0.9, cfg.duration_ms)
     out = []
-    for i, t in enumerate(paced(rng, t0, t1, _per_run(cfg, PER_HOUR[name]))):
-        user = _person(cfg, cohort, i)
+    for i, t in enumerate(paced(rng, t0, t1, per_run(cfg, PER_HOUR[name]))):
+        user = person(cfg, cohort, i)
         visit = _Visit(
-            name, user, _home(user, rng), _browser(user, rng, trusted_share), "web-login"
+            name, user, home_of(user, rng), _browser(user, rng, trusted_share), "web-login"
         )
         story(visit, t, rng)
         out.extend(visit.out)
@@ -181,7 +181,7 @@ def library(cfg: SimConfig, rng: random.Random) -> list[Draft]:
     out = []
     t0, t1 = window(cfg, 0.02, 0.95, cfg.duration_ms)
     for i, t in enumerate(paced(rng, t0, t1, LIBRARY_PATRONS)):
-        user = _person(cfg, "library_patron", i)
+        user = person(cfg, "library_patron", i)
         browser = (f"dev-lib-{rng.getrandbits(48):012x}", BROWSER_UAS[i % 3], False)
         visit = _Visit("library", user, LIBRARY_ADDRESS, browser, "web-login")
         if i == LIBRARY_PATRONS // 4:
@@ -211,9 +211,9 @@ def office_guest_wifi(cfg: SimConfig, rng: random.Random) -> list[Draft]:
     name = "office_guest_wifi"
     out = []
     for i in range(OFFICE_COLLEAGUES):
-        user = _person(cfg, "office_colleague", i)
+        user = person(cfg, "office_colleague", i)
         laptop = user.devices[0]
-        for t in paced(rng, cfg.start_ms, cfg.end_ms, _per_run(cfg, PER_HOUR[name])):
+        for t in paced(rng, cfg.start_ms, cfg.end_ms, per_run(cfg, PER_HOUR[name])):
             visit = _Visit(
                 name, user, OFFICE_ADDRESS, (laptop.device_id, laptop.user_agent, True), "web-login"
             )
@@ -222,7 +222,7 @@ def office_guest_wifi(cfg: SimConfig, rng: random.Random) -> list[Draft]:
                 t += rng.randrange(4_000, 12_000)
             visit.sign_in(t, rng)
             out.extend(visit.out)
-    guest = _person(cfg, "guest_visitor", 0)  # their identifiers are another service's
+    guest = person(cfg, "guest_visitor", 0)  # their identifiers are another service's
     browser = (f"dev-new-{rng.getrandbits(48):012x}", RESIDENTIAL_UAS[-5], False)
     visit = _Visit(name, guest, OFFICE_ADDRESS, browser, "web-login")
     visit.unknown(window(cfg, 0.2, 1.0, 0)[0], rng, _wrong_identifiers(guest.account)[:2])

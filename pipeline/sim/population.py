@@ -310,16 +310,19 @@ def _arrivals(rng: random.Random, start_ms: int, end_ms: int, per_s: float) -> I
 
 
 def _population_sessions(
-    cfg: SimConfig, name: str, tenant: str, users: int, sessions_per_s: float
+    cfg: SimConfig, stream: str, name: str, tenant: str, users: int, sessions_per_s: float
 ) -> Iterator[tuple[int, int, str, str]]:
     """(start_ms, user index, tenant, population) of one population's sessions."""
-    rng = random.Random(f"{cfg.seed}/baseline/{name}/arrivals")
+    rng = random.Random(f"{cfg.seed}/{stream}/{name}/arrivals")
     for t in _arrivals(rng, cfg.start_ms, cfg.end_ms, sessions_per_s):
         yield t, rng.randrange(users), tenant, name
 
 
-def baseline(cfg: SimConfig, shape: BaselineShape = SHAPE) -> Iterator[Draft]:
-    """Ordinary users of both tenants and the office NAT, in time order."""
+def baseline(
+    cfg: SimConfig, shape: BaselineShape = SHAPE, stream: str = "baseline"
+) -> Iterator[Draft]:
+    """Ordinary users of both tenants and the office NAT, in time order; ``stream`` names
+    the random streams (the same users, other days: ``pipeline.sim.history``)."""
     per_session = shape.events_per_session
     populations = [
         ("main", MAIN_TENANT, main_population(cfg.rate_per_s, shape), cfg.rate_per_s / per_session),
@@ -336,8 +339,8 @@ def baseline(cfg: SimConfig, shape: BaselineShape = SHAPE) -> Iterator[Draft]:
             shape.small_tenant_users * shape.logins_per_user_hour / 3600,
         ),
     ]
-    starts = heapq.merge(*(_population_sessions(cfg, *p) for p in populations))
-    writer = _SessionWriter(random.Random(f"{cfg.seed}/baseline/sessions"), shape, cfg.end_ms)
+    starts = heapq.merge(*(_population_sessions(cfg, stream, *p) for p in populations))
+    writer = _SessionWriter(random.Random(f"{cfg.seed}/{stream}/sessions"), shape, cfg.end_ms)
     users: dict[tuple[str, int], User] = {}
     pending: list[tuple[int, int, Draft]] = []
     counter = 0

@@ -70,6 +70,7 @@ from pipeline.contracts.models import format_utc_ms, ms_to_datetime
 from pipeline.errors import AuthpipeError
 from pipeline.sim.attacks import ATTACK_BUILDERS
 from pipeline.sim.drafts import BASELINE, SECOND_MS, Draft, Label, SimConfig
+from pipeline.sim.history import history
 from pipeline.sim.holdout import HOLDOUT_ATTACKS
 from pipeline.sim.holdout_people import HOLDOUT_PEOPLE
 from pipeline.sim.population import baseline
@@ -170,6 +171,8 @@ def _attack_stream(cfg: SimConfig, name: str) -> Iterator[Draft]:
 def check_config(cfg: SimConfig) -> None:
     if cfg.rate_per_s <= 0:
         raise ScenarioError(f"rate {cfg.rate_per_s} events/s must be above 0")
+    if cfg.history_ms < 0:
+        raise ScenarioError(f"history {cfg.history_ms} ms must be 0 or more")
     if cfg.duration_ms < SECOND_MS:
         raise ScenarioError(f"duration {cfg.duration_ms} ms is too short; simulate at least 1 s")
     for name in cfg.scenarios:
@@ -190,14 +193,14 @@ def stamp(epoch_ms: int) -> str:
 def generate(cfg: SimConfig) -> Iterator[SimEvent]:
     """Every event of the run in time order (ties in a fixed stream order), with ids."""
     check_config(cfg)
-    streams: list[Iterator[Draft]] = []
+    streams: list[Iterator[Draft]] = [history(cfg)]
     if BASELINE in cfg.scenarios:
         streams.append(baseline(cfg))
     streams.extend(_attack_stream(cfg, name) for name in SCENARIOS[1:] if name in cfg.scenarios)
     prefix = f"sim-{cfg.seed}-{cfg.start_ms:x}-"
     index = 0
     for draft in heapq.merge(*streams, key=lambda d: d.occurred_ms):
-        if not cfg.start_ms <= draft.occurred_ms < cfg.end_ms:
+        if not cfg.start_ms - cfg.history_ms <= draft.occurred_ms < cfg.end_ms:
             continue
         event_id = f"{prefix}{index:08d}"
         wire = {

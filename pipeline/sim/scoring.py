@@ -16,12 +16,10 @@ Legitimate attempts refused (roles ``legit`` and ``owner``) are counted per coho
 
 from __future__ import annotations
 
-from bisect import bisect_right
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from pipeline.contracts.models import datetime_to_ms
 from pipeline.core.decisions import Verdict
 from pipeline.sim.by_design import design_reasons
 from pipeline.sim.card import AttackScore, Scorecard
@@ -30,6 +28,7 @@ from pipeline.sim.matching import AttackIndex, new_score, score_alerts, score_de
 from pipeline.sim.outputs import Outputs
 from pipeline.sim.replay import replay
 from pipeline.sim.truth import ATTACKER, LEGIT_ROLES, TruthEvent
+from pipeline.sim.waves import answers, attack_spans, during, wave_spans
 
 NOT_TAKEOVERS = frozenset({"attacker_own_account", "attacker_first_factor"})
 """Attacker successes that are no takeover: its own account, and a right password whose
@@ -50,8 +49,10 @@ def score(events: Sequence[TruthEvent], outputs: Outputs) -> Scorecard:
     legit_attempts: Counter[str] = Counter()
     legit_refused: Counter[str] = Counter()
     legit_challenged: Counter[str] = Counter()
-    waves = _wave_spans(outputs)
+    waves = wave_spans(outputs)
+    running = attack_spans(events)
     in_wave = [0, 0]  # legitimate untrusted password attempts during a wave; challenged
+    outside = 0  # legitimate attempts challenged while no attack ran
     by_design: Counter[str] = Counter()
     why: dict[str, list[str]] = defaultdict(list)
     examples: list[dict[str, Any]] = []
@@ -77,9 +78,11 @@ def score(events: Sequence[TruthEvent], outputs: Outputs) -> Scorecard:
             if shown:
                 legit_challenged[event.cohort] += 1
             a = event.attempt
-            if a.password_flow and not a.trusted and _during(waves, a.tenant, a.occurred_ms):
+            if a.password_flow and not a.trusted and during(waves, a.tenant, a.occurred_ms):
                 in_wave[0] += 1
                 in_wave[1] += shown
+            if shown and not during(running, a.tenant, a.occurred_ms):
+                outside += 1
             if not verdict.allowed:
                 if reason is not None:
                     by_design[event.cohort] += 1
@@ -106,6 +109,8 @@ def score(events: Sequence[TruthEvent], outputs: Outputs) -> Scorecard:
         legit_challenged=legit_challenged,
         legit_untrusted_in_wave=in_wave[0],
         legit_challenged_in_wave=in_wave[1],
+        legit_challenged_outside_attacks=outside,
+        wave_answers=answers(events, waves),
         legit_examples=examples,
         legit_by_design=by_design,
         legit_by_design_why=dict(why),
@@ -122,33 +127,6 @@ def _shown(verdict: Verdict, event: TruthEvent) -> bool:
     if not verdict.allowed or verdict.challenge is None:
         return False
     return verdict.challenge != "step_up" or event.attempt.success
-
-
-def _wave_spans(outputs: Outputs) -> dict[str, list[tuple[int, int]]]:
-    """Per tenant, the [issued, expires) spans of its wave challenges, merged, in order."""
-    spans: dict[str, list[tuple[int, int]]] = defaultdict(list)
-    for rec in outputs.decisions:
-        d = rec.decision
-        if d is not None and d.scope == "tenant":
-            spans[d.tenant].append((datetime_to_ms(d.issued_at), datetime_to_ms(d.expires_at)))
-    merged: dict[str, list[tuple[int, int]]] = {}
-    for tenant, items in spans.items():
-        out: list[tuple[int, int]] = []
-        for start, end in sorted(items):
-            if out and start <= out[-1][1]:
-                out[-1] = (out[-1][0], max(out[-1][1], end))
-            else:
-                out.append((start, end))
-        merged[tenant] = out
-    return merged
-
-
-def _during(waves: dict[str, list[tuple[int, int]]], tenant: str, t_ms: int) -> bool:
-    spans = waves.get(tenant)
-    if not spans:
-        return False
-    i = bisect_right(spans, (t_ms, 1 << 62)) - 1
-    return i >= 0 and spans[i][0] <= t_ms < spans[i][1]
 
 
 def most_in_a_day(times: Sequence[int]) -> int:

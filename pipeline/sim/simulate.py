@@ -94,15 +94,17 @@ def default_start_ms(now_ms: int, duration_ms: int, speedup: float) -> int:
 
 def check_start(config: SimConfig, speedup: float, now_ms: int) -> None:
     """Refuse starts the worker would dead-letter (future) or the broker would delete (old)."""
-    produce_s = 0.0 if speedup <= 0 else config.duration_ms / speedup / 1000
+    first_ms = config.start_ms - config.history_ms
+    span_ms = config.end_ms - first_ms
+    produce_s = 0.0 if speedup <= 0 else span_ms / speedup / 1000
     latest_allowed = now_ms + int(produce_s * 1000) + FUTURE_SKEW_MS
-    if config.start_ms > now_ms + FUTURE_SKEW_MS or config.end_ms > latest_allowed:
+    if first_ms > now_ms + FUTURE_SKEW_MS or config.end_ms > latest_allowed:
         raise ScenarioError(
             "the run's events would be in the future when produced (the worker dead-letters "
             "events more than 5 minutes ahead); use an earlier --start, a lower --speedup, "
             "or omit --start"
         )
-    if config.start_ms < now_ms - RETENTION_MARGIN_MS:
+    if first_ms < now_ms - RETENTION_MARGIN_MS:
         raise ScenarioError(
             "--start is more than 6 days ago: record timestamps are event times and the input "
             "topic keeps 7 days, so the broker would delete the run; use --dry-run for old dates"
@@ -265,18 +267,20 @@ def run_simulate_command(
     start_ms: int | None,
     truth: Path | None,
     out: Path | None,
+    history_s: float = 0.0,
 ) -> int:
     """``authpipe simulate``: resolve defaults, run, print the summary."""
     duration_ms = round(duration_s * 1000)
-    if start_ms is None:
-        start_ms = default_start_ms(wall_ms(), duration_ms, speedup)
     if truth is None:
         truth = (
             out.with_suffix(".truth.jsonl") if out else settings.state_dir / "sim" / "truth.jsonl"
         )
     if out is not None and truth.resolve() == out.resolve():
         raise ScenarioError(f"--truth and --out are both {out}; give them different paths")
-    config = SimConfig(scenarios, rate_per_s, duration_ms, seed, start_ms)
+    history_ms = round(history_s * 1000)
+    if start_ms is None:
+        start_ms = default_start_ms(wall_ms(), duration_ms + history_ms, speedup) + history_ms
+    config = SimConfig(scenarios, rate_per_s, duration_ms, seed, start_ms, history_ms)
     summary = run_simulate(SimulateOptions(config, speedup, truth, out), settings)
     print(summary.render())
     where = (

@@ -218,6 +218,7 @@ def check_hand_card(card: dict[str, Any]) -> None:
         "challenged": 0,
         "untrusted_during_waves": 0,
         "challenged_during_waves": 0,
+        "challenged_outside_attacks": 0,
         "refused_by_design": {},
         "by_cohort": {
             "ordinary": {"attempts": 2, "refused": 0, "challenged": 0},

@@ -1,0 +1,97 @@
+"""When the tenant's wave challenge was in force, against when attacks ran (the truth).
+
+``wave_spans`` are the [issued, expires) spans of the rollup's tenant decisions, merged per
+tenant. ``answers`` gives, per attacker (scenario, cohort, tenant), the seconds from its
+first attempt until a wave challenge was in force (0 when one already was, None when none
+came while it ran). ``attack_spans`` are the [first, last] password-attempt spans of
+every attacker scenario per tenant, merged: a legitimate attempt challenged outside them was
+challenged while no attack ran (a wave's hold after an attack counts as outside).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from pipeline.contracts.models import datetime_to_ms
+from pipeline.sim.outputs import Outputs
+from pipeline.sim.truth import ATTACKER, TruthEvent
+
+Spans = dict[str, list[tuple[int, int]]]
+"""Per tenant, merged [start, end) spans in order."""
+
+
+def merge(spans: dict[str, list[tuple[int, int]]]) -> Spans:
+    merged: Spans = {}
+    for tenant, items in spans.items():
+        out: list[tuple[int, int]] = []
+        for start, end in sorted(items):
+            if out and start <= out[-1][1]:
+                out[-1] = (out[-1][0], max(out[-1][1], end))
+            else:
+                out.append((start, end))
+        merged[tenant] = out
+    return merged
+
+
+def wave_spans(outputs: Outputs) -> Spans:
+    """Per tenant, the [issued, expires) spans of its wave challenges, merged, in order."""
+    spans: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    for rec in outputs.decisions:
+        d = rec.decision
+        if d is not None and d.scope == "tenant":
+            spans[d.tenant].append((datetime_to_ms(d.issued_at), datetime_to_ms(d.expires_at)))
+    return merge(spans)
+
+
+def attack_spans(events: Iterable[TruthEvent]) -> Spans:
+    """Per tenant, the merged [first, last] attempt spans of its attacker scenarios."""
+    first: dict[tuple[str, str], int] = {}
+    last: dict[tuple[str, str], int] = {}
+    for e in events:
+        if e.role == ATTACKER and e.attempt.password_flow:
+            key = (e.attempt.tenant, e.scenario)
+            first.setdefault(key, e.occurred_ms)
+            last[key] = e.occurred_ms
+    spans: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    for key, start in first.items():
+        spans[key[0]].append((start, last[key] + 1))
+    return merge(spans)
+
+
+def during(spans: Spans, tenant: str, t_ms: int) -> bool:
+    items = spans.get(tenant)
+    if not items:
+        return False
+    i = bisect_right(items, (t_ms, 1 << 62)) - 1
+    return i >= 0 and items[i][0] <= t_ms < items[i][1]
+
+
+def answers(events: Sequence[TruthEvent], waves: Spans) -> list[dict[str, Any]]:
+    """Per attacker (scenario, cohort, tenant): its first attempt, and the seconds until a
+    wave challenge was in force (None: none while it ran)."""
+    runs: dict[tuple[str, str, str], list[int]] = {}
+    for e in events:
+        if e.role == ATTACKER and e.attempt.password_flow:
+            key = (e.scenario, e.cohort, e.attempt.tenant)
+            span = runs.setdefault(key, [e.occurred_ms, e.occurred_ms])
+            span[1] = e.occurred_ms
+    out = []
+    for (scenario, cohort, tenant), (start, end) in sorted(runs.items()):
+        after = None
+        for w_start, w_end in waves.get(tenant, []):
+            if w_end > start and w_start <= end:
+                after = max(0, w_start - start) / 1000
+                break
+        out.append(
+            {
+                "attack": scenario,
+                "cohort": cohort,
+                "tenant": tenant,
+                "first_attempt_ms": start,
+                "challenged_after_s": after,
+            }
+        )
+    return out

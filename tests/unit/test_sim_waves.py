@@ -1,0 +1,56 @@
+"""``pipeline.sim.waves``: wave spans against attack spans, and how soon each wave was met."""
+
+from __future__ import annotations
+
+from pipeline.core.attempt import Attempt
+from pipeline.sim.truth import TruthEvent
+from pipeline.sim.waves import answers, attack_spans, during, merge
+from tests.unit.test_core_support import att
+
+SEC = 1000
+T0 = att(0).occurred_ms  # the support module's epoch
+
+
+def event(
+    i: int, t_ms: int, role: str, scenario: str, cohort: str, flow: str = "login"
+) -> TruthEvent:
+    attempt: Attempt = att(t_ms, flow=flow)
+    return TruthEvent(i, f"e{i}", scenario, role, "actor", cohort, "plain", attempt)
+
+
+def test_merge_joins_overlapping_and_touching_spans_per_tenant() -> None:
+    """[0,10) and [10,20) touch and merge; [30,40) stays apart."""
+    assert merge({"t": [(30, 40), (10, 20), (0, 10)]}) == {"t": [(0, 20), (30, 40)]}
+
+
+def test_attack_spans_cover_each_attackers_password_attempts_only() -> None:
+    """An attack runs from its first to its last password attempt; a code guesser's mfa
+    attempts and legitimate traffic start no span."""
+    events = [
+        event(0, 0, "legit", "baseline", "ordinary"),
+        event(1, 5 * SEC, "attacker", "stuffing", "attacker"),
+        event(2, 9 * SEC, "attacker", "stuffing", "attacker"),
+        event(3, 50 * SEC, "attacker", "codes", "attacker_first_factor", flow="mfa"),
+    ]
+    spans = attack_spans(events)
+    tenant = events[1].attempt.tenant
+    assert spans == {tenant: [(T0 + 5 * SEC, T0 + 9 * SEC + 1)]}
+    assert (during(spans, tenant, T0 + 9 * SEC), during(spans, tenant, T0 + 50 * SEC)) == (
+        True,
+        False,
+    )
+
+
+def test_answers_give_seconds_to_the_first_wave_in_force_or_none() -> None:
+    """A wave issued 4 s after the attack's first attempt answers it in 4.0 s; an attack
+    already under a wave is answered in 0; one no wave met is None."""
+    events = [
+        event(0, 10 * SEC, "attacker", "a", "attacker"),
+        event(1, 30 * SEC, "attacker", "a", "attacker"),
+        event(2, 20 * SEC, "attacker", "b", "attacker"),
+        event(3, 100 * SEC, "attacker", "c", "attacker"),
+    ]
+    tenant = events[0].attempt.tenant
+    waves = {tenant: [(T0 + 14 * SEC, T0 + 60 * SEC)]}
+    got = {w["attack"]: w["challenged_after_s"] for w in answers(events, waves)}
+    assert got == {"a": 4.0, "b": 0.0, "c": None}
