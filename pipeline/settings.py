@@ -267,13 +267,14 @@ class WorkerSettings(_Section):
         ),
     )
     input_live_slack_max_ms: int = Field(
-        300,
+        0,
         ge=0,
         le=60_000,
         description=(
             "the live slack grows to the largest hand-over delay of the last input_idle_ms"
             " while that is at most this (a worker waiting for a CPU keeps its live marks);"
             " only a later hand-over turns them off; at or below input_live_slack_ms: fixed"
+            " (the default: a saturated worker's growing delays made rows late, bench B7)"
         ),
     )
     web_port: int = Field(6066, ge=0, le=65535, description="metrics and readiness port (0=any)")
