@@ -213,7 +213,7 @@ class WaveConfig(_Frozen):
 
     enabled: bool = True
     challenge: ChallengeKind = "captcha"
-    hold_ms: int = Field(5 * MINUTE_MS, ge=1000, le=MAX_WINDOW_MS)
+    hold_ms: int = Field(2 * MINUTE_MS, ge=1000, le=MAX_WINDOW_MS)
     mode: Mode = "enforce"
 
 
@@ -267,16 +267,17 @@ class TenantSprayConfig(_Frozen):
 
     Fires when ``distinct >= max(min_accounts, factor * baseline)`` and at least
     ``min_sources`` sources failed, where ``baseline`` is the ``baseline_quantile`` of the
-    previous ``baseline_windows`` windows seen (a low quantile, not the mean: a wave, or a
-    spray from too few sources to fire, does not raise it while it lasts, so one wave does
-    not mask the next). ``min_history_windows`` keeps it quiet until the rollup
+    previous ``baseline_windows`` windows seen that did not fire (a low quantile, not the
+    mean: a wave, or a spray from too few sources to fire, does not raise it while it
+    lasts, so one wave does not mask the next; when every window of the last hour fired,
+    all of them are the sample, so a lasting change of the norm is a wave for an hour at
+    most). ``min_history_windows`` keeps it quiet until the rollup
     has seen that many earlier windows of the tenant: with no history the baseline is 0
     and a busy tenant's ordinary typos pass ``min_accounts``. Short windows (10 s) answer
     a wave within seconds. A paced wave (a spray from hundreds of addresses at a couple of
     attempts a second) fires on the sum of the last ``slow_windows`` windows when it
     reaches ``max(min_accounts, slow_min_accounts, slow_factor * slow_windows * baseline)``
-    from at least
-    ``min_sources`` sources (``slow_windows = 1`` turns that off). ``spray_tenant`` is
+    from at least ``min_sources`` sources (``slow_windows = 1`` turns that off). ``spray_tenant`` is
     alerted when a wave starts (the window before did not fire), and every firing window
     extends the wave challenge.
     Existence-blind: unknown and real accounts count alike. Only unfamiliar failures

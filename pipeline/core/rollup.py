@@ -212,17 +212,20 @@ class TenantRollup:
 
     def _new_window(self, tenant: str, window: int, cfg: TenantSprayConfig) -> float:
         # The baseline is a low quantile of the windows seen (at most ``baseline_windows``
-        # since the tenant's first), not their mean: a wave, or a spray from too few
-        # sources to fire, raises the mean while it lasts, and the next wave (or the same
-        # one's later windows) would hide under it; a wave must fill nine tenths of the
-        # last hour to move the 0.1 quantile. Windows that fired stay in the sample:
-        # leaving them out let a tenant whose ordinary traffic grew past a quiet start (a
-        # morning, or a fresh deployment) keep firing on its own windows for the whole
-        # hour, since no unfired window ever came to raise the baseline. A quantile of raw
-        # counts is a function of the counts alone, so a restored rollup computes the same.
+        # since the tenant's first), those that fired left out, not their mean: a wave, or
+        # a spray from too few sources to fire, raises the mean while it lasts, and the
+        # next wave (or the same one's later windows) would hide under it. Leaving the
+        # fired windows out keeps a paced spray of an hour firing in a tenant whose norm
+        # is a few failures; a lasting change of the norm is a wave for at most
+        # ``baseline_windows``: once only fired windows are left, they are the sample. A
+        # quantile of raw counts is a function of the counts alone, and ``fired`` is in
+        # the changelog, so a restored rollup computes the same.
         seen = min(cfg.baseline_windows, window - self.first_window.get(tenant, window))
-        accounts = self.accounts
-        sample = sorted(accounts.get((tenant, w), 0) for w in range(window - seen, window))
+        accounts, fired = self.accounts, self.fired
+        slots = [(tenant, w) for w in range(window - seen, window)]
+        sample = sorted(accounts.get(slot, 0) for slot in slots if slot not in fired)
+        if not sample:  # nothing but waves: the waves are all there is to go on
+            sample = sorted(accounts.get(slot, 0) for slot in slots)
         baseline = float(sample[int(cfg.baseline_quantile * (len(sample) - 1))]) if sample else 0.0
         self.baselines[(tenant, window)] = baseline
         # Forget windows older than the baseline needs (bounded memory).

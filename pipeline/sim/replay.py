@@ -24,7 +24,14 @@ from dataclasses import dataclass
 
 from pipeline.contracts.models import datetime_to_ms
 from pipeline.core.attempt import Attempt
-from pipeline.core.decisions import Active, DecisionIndex, Verdict, keys_for, lock_key
+from pipeline.core.decisions import (
+    Active,
+    DecisionIndex,
+    Verdict,
+    keys_for,
+    lock_key,
+    mfa_account_key,
+)
 from pipeline.core.keys import Key, decision_key, parse_key
 from pipeline.sim.outputs import DecisionRecord
 from pipeline.sim.truth import TruthEvent
@@ -42,6 +49,16 @@ def lifted_keys(a: Attempt) -> tuple[Key, ...]:
             # (``replay`` checks the rule of the decision in force).
             return (pair, decision_key("device", a.tenant, a.account, None, a.device), lock)
         return (pair, lock)
+    if a.flow == "reset":
+        # A reset proven through the mailbox ends the run (``AccountShard._reset``).
+        return (
+            decision_key("account_source", a.tenant, a.account, a.source, None),
+            lock_key(a.tenant, a.account),
+            decision_key("account", a.tenant, a.account, None, None),
+            mfa_account_key(a.tenant, a.account),
+        )
+    if a.flow == "challenge":
+        return ()  # a passed challenge is the source stage's evidence; it lifts nothing
     return keys_for(a)[1:]
 
 
@@ -114,6 +131,7 @@ def replay(events: Sequence[TruthEvent], records: Sequence[DecisionRecord]) -> l
                 if (
                     key[0] == "lock"
                     and a.trusted
+                    and a.flow != "reset"
                     and current is not None
                     and current.rule != "lifetime_bound"
                 ):

@@ -32,7 +32,7 @@ def test_two_engines_give_byte_identical_outputs() -> None:
     assert rows == serialised(second.out)
     # Tombstones are part of the replay (most lift seed 004's short mfa waits).
     assert sum(1 for _, v in rows if v is None) == 100
-    assert len(rows) == 226 + len(first.out.alerts)  # 14 of them the sprayer's wave challenges
+    assert len(rows) == 228 + len(first.out.alerts)  # 16 of them the sprayer's wave challenges
 
 
 _DIGEST_SCRIPT = """
