@@ -28,9 +28,9 @@ class TenantRollup:
     recorded (and at the end of a replay, ``advance`` past everything). The totals seen
     by an evaluation are therefore exactly those of the events before that boundary,
     whatever order the shares of one second arrived in and however the shards were cut:
-    the alert and its ``count`` are a function of the events alone. The baseline (mean of
-    the previous windows' account totals) is taken at a window's first evaluation, when
-    those windows are complete; an update is O(1).
+    the alert and its ``count`` are a function of the events alone. The baseline (a low
+    quantile of the previous windows' account totals, ``TenantSprayConfig``) is taken at
+    a window's first evaluation, when those windows are complete; an update is O(1).
     """
 
     def __init__(self, policy: Policy = DEFAULT_POLICY) -> None:
