@@ -152,3 +152,28 @@ def test_prune_lift_and_replace() -> None:
     assert index.prune(2500) == []  # the old AS entry was replaced; AC was lifted
     assert index.prune(3000) == [AS]
     assert len(index) == 0 and index.items() == []
+
+
+def test_the_edges_index_keeps_nothing_of_decisions_that_expired() -> None:
+    """200,000 source blocks applied and expired at an edge (``announce=False``, issue 26
+    item 1): afterwards the index holds none of them, no wall heap, and under 1 MB of what
+    the churn allocated stays held (about 65 MB stayed with the wall heap)."""
+    import tracemalloc
+
+    index = DecisionIndex(announce=False)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(200_000):
+            source = f"10.{i >> 16 & 255}.{i >> 8 & 255}.{i & 255}"
+            index.put(
+                ("source", "t", None, source, None), Active(f"d{i}", "block", 1000 + i, "source")
+            )
+            if i % 1000 == 999:
+                index.prune(1000 + i)
+        index.prune(1 << 40)
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert (len(index), len(index._heap), len(index._wall_heap), index.subjects) == (0, 0, 0, {})
+    assert held < 1_000_000
