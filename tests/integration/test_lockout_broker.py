@@ -93,7 +93,9 @@ def test_lock_run_and_notice_window_survive_sigkill(
 
     start_worker(workers, worker_env, tmp_path).wait_ready()
     second = [
-        event(100, at(1001), "victim", "192.0.2.77", run="b"),  # inside the lock: refused
+        # Inside the lock and past lockout.in_flight_ms (2 s) after it came into force: a
+        # gateway refused it (a guess 1 s in would be in flight, and counted).
+        event(100, at(1005), "victim", "192.0.2.77", run="b"),
         event(101, at(2000), "victim", "192.0.2.78", run="b"),  # after it: the 7th
         event(102, at(2000), "counted", "198.51.100.9", run="b"),  # counted's 5th
     ]
