@@ -32,7 +32,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import orjson
 import pytest
 
 from pipeline.dev.cluster import LocalCluster
@@ -40,7 +39,7 @@ from pipeline.settings import ClickHouseSettings
 from pipeline.sinks.connect import open_clickhouse
 from pipeline.sinks.migrate import apply_migrations
 from tests.integration.test_audit_sink import SinkProcess
-from tests.integration.test_sim_pipeline import REPO, cli
+from tests.integration.test_sim_pipeline import REPO, cli, live_vs_replay
 from tests.plugins.clickhouse import ChHttpEndpoint
 from tests.plugins.kafka import free_ports
 from tests.plugins.settling import settled, wait_for_outputs
@@ -380,25 +379,8 @@ def test_broker_kill_and_worker_kill_in_an_election_lose_and_double_nothing(
         str(live),
     )
     assert done.returncode == 0, done.stderr
-    policy = tmp_path / "same.toml"
-    policy.write_text('policy_version = "default-1"\n')
-    diff_path = tmp_path / "diff.json"
-    done = cli(
-        env,
-        "backtest",
-        "--policy",
-        str(policy),
-        "--events",
-        str(truth),
-        "--truth",
-        str(truth),
-        "--live",
-        str(live),
-        "--out",
-        str(diff_path),
-    )
-    assert done.returncode == 0, done.stderr
-    parity = orjson.loads(diff_path.read_bytes())["live_vs_replay"]
+    diff, _ = live_vs_replay(env, tmp_path, truth, live)
+    parity = diff["live_vs_replay"]
     print("parity", {k: parity[k]["live"] for k in ("decisions", "alerts")}, "produced", produced)
     assert (parity["decisions"]["only_live"], parity["decisions"]["only_replay"]) == ([], [])
     assert (parity["alerts"]["only_live"], parity["alerts"]["only_replay"]) == ([], [])

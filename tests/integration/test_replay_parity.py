@@ -7,10 +7,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from tests.integration.test_sim_pipeline import (
-    INGEST_TIMEOUT_S,
-    cli,
-)
+from tests.integration.test_sim_pipeline import INGEST_TIMEOUT_S, cli, live_vs_replay
 from tests.plugins.settling import wait_for_outputs
 from tests.plugins.waiting import wait_until
 from tests.plugins.worker import StreamNames, WorkerProcess, start_worker
@@ -100,37 +97,19 @@ def test_the_demo_scenario_live_equals_its_replay(
     engine = tmp_path / "engine"
     done = cli(env, "scorecard", "--truth", str(truth), "--engine", "--save-outputs", str(engine))
     assert done.returncode == 0, done.stderr
-    policy = tmp_path / "same.toml"
-    policy.write_text('policy_version = "default-1"\n')
-    diff_path = tmp_path / "diff.json"
-    done = cli(
-        env,
-        "backtest",
-        "--policy",
-        str(policy),
-        "--events",
-        str(truth),
-        "--truth",
-        str(truth),
-        "--live",
-        str(live),
-        "--out",
-        str(diff_path),
-    )
-    assert done.returncode == 0, done.stderr
-    print(done.stdout)
+    diff, report = live_vs_replay(env, tmp_path, truth, live)
+    parity = diff["live_vs_replay"]
+    print(report)
     reorder = {
         (name, stage): worker.metric(f'authpipe_reorder_{name}_rows{{stage="{stage}"}}')
         for name in ("late", "forced", "held")
         for stage in ("account", "source", "rollup")
     }
     print("reorder", reorder)
-    diff = orjson.loads(diff_path.read_bytes())
-    parity = diff["live_vs_replay"]
     assert (parity["decisions"]["only_live"], parity["decisions"]["only_replay"]) == ([], [])
     assert (parity["alerts"]["only_live"], parity["alerts"]["only_replay"]) == ([], [])
     assert parity["decisions"]["live"] >= 5 and parity["alerts"]["live"] >= 50
-    assert "live vs replay: 0 decisions differ" in done.stdout
+    assert "live vs replay: 0 decisions differ" in report
     # Nothing held or forced. Late rows: a producer stall longer than the quiet window can
     # still make a row of one millisecond late (logged as stream_rows_late); the outputs
     # above must stay equal whatever happens, and such rows stay this rare.

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -32,6 +33,33 @@ def cli(env: dict[str, str], *argv: str) -> subprocess.CompletedProcess[str]:
         timeout=600,
         check=False,
     )
+
+
+def live_vs_replay(
+    env: dict[str, str], tmp_path: Path, truth: Path, live: Path
+) -> tuple[dict[str, Any], str]:
+    """``backtest`` of the run's events under the default policy against the live outputs
+    saved in ``live``: its diff (``live_vs_replay`` among it) and its printed report."""
+    policy = tmp_path / "same.toml"
+    policy.write_text('policy_version = "default-1"\n')
+    diff_path = tmp_path / "diff.json"
+    done = cli(
+        env,
+        "backtest",
+        "--policy",
+        str(policy),
+        "--events",
+        str(truth),
+        "--truth",
+        str(truth),
+        "--live",
+        str(live),
+        "--out",
+        str(diff_path),
+    )
+    assert done.returncode == 0, done.stderr
+    diff: dict[str, Any] = orjson.loads(diff_path.read_bytes())
+    return diff, done.stdout
 
 
 def consumer_groups(bootstrap: str) -> set[str]:
