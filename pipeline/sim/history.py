@@ -29,6 +29,7 @@ from dataclasses import replace
 from typing import Any
 
 from pipeline.sim.drafts import BASELINE, MAIN_TENANT, SMALL_TENANT, Draft, Label, SimConfig
+from pipeline.sim.holdout import attempt
 from pipeline.sim.holdout_people import (
     LIBRARY_ADDRESS,
     OFFICE_ADDRESS,
@@ -87,19 +88,9 @@ def _relabel(drafts: Iterator[Draft]) -> Iterator[Draft]:
         yield Draft(draft.occurred_ms, draft.fields, _label(label.actor, label.cohort))
 
 
-def _success(tenant: str, account: str, ip: str, device: str, ua: str) -> dict[str, Any]:
-    """A sign-in from the person's own laptop (trusted: it was theirs then too)."""
-    return {
-        "tenant": tenant,
-        "service": "web-login",
-        "peer_ip": ip,
-        "device_trusted": True,
-        "user_agent": ua,
-        "device_id": device,
-        "account": account,
-        "flow": "login",
-        "outcome": "success",
-    }
+def _device(device_id: str, trusted: bool = True) -> dict[str, Any]:
+    """A sign-in's device fields: the person's own laptop was trusted then too."""
+    return {"device_id": device_id, "device_trusted": trusted}
 
 
 def _app_syncs(span: SimConfig, rng: random.Random) -> Iterator[Draft]:
@@ -140,29 +131,22 @@ def _returning(cfg: SimConfig, span: SimConfig, rng: random.Random) -> Iterator[
             user = person(cfg, cohort, index)
             laptop = user.devices[0]
             t = span.start_ms + rng.randrange(span.duration_ms)
-            fields = _success(
-                user.tenant, user.account, home_of(user, rng), laptop.device_id, laptop.user_agent
-            )
+            ip = home_of(user, rng)
+            fields = attempt(user.account, ip, laptop.user_agent, None, **_device(laptop.device_id))
             yield Draft(t, fields, _label(user.actor, user.cohort))
     if "library" in cfg.scenarios:
         for index in range(LIBRARY_REGULARS):
             user = person(cfg, "library_regular", index)
             t = span.start_ms + rng.randrange(span.duration_ms)
-            fields = _success(
-                MAIN_TENANT,
-                user.account,
-                LIBRARY_ADDRESS,
-                f"dev-lib-h{index}",
-                user.devices[0].user_agent,
-            )
-            fields["device_trusted"] = False  # a library computer
+            ua = user.devices[0].user_agent
+            computer = _device(f"dev-lib-h{index}", trusted=False)  # a library computer
+            fields = attempt(user.account, LIBRARY_ADDRESS, ua, None, **computer)
             yield Draft(t, fields, _label(user.actor, user.cohort))
     if "office_guest_wifi" in cfg.scenarios:
         for index in range(OFFICE_COLLEAGUES):
             user = person(cfg, "office_colleague", index)
             laptop = user.devices[0]
             t = span.start_ms + rng.randrange(span.duration_ms)
-            fields = _success(
-                MAIN_TENANT, user.account, OFFICE_ADDRESS, laptop.device_id, laptop.user_agent
-            )
+            device = _device(laptop.device_id)
+            fields = attempt(user.account, OFFICE_ADDRESS, laptop.user_agent, None, **device)
             yield Draft(t, fields, _label(user.actor, user.cohort))
