@@ -240,6 +240,16 @@ class WorkerSettings(_Section):
         ge=10,
         le=600_000,
         description=(
+    stage_fetch_wait_ms: int = Field(
+        20,
+        ge=1,
+        le=1_500,
+        description=(
+            "the stages' consumer (faust's) asks the broker to answer a fetch within this"
+            " long when it has nothing new (faust's own 1,500 ms held a partition whose"
+            " records were just consumed behind a fetch of the quiet ones, bench B7)"
+        ),
+    )
             "an input partition read to its end and silent this long no longer holds the others"
             " back; all of them: ingest releases everything read (raise it for producers that"
             " pause longer mid-stream)"

@@ -80,6 +80,10 @@ class FeedConfig:
     fetch_max_bytes: int = 64 << 20
     retry_backoff_s: float = 1.0
     request_timeout_ms: int = 30_000
+    # aiokafka fetches one request at a time per broker, for the partitions with nothing
+    # left to consume: a partition consumed while such a fetch waits is read only once it
+    # returns. aiokafka's 500 ms would be that wait when every other partition is quiet.
+    fetch_max_wait_ms: int = 100
     # TLS/SASL options of every client the feed opens (pipeline.kafka_client.security_kwargs).
     security: Mapping[str, Any] = field(default_factory=dict)
     # This edge's normalisation (pipeline.fingerprint), compared with the worker's; None:
@@ -274,6 +278,7 @@ class DecisionFeed:
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             request_timeout_ms=cfg.request_timeout_ms,
+            fetch_max_wait_ms=cfg.fetch_max_wait_ms,
             max_partition_fetch_bytes=cfg.max_partition_fetch_bytes,
             fetch_max_bytes=cfg.fetch_max_bytes,
             **cfg.security,

@@ -7,12 +7,16 @@ from __future__ import annotations
 from typing import Any
 
 import faust
+from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
+from faust.transport.drivers.aiokafka import Consumer as AIOKafkaConsumer
 
 from pipeline.kafka_client import PRODUCER_GUARANTEES, security_kwargs
 from pipeline.settings import KafkaSettings, Settings
 
 # Every topic the worker declares carries bytes: the stages encode their own envelopes.
 RAW: dict[str, Any] = {"key_serializer": "raw", "value_serializer": "raw"}
+FAUST_FETCH_WAIT_MS = 1500
+"""The fetch wait faust gives its consumer (``_create_worker_consumer``)."""
 
 
 def broker_credentials(kafka: KafkaSettings) -> Any:
@@ -31,9 +35,44 @@ def broker_credentials(kafka: KafkaSettings) -> Any:
     )
 
 
+class _ConsumerThread(AIOKafkaConsumerThread):
+    """faust's consumer thread whose aiokafka consumer asks for fetch answers within
+    ``worker.stage_fetch_wait_ms`` instead of faust's fixed 1,500 ms.
+
+    aiokafka sends one fetch at a time per broker, for the partitions with nothing still
+    to consume; a partition whose records are consumed while that fetch waits is fetched
+    only once it returns. With every other partition quiet, that was up to 1.5 s for an
+    envelope already on the broker, and ingest's backpressure, waiting for the stage,
+    kept the others quiet (bench B7)."""
+
+    def _create_worker_consumer(self, transport: Any) -> Any:
+        consumer = super()._create_worker_consumer(transport)
+        # Read by AIOKafkaConsumer.start() when it builds its fetcher (not started yet).
+        consumer._fetch_max_wait_ms = getattr(self.app, "stage_fetch_wait_ms", FAUST_FETCH_WAIT_MS)
+        return consumer
+
+
+class _Consumer(AIOKafkaConsumer):
+    def _new_consumer_thread(self) -> Any:
+        return _ConsumerThread(self, loop=self.loop, beacon=self.beacon)
+
+
 class _App(faust.App):
     """faust's App whose producer writes with ``PRODUCER_GUARANTEES`` (acks=all and
-    idempotence; faust itself asks for idempotence only inside transactions)."""
+    idempotence; faust itself asks for idempotence only inside transactions) and whose
+    consumer waits ``stage_fetch_wait_ms`` for fetch answers (``_ConsumerThread``)."""
+
+    stage_fetch_wait_ms = FAUST_FETCH_WAIT_MS
+
+    def _new_consumer(self) -> Any:
+        return _Consumer(
+            self.transport,
+            callback=self.topics.on_message,
+            on_partitions_revoked=self._on_partitions_revoked,
+            on_partitions_assigned=self._on_partitions_assigned,
+            beacon=self.beacon,
+            loop=self.transport.loop,
+        )
 
     def _new_producer(self) -> Any:
         producer: Any = super()._new_producer()
@@ -74,4 +113,5 @@ def new_app(s: Settings) -> faust.App:
         stream_buffer_maxsize=64,
         broker_max_poll_records=64,
     )
+    app.stage_fetch_wait_ms = s.worker.stage_fetch_wait_ms
     return app

@@ -43,3 +43,15 @@ def test_worker_web_binds_loopback_and_serves_no_faust_pages() -> None:
     ) == (False,) * 5
     mounted = sorted(prefix for prefix, _ in worker.app.web.blueprints._enabled)
     assert mounted == [""]  # faust's production index: {"status": "OK"} at /
+
+
+async def test_stage_fetch_wait_reaches_the_consumer_faust_builds() -> None:
+    """worker.stage_fetch_wait_ms replaces faust's fixed 1,500 ms fetch wait on the
+    aiokafka consumer of the stages (the one faust's consumer thread creates)."""
+    settings = Settings(worker=WorkerSettings(stage_fetch_wait_ms=35))
+    app = Worker(settings, DEFAULT_POLICY).app
+    consumer = app.consumer._thread._create_worker_consumer(app.transport)
+    try:
+        assert consumer._fetch_max_wait_ms == 35
+    finally:
+        await consumer.stop()
