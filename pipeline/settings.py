@@ -142,6 +142,11 @@ class IngestSettings(_Section):
         (), description="tenants whose account identifiers are case-sensitive"
     )
     max_event_bytes: int = Field(16384, ge=256, description="larger events are dead-lettered")
+    decoder: Literal["msgspec", "pydantic"] = Field(
+        "msgspec",
+        description="msgspec: a C decoder reads schema-exact events, the pydantic model the "
+        "rest and every rejection (same rows and dead letters); pydantic: the model reads all",
+    )
     max_batch_bytes: int = Field(
         8_388_608,
         ge=65_536,

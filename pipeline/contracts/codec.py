@@ -1,8 +1,10 @@
 """The one JSON codec: decoding attempts and decisions (with a classified reason when
 they are bad) and encoding every output model.
 
-Decoding uses a ``TypeAdapter`` built once. A bad event raises ``DecodeError`` with a
-stable ``reason`` code that becomes the ``error`` header of its dead letter:
+Decoding an attempt runs msgspec's decoder (``fast_attempt``) and, for what it does not
+accept, the model's ``TypeAdapter`` built once, which names the reason. A bad event raises
+``DecodeError`` with a stable ``reason`` code that becomes the ``error`` header of its
+dead letter:
 
 ==================  ==========================================================
 ``too_large``       more bytes than the configured maximum (default 16 KiB)
@@ -30,9 +32,11 @@ from typing import Any, Final, NamedTuple, get_args
 import orjson
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
+from pipeline.contracts.fast_attempt import decode_fast
 from pipeline.contracts.models import (
     Action,
     AppliesTo,
+    AttemptInput,
     ChallengeKind,
     Decision,
     LoginAttempt,
@@ -50,12 +54,22 @@ class DecodeError(Rejected):
     decision); ``reason`` is a stable code, ``detail`` says what was wrong."""
 
 
-def decode_attempt(raw: bytes | None, *, max_bytes: int = 16384) -> LoginAttempt:
-    """Decode and validate one event value; raises DecodeError with a reason code."""
+def decode_attempt(raw: bytes | None, *, max_bytes: int = 16384, fast: bool = True) -> AttemptInput:
+    """Decode and validate one event value; raises DecodeError with a reason code.
+
+    With ``fast`` (``ingest.decoder = "msgspec"``, the default) msgspec reads the event
+    first (``pipeline.contracts.fast_attempt``: it accepts only what the model accepts, with
+    the same values); what it does not accept, and every event without ``fast``, the
+    pydantic model validates, so a dead letter's reason and detail are always the model's.
+    """
     if not raw:
         raise DecodeError("empty", "the message value is null or empty")
     if len(raw) > max_bytes:
         raise DecodeError("too_large", f"{len(raw)} bytes is over the {max_bytes}-byte maximum")
+    if fast:
+        event = decode_fast(raw)
+        if event is not None:
+            return event
     try:
         return LOGIN_ATTEMPT.validate_json(raw)
     except ValidationError as exc:

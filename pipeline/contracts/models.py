@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from datetime import UTC, datetime, timedelta
-from typing import Annotated, Literal
+from typing import Annotated, Literal, Protocol
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, PlainSerializer, field_validator
 
@@ -146,6 +146,43 @@ class LoginAttempt(_Input):
         if isinstance(value, str) and len(value) > USER_AGENT_MAX_CHARS:
             return value[:USER_AGENT_MAX_CHARS]
         return value
+
+
+class AttemptInput(Protocol):
+    """A decoded ``login_attempt``, read-only: what ``codec.decode_attempt`` returns (a
+    ``LoginAttempt``, or its msgspec twin ``fast_attempt.LoginAttemptStruct`` with the same
+    values) and what the normaliser reads."""
+
+    @property
+    def event_id(self) -> str: ...
+    @property
+    def occurred_at(self) -> datetime: ...
+    @property
+    def tenant(self) -> str: ...
+    @property
+    def service(self) -> str: ...
+    @property
+    def flow(self) -> Flow: ...
+    @property
+    def account(self) -> str: ...
+    @property
+    def peer_ip(self) -> str: ...
+    @property
+    def forwarded_for(self) -> tuple[str, ...]: ...
+    @property
+    def device_id(self) -> str | None: ...
+    @property
+    def device_trusted(self) -> bool: ...
+    @property
+    def session_id(self) -> str | None: ...
+    @property
+    def outcome(self) -> Outcome: ...
+    @property
+    def failure_reason(self) -> FailureReason | None: ...
+    @property
+    def challenge(self) -> ChallengeKind | None: ...
+    @property
+    def user_agent(self) -> str | None: ...
 
 
 class Decision(_Output):

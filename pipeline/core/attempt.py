@@ -1,11 +1,11 @@
-"""The normalised attempt: what the core counts, derived once from a wire LoginAttempt."""
+"""The normalised attempt: what the core counts, derived once from a decoded login_attempt."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from pipeline.contracts.models import TENANT_RULE, LoginAttempt, datetime_to_ms, valid_tenant
+from pipeline.contracts.models import TENANT_RULE, AttemptInput, datetime_to_ms, valid_tenant
 from pipeline.core.errors import InvalidAttempt
 from pipeline.core.keys import Digester
 from pipeline.core.normalise import SourceRules, normalise_account
@@ -112,7 +112,7 @@ class Normaliser:
         )
         return self.digester.account(tenant, normalised)
 
-    def normalise(self, event: LoginAttempt) -> Attempt:
+    def normalise(self, event: AttemptInput) -> Attempt:
         """Raises InvalidAttempt (bad peer_ip, empty account, bad tenant) for the dead-letter
         topic."""
         tenant = event.tenant

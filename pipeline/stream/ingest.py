@@ -50,6 +50,7 @@ TENANT_NOT_ALLOWED = "tenant_not_allowed"
 SLOT_STRIDE = 1024
 """Input slots per topic: more than any topic's partitions (kafka.partitions <= 1024)."""
 SLOT_BASES = 1023
+DECODERS = ("msgspec", "pydantic")
 
 
 def input_slot_base(topic: str) -> int:
@@ -153,6 +154,8 @@ class Ingest:
     normaliser: Normaliser
     partitions: int
     max_event_bytes: int = 16384
+    decoder: str = "msgspec"
+    """``ingest.decoder``: ``msgspec`` (the fast path, then the model) or ``pydantic``."""
     max_future_skew_ms: int = 300_000
     max_past_skew_ms: int = 604_800_000
     keep_plain_account: bool = False
@@ -165,6 +168,10 @@ class Ingest:
     bound_tenants: frozenset[str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        if self.decoder not in DECODERS:
+            raise ConfigError(
+                f"ingest.decoder is {self.decoder!r}; use one of {', '.join(DECODERS)}"
+            )
         object.__setattr__(self, "slot_bases", input_slots(self.input_topic, self.tenant_topics))
         object.__setattr__(self, "bound_tenants", frozenset(self.tenant_topics.values()))
 
@@ -207,6 +214,7 @@ class Ingest:
             normaliser=build_normaliser(settings, policy),
             partitions=settings.kafka.partitions,
             max_event_bytes=settings.ingest.max_event_bytes,
+            decoder=settings.ingest.decoder,
             max_future_skew_ms=settings.ingest.max_future_skew_ms,
             max_past_skew_ms=settings.ingest.max_past_skew_ms,
             tenants=frozenset(settings.ingest.tenants),
@@ -238,6 +246,7 @@ class Ingest:
         partitions = self.partitions
         keep_plain = self.keep_plain_account
         max_bytes = self.max_event_bytes
+        fast = self.decoder == "msgspec"
         normalise = self.normaliser.normalise
         admitted = self.admitted
         max_record = max_bytes + RECORD_OVERHEAD_BYTES
@@ -250,7 +259,7 @@ class Ingest:
                 result.reasons[OVERSIZE] += 1
                 continue
             try:
-                event = decode_attempt(record.value, max_bytes=max_bytes)
+                event = decode_attempt(record.value, max_bytes=max_bytes, fast=fast)
                 attempt = normalise(event)
                 if attempt.occurred_ms > limit_ms:
                     raise DecodeError("future_timestamp", "occurred_at is beyond the allowed skew")
