@@ -14,8 +14,8 @@ while the faults happen one after the other:
 After the stream: the decisions and alerts on the topics equal those of a replay of the
 same events (``backtest --live``), the audit's sum of weights in ClickHouse equals the
 events produced (nothing lost, nothing doubled), the edge answered every check during the
-faults and caught up, and every broker rejoined. Each fault's stall (the longest time in
-which the worker's stages processed no row) is printed.
+faults and applied every message of the decision topic, and every broker rejoined. Each
+fault's stall (the longest time in which the worker's stages processed no row) is printed.
 """
 
 from __future__ import annotations
@@ -39,12 +39,12 @@ from pipeline.settings import ClickHouseSettings
 from pipeline.sinks.connect import open_clickhouse
 from pipeline.sinks.migrate import apply_migrations
 from tests.integration.test_audit_sink import SinkProcess
-from tests.integration.test_sim_pipeline import REPO, cli, live_vs_replay
+from tests.integration.test_sim_pipeline import REPO, cli, live_vs_replay, mixed_stream_args
 from tests.plugins.clickhouse import ChHttpEndpoint
 from tests.plugins.kafka import free_ports
 from tests.plugins.settling import settled, wait_for_outputs
 from tests.plugins.waiting import wait_until
-from tests.plugins.worker import StreamNames, WorkerProcess, start_worker
+from tests.plugins.worker import StreamNames, WorkerProcess, read_topic, start_worker
 
 pytestmark = pytest.mark.integration
 
@@ -120,24 +120,15 @@ def edge(worker_env: dict[str, str], tmp_path: Path) -> Iterator[str]:
         process.wait(15)
 
 
-@pytest.fixture
-def sink_processes() -> Iterator[list[SinkProcess]]:
-    """A list to start sinks into; any still running is killed at teardown."""
-    started: list[SinkProcess] = []
-    yield started
-    for sink in started:
-        if sink.process is not None and sink.process.poll() is None:
-            sink.process.kill()
-            sink.process.wait(30)
-
-
 @dataclass
 class Sampler:
     """Samples, every SAMPLE_S in a thread, the current worker's processed rows and the
-    edge's answer to a check."""
+    edge's answer to a check, and notes when ``streaming()`` turned false."""
 
     rows: Callable[[], float]
     base: str
+    streaming: Callable[[], bool]
+    ended_at: float = float("inf")
     samples: list[tuple[float, float]] = field(default_factory=list)
     edge_failures: list[tuple[float, int]] = field(default_factory=list)
     checks: int = 0
@@ -146,6 +137,8 @@ class Sampler:
     def run(self) -> None:
         while not self._stop.is_set():
             now = time.monotonic()
+            if self.ended_at == float("inf") and not self.streaming():
+                self.ended_at = now
             with contextlib.suppress(OSError):  # the worker is being replaced
                 self.samples.append((now, self.rows()))
             status = edge_check(self.base)
@@ -156,10 +149,13 @@ class Sampler:
 
     def stop(self) -> None:
         self._stop.set()
+        if self.ended_at == float("inf") and not self.streaming():
+            self.ended_at = time.monotonic()
 
     def stall_s(self, since: float, until: float) -> float:
         """The longest time between ``since`` and ``until`` in which the rows did not grow
-        (a new worker counts from zero: any growth of its own counts)."""
+        (a new worker counts from zero: any growth of its own counts); once the stream has
+        ended, rows that stop growing are idle, not stalled."""
         points = [(t, v) for t, v in self.samples if since <= t <= until]
         longest, last_t, last_v = 0.0, since, None
         for t, v in points:
@@ -167,7 +163,8 @@ class Sampler:
                 longest = max(longest, t - last_t)
                 last_t = t
             last_v = v
-        return round(max(longest, (points[-1][0] if points else until) - last_t), 1)
+        tail_end = min(points[-1][0] if points else until, self.ended_at)
+        return round(max(longest, tail_end - last_t), 1)
 
 
 def leader_of_most(cluster: LocalCluster, topics: list[str]) -> int:
@@ -217,22 +214,50 @@ def wait_rows_grow(worker: WorkerProcess, timeout_s: float = 120.0) -> None:
     )
 
 
-@pytest.mark.timeout(600)
-def test_broker_kill_and_worker_kill_in_an_election_lose_and_double_nothing(
+@dataclass
+class Pipeline:
+    """A fault test's services on the cluster: the worker (``worker``; ``replace_worker``
+    starts a new one), the audit sink into a fresh ClickHouse database, and the edge."""
+
+    cluster: LocalCluster
+    names: StreamNames
+    env: dict[str, str]
+    workers: list[WorkerProcess]
+    edge: str
+    sink: SinkProcess
+    ch_settings: ClickHouseSettings
+    tmp_path: Path
+    worker: WorkerProcess
+
+    @property
+    def watched(self) -> list[str]:
+        """The input topic and the worker's changelog topics."""
+        return [self.names.input] + [
+            f"{self.names.app_id}-{t}-changelog"
+            for t in ("account-state", "source-state", "rollup-state")
+        ]
+
+    def replace_worker(self) -> None:
+        self.worker = start_worker(self.workers, self.env, self.tmp_path).wait_ready()
+
+    def audited(self) -> tuple[int, int]:
+        """sum(weight) and distinct event ids of the audit in ClickHouse."""
+        with open_clickhouse(self.ch_settings) as handle:
+            row = handle.query("SELECT toInt64(sum(weight)), uniqExact(event_id) FROM attempts")[0]
+        return int(row[0]), int(row[1])
+
+
+@pytest.fixture
+def pipeline(
     kafka_cluster: LocalCluster,
     stream_names: StreamNames,
     worker_env: dict[str, str],
     workers: list[WorkerProcess],
     chhttp: ChHttpEndpoint,
     edge: str,
-    sink_processes: list[SinkProcess],
     tmp_path: Path,
-) -> None:
-    """kill -9 of the leading broker, then kill -9 of a broker plus SIGKILL of the worker
-    during the election, under one paced stream: decisions and alerts
-    equal the replay's, sum(weight) in ClickHouse equals the events produced, the edge
-    answered every check, every broker rejoined with nothing under-replicated."""
-    cluster = kafka_cluster
+) -> Iterator[Pipeline]:
+    """The worker, the audit sink and the edge running on the cluster, the edge answering."""
     ch_settings = ClickHouseSettings(url=chhttp.url, path=tmp_path / "chdb")
     with open_clickhouse(ch_settings, create_database=True) as handle:
         apply_migrations(handle, ch_settings)
@@ -246,92 +271,81 @@ def test_broker_kill_and_worker_kill_in_an_election_lose_and_double_nothing(
         tmp_path,
         tmp_path / "sink.log",
     )
-    sink_processes.append(sink)
-    current: list[WorkerProcess] = [start_worker(workers, worker_env, tmp_path).wait_ready()]
+    worker = start_worker(workers, worker_env, tmp_path).wait_ready()
     sink.start()
-    wait_until(lambda: edge_check(edge) == 200, 90, interval_s=0.2, description="edge ready")
-    truth = tmp_path / "truth.jsonl"
-    sim_log = (tmp_path / "simulate.log").open("wb")
-    stream = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "pipeline.cli",
-            "simulate",
-            "--scenario",
-            "mixed",
-            "--rate",
-            "5",
-            "--duration-s",
-            "150",
-            "--seed",
-            "11",
-            "--speedup",
-            "2",
-            "--truth",
-            str(truth),
-        ],
-        cwd=REPO,
-        env={**os.environ, **worker_env},
-        stdout=sim_log,
-        stderr=subprocess.STDOUT,
+    try:
+        wait_until(lambda: edge_check(edge) == 200, 90, interval_s=0.2, description="edge ready")
+        yield Pipeline(
+            kafka_cluster,
+            stream_names,
+            worker_env,
+            workers,
+            edge,
+            sink,
+            ch_settings,
+            tmp_path,
+            worker,
+        )
+    finally:
+        process = sink.process
+        if process is not None and process.poll() is None:
+            process.kill()
+            process.wait(30)
+
+
+@contextlib.contextmanager
+def live_stream(run: Pipeline, duration_s: int, flowing_events: int) -> Iterator[Sampler]:
+    """``simulate`` of the mixed scenario (rate 5, ``duration_s`` simulated seconds at
+    speedup 2, truth in ``truth.jsonl``) with a Sampler running, entered once the worker
+    has counted ``flowing_events``; the exit waits for the stream's end (exit code 0)."""
+    log_path = run.tmp_path / "simulate.log"
+    with log_path.open("wb") as log:
+        stream = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "pipeline.cli",
+                *mixed_stream_args(duration_s, 2, run.tmp_path / "truth.jsonl"),
+            ],
+            cwd=REPO,
+            env={**os.environ, **run.env},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    sampler = Sampler(
+        lambda: run.worker.metric("authpipe_stage_rows_total"),
+        run.edge,
+        lambda: stream.poll() is None,
     )
-    sampler = Sampler(lambda: current[0].metric("authpipe_stage_rows_total"), edge)
     thread = threading.Thread(target=sampler.run, daemon=True)
     thread.start()
-    watched = [stream_names.input] + [
-        f"{stream_names.app_id}-{t}-changelog"
-        for t in ("account-state", "source-state", "rollup-state")
-    ]
-    figures: dict[str, float] = {}
     try:
         wait_until(
-            lambda: current[0].metric("authpipe_events_total") >= 2000,
+            lambda: run.worker.metric("authpipe_events_total") >= flowing_events,
             120,
             interval_s=0.2,
             description="the stream flowing",
         )
-
-        # 1. kill -9 of the broker leading most input and changelog partitions.
-        victim = leader_of_most(cluster, watched)
-        killed_at = time.monotonic()
-        cluster.node(victim).kill()
-        wait_led_elsewhere(cluster, watched, victim)
-        wait_rows_grow(current[0])
-        figures["broker_kill_stall_s"] = sampler.stall_s(killed_at, time.monotonic())
-        restarted_at = time.monotonic()
-        cluster.node(victim).up()
-        wait_rejoined(cluster)
-        figures["broker_kill_rejoin_s"] = round(time.monotonic() - restarted_at, 1)
-
-        # 2. kill -9 of a broker, and SIGKILL of the worker during its election.
-        victim = leader_of_most(cluster, watched)
-        killed_at = time.monotonic()
-        cluster.node(victim).kill()
-        current[0].kill()
-        current[0] = start_worker(workers, worker_env, tmp_path).wait_ready()
-        wait_led_elsewhere(cluster, watched, victim)
-        wait_rows_grow(current[0])
-        figures["worker_kill_in_election_stall_s"] = sampler.stall_s(killed_at, time.monotonic())
-        restarted_at = time.monotonic()
-        cluster.node(victim).start()  # rejoins while the stream ends (checked below)
-
-        figures["stream_running_after_faults"] = float(stream.poll() is None)
-        assert stream.wait(timeout=400) == 0, (tmp_path / "simulate.log").read_text()[-2000:]
+        yield sampler
+        assert stream.wait(timeout=400) == 0, log_path.read_text()[-2000:]
     finally:
         sampler.stop()
         thread.join(10)
         if stream.poll() is None:
             stream.kill()
-    wait_rejoined(cluster)
-    figures["worker_kill_rejoin_s"] = round(time.monotonic() - restarted_at, 1)
-    print("cluster fault figures", figures, "edge checks", sampler.checks)
+
+
+def check_exact(run: Pipeline, sampler: Sampler) -> None:
+    """After the stream and the faults: the edge answered every check and caught up, the
+    audit's sum(weight) equals the events produced, and the decisions and alerts on the
+    topics equal those of a replay of the same events."""
+    truth = run.tmp_path / "truth.jsonl"
     produced = len(truth.read_bytes().splitlines())
-    worker = current[0]
-    outputs = [stream_names.decisions, stream_names.alerts]
+    worker = run.worker
+    outputs = [run.names.decisions, run.names.alerts]
     wait_for_outputs(
-        cluster.bootstrap,
-        stream_names,
+        run.cluster.bootstrap,
+        run.names,
         outputs,
         "the worker caught up after the faults",
         lambda: all(
@@ -345,30 +359,26 @@ def test_broker_kill_and_worker_kill_in_an_election_lose_and_double_nothing(
     )
     assert sampler.edge_failures == [], sampler.edge_failures
     wait_until(
-        lambda: edge_metric(edge, "authpipe_edge_lag_messages") == 0,
+        lambda: edge_metric(run.edge, "authpipe_edge_lag_messages") == 0,
         60,
         interval_s=0.5,
         description="the edge caught up",
     )
-
-    def audited() -> tuple[int, int]:
-        with open_clickhouse(ch_settings) as handle:
-            row = handle.query("SELECT toInt64(sum(weight)), uniqExact(event_id) FROM attempts")[0]
-        return int(row[0]), int(row[1])
-
+    applied = edge_metric(run.edge, "authpipe_edge_messages_total")
+    assert applied == len(read_topic(run.cluster.bootstrap, run.names.decisions)), applied
     wait_until(
-        lambda: audited()[0] >= produced,
+        lambda: run.audited()[0] >= produced,
         120,
         interval_s=1.0,
         description="the audit has every event",
     )
     # A doubled batch would land within the sink's flush interval: wait for it to settle.
-    wait_until(settled(audited, 3.0), 60, interval_s=0.5, description="the audit settled")
-    assert audited()[0] == produced, (audited(), produced)
-    sink.stop()
+    wait_until(settled(run.audited, 3.0), 60, interval_s=0.5, description="the audit settled")
+    assert run.audited()[0] == produced, (run.audited(), produced)
+    run.sink.stop()
 
-    live = tmp_path / "live"
-    env = {**worker_env, "AUTHPIPE_LOG_LEVEL": "warning"}
+    live = run.tmp_path / "live"
+    env = {**run.env, "AUTHPIPE_LOG_LEVEL": "warning"}
     done = cli(
         env,
         "scorecard",
@@ -379,9 +389,51 @@ def test_broker_kill_and_worker_kill_in_an_election_lose_and_double_nothing(
         str(live),
     )
     assert done.returncode == 0, done.stderr
-    diff, _ = live_vs_replay(env, tmp_path, truth, live)
+    diff, _ = live_vs_replay(env, run.tmp_path, truth, live)
     parity = diff["live_vs_replay"]
     print("parity", {k: parity[k]["live"] for k in ("decisions", "alerts")}, "produced", produced)
     assert (parity["decisions"]["only_live"], parity["decisions"]["only_replay"]) == ([], [])
     assert (parity["alerts"]["only_live"], parity["alerts"]["only_replay"]) == ([], [])
     assert parity["decisions"]["live"] >= 5 and parity["alerts"]["live"] >= 50
+
+
+@pytest.mark.timeout(600)
+def test_broker_kill_and_worker_kill_in_an_election_lose_and_double_nothing(
+    pipeline: Pipeline,
+) -> None:
+    """kill -9 of the leading broker, then kill -9 of a broker plus SIGKILL of the worker
+    during the election, under one paced stream: decisions and alerts
+    equal the replay's, sum(weight) in ClickHouse equals the events produced, the edge
+    answered every check, every broker rejoined with nothing under-replicated."""
+    run, cluster = pipeline, pipeline.cluster
+    figures: dict[str, float] = {}
+    with live_stream(run, duration_s=150, flowing_events=2000) as sampler:
+        # 1. kill -9 of the broker leading most input and changelog partitions.
+        victim = leader_of_most(cluster, run.watched)
+        killed_at = time.monotonic()
+        cluster.node(victim).kill()
+        wait_led_elsewhere(cluster, run.watched, victim)
+        wait_rows_grow(run.worker)
+        figures["broker_kill_stall_s"] = sampler.stall_s(killed_at, time.monotonic())
+        restarted_at = time.monotonic()
+        cluster.node(victim).up()
+        wait_rejoined(cluster)
+        figures["broker_kill_rejoin_s"] = round(time.monotonic() - restarted_at, 1)
+
+        # 2. kill -9 of a broker, and SIGKILL of the worker during its election.
+        victim = leader_of_most(cluster, run.watched)
+        killed_at = time.monotonic()
+        cluster.node(victim).kill()
+        run.worker.kill()
+        run.replace_worker()
+        wait_led_elsewhere(cluster, run.watched, victim)
+        wait_rows_grow(run.worker)
+        figures["worker_kill_in_election_stall_s"] = sampler.stall_s(killed_at, time.monotonic())
+        restarted_at = time.monotonic()
+        cluster.node(victim).start()  # rejoins while the stream ends (checked below)
+
+        figures["stream_running_after_faults"] = float(sampler.streaming())
+    wait_rejoined(cluster)
+    figures["worker_kill_rejoin_s"] = round(time.monotonic() - restarted_at, 1)
+    print("cluster fault figures", figures, "edge checks", sampler.checks)
+    check_exact(run, sampler)

@@ -7,7 +7,12 @@ from pathlib import Path
 import orjson
 import pytest
 
-from tests.integration.test_sim_pipeline import INGEST_TIMEOUT_S, cli, live_vs_replay
+from tests.integration.test_sim_pipeline import (
+    INGEST_TIMEOUT_S,
+    cli,
+    live_vs_replay,
+    mixed_stream_args,
+)
 from tests.plugins.settling import wait_for_outputs
 from tests.plugins.waiting import wait_until
 from tests.plugins.worker import StreamNames, WorkerProcess, start_worker
@@ -34,22 +39,7 @@ def test_the_demo_scenario_live_equals_its_replay(
     env = {**worker_env, "AUTHPIPE_LOG_LEVEL": "warning"}
     worker = start_worker(workers, worker_env, tmp_path).wait_ready()
     truth = tmp_path / "truth.jsonl"
-    done = cli(
-        env,
-        "simulate",
-        "--scenario",
-        "mixed",
-        "--rate",
-        "5",
-        "--duration-s",
-        "120",
-        "--seed",
-        "11",
-        "--speedup",
-        "0",
-        "--truth",
-        str(truth),
-    )
+    done = cli(env, *mixed_stream_args(120, 0, truth))
     assert done.returncode == 0, done.stderr
     produced = len(truth.read_bytes().splitlines())
     assert produced > 15_000

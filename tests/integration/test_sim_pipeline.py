@@ -35,6 +35,26 @@ def cli(env: dict[str, str], *argv: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def mixed_stream_args(duration_s: int, speedup: int, truth: Path) -> list[str]:
+    """``simulate`` of the mixed scenario the parity tests replay (rate 5, seed 11):
+    ``duration_s`` simulated seconds produced at ``speedup`` (0: unpaced), truth in ``truth``."""
+    return [
+        "simulate",
+        "--scenario",
+        "mixed",
+        "--rate",
+        "5",
+        "--duration-s",
+        str(duration_s),
+        "--seed",
+        "11",
+        "--speedup",
+        str(speedup),
+        "--truth",
+        str(truth),
+    ]
+
+
 def live_vs_replay(
     env: dict[str, str], tmp_path: Path, truth: Path, live: Path
 ) -> tuple[dict[str, Any], str]:
