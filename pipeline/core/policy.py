@@ -213,7 +213,7 @@ class WaveConfig(_Frozen):
 
     enabled: bool = True
     challenge: ChallengeKind = "captcha"
-    hold_ms: int = Field(2 * MINUTE_MS, ge=1000, le=MAX_WINDOW_MS)
+    hold_ms: int = Field(MINUTE_MS, ge=1000, le=MAX_WINDOW_MS)
     mode: Mode = "enforce"
 
 
