@@ -35,7 +35,7 @@ from typing import Any
 
 import orjson
 
-from bench import latency, stream
+from bench import floor_run, latency, stream
 from bench.peers import REPO_ROOT, run_peer, tail
 from bench.peers import quix as quix_env
 from pipeline.logs import configure_logging, get_logger
@@ -49,6 +49,7 @@ PARTS = (
     "b1_group",
     "naive",
     "quix",
+    *floor_run.FLOORS,
     "b2",
     "b2_unsaturated",
     "b3",
@@ -173,6 +174,8 @@ class Runner:
         self.results: dict[str, Any] = {}
         self.b1_names: stream.Names | None = None
         self.peer_names: stream.Names | None = None
+        self.floors = self.parts & set(floor_run.FLOORS)
+        self.traffic_path: Path | None = None
 
     def guarded(self, name: str, step: Callable[[], dict[str, Any]]) -> None:
         if name not in self.parts:
@@ -189,7 +192,7 @@ class Runner:
 
     def run(self) -> dict[str, Any]:
         scale = self.plan.scale
-        if self.parts & {"ceiling", "b1", "naive", "quix"}:
+        if self.parts & {"ceiling", "b1", "naive", "quix"} or self.floors:
             self.parts.add("preload")
             self.guarded("preload", self.preload)
         if self.parts & {"naive", "quix"} and self.plan.peer_events < scale.b1_events:
@@ -199,6 +202,15 @@ class Runner:
             self.guarded("preload_peers", self.preload_peers)
         self.guarded("ceiling", self.ceiling)
         self.guarded("b1", self.b1)
+        if self.floors:
+            # the floors send what this run's B1 worker sent (bench.floor_run)
+            if "b1" in self.parts and "error" not in self.results.get("b1", {}):
+                self.parts.add("b1_traffic")
+                self.guarded("b1_traffic", self.b1_traffic)
+            self.parts.add("floor_traffic")
+            self.guarded("floor_traffic", self.floor_traffic)
+            for name in floor_run.FLOORS:
+                self.guarded(name, lambda name=name: self.floor(name))  # type: ignore[misc]
         self.guarded("b1_peers", self.b1_peers)
         self.guarded("naive", self.naive)
         self.guarded("quix", self.quix)
@@ -271,6 +283,26 @@ class Runner:
         if self.b1_names is None:
             raise RuntimeError("the B1 topic was not pre-loaded")
         return stream.bench_b1(self.ctx, self.b1_names, self.plan.scale.b1_events)
+
+    def b1_traffic(self) -> dict[str, Any]:
+        assert self.b1_names is not None
+        return floor_run.b1_traffic(self.ctx.bootstrap, self.b1_names, self.plan.scale.b1_events)
+
+    def floor_traffic(self) -> dict[str, Any]:
+        path, shape = floor_run.traffic_file(self.ctx.workdir, self.results.get("b1_traffic"))
+        self.traffic_path = path
+        return shape
+
+    def floor(self, name: str) -> dict[str, Any]:
+        assert self.traffic_path is not None
+        return floor_run.run_floor(
+            name,
+            self.ctx.bootstrap,
+            self._topic(),
+            self.plan.scale.b1_events,
+            self.traffic_path,
+            self._log(name),
+        )
 
     def b1_peers(self) -> dict[str, Any]:
         if self.peer_names is None:
@@ -409,6 +441,7 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
         "b3_vs_b1": ratio(b3_rate, b1),
         "b6_s": b6,
         "b7_p99_ms": b7 or None,
+        "floor": floor_run.summarize(results),
     }
     met = {
         "b1_events_per_s": b1 is not None and b1 >= TARGETS["b1_events_per_s"],
@@ -513,6 +546,7 @@ def markdown(report: dict[str, Any]) -> str:
             f"| {fmt(s.get(ratio_key)) + 'x' if ratio_key and s.get(ratio_key) else '-'} "
             f"| {fmt(cpu_ratio) + 'x' if cpu_ratio else '-'} |"
         )
+    lines += floor_run.markdown(r, s.get("floor") or {})
     if "b7" in r:
         lines += [
             "",

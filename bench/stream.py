@@ -266,6 +266,7 @@ class Names:
     alerts: str
     dlq: str
     audit: str
+    notices: str = "auth.account-notices"
 
     @classmethod
     def fresh(cls, label: str, input_topic: str | None = None) -> Names:
@@ -277,6 +278,7 @@ class Names:
             alerts=f"bench-alerts-{tag}",
             dlq=f"bench-dlq-{tag}",
             audit=f"bench-audit-{tag}",
+            notices=f"bench-notices-{tag}",
         )
 
     def env(self) -> dict[str, str]:
@@ -287,6 +289,7 @@ class Names:
             "AUTHPIPE_KAFKA_ALERTS_TOPIC": self.alerts,
             "AUTHPIPE_KAFKA_DLQ_TOPIC": self.dlq,
             "AUTHPIPE_KAFKA_AUDIT_TOPIC": self.audit,
+            "AUTHPIPE_KAFKA_NOTICES_TOPIC": self.notices,
         }
 
 
@@ -305,6 +308,7 @@ def create_topics(bootstrap: str, names: Names, partitions: int = PARTITIONS) ->
         alerts_topic=names.alerts,
         dlq_topic=names.dlq,
         audit_topic=names.audit,
+        notices_topic=names.notices,
     )
     asyncio.run(ensure_topics(bootstrap, Topics.from_settings(kafka).specs(partitions)))
 

@@ -153,18 +153,27 @@ class Emitter:
     async def _send_changelog(
         self, topic: str, partition: int, records: list[tuple[bytes, bytes | None]]
     ) -> None:
-        """An envelope's changed keys as whole record batches on the stage's changelog.
-
-        A faust table's ``send_changelog`` cost one trip through faust's producer buffer
-        and one produce future per key (tens of microseconds each); a record batch costs
-        about a microsecond per key. The producer is faust's (it flushes it before it
-        commits input offsets)."""
+        """An envelope's changed keys as whole record batches on the stage's changelog, on
+        faust's own aiokafka producer (faust flushes it before it commits input offsets)."""
         faust_producer: Any = self.app.producer
-        producer = faust_producer._ensure_producer()  # the aiokafka producer faust flushes
-        batch = producer.create_batch()
-        for key, value in records:
-            if batch.append(key=key, value=value, timestamp=None) is None:
-                await producer.send_batch(batch, topic, partition=partition)
-                batch = producer.create_batch()
-                batch.append(key=key, value=value, timestamp=None)
-        await producer.send_batch(batch, topic, partition=partition)
+        await send_records(faust_producer._ensure_producer(), topic, partition, records)
+
+
+async def send_records(
+    producer: Any, topic: str, partition: int, records: list[tuple[bytes, bytes | None]]
+) -> list[Awaitable[Any]]:
+    """``records`` as whole record batches to ``topic`` ``partition`` on an aiokafka
+    producer; the batches' acknowledgements.
+
+    A faust table's ``send_changelog`` cost one trip through faust's producer buffer and
+    one produce future per key (tens of microseconds each); a record batch costs about a
+    microsecond per key."""
+    sent = []
+    batch = producer.create_batch()
+    for key, value in records:
+        if batch.append(key=key, value=value, timestamp=None) is None:
+            sent.append(await producer.send_batch(batch, topic, partition=partition))
+            batch = producer.create_batch()
+            batch.append(key=key, value=value, timestamp=None)
+    sent.append(await producer.send_batch(batch, topic, partition=partition))
+    return sent

@@ -93,3 +93,28 @@ def summary_peer(report: dict[str, object], name: str) -> object:
     summary = report["summary"]
     assert isinstance(summary, dict)
     return summary["peers_seen_counted"][name]
+
+
+@pytest.mark.timeout(300)
+def test_floor_parts_run(kafka_bootstrap: str, tmp_path: Path) -> None:
+    """The floor parts (issue 28) on B1's committed traffic: each shell sends what B1's
+    worker sent per event and reports its CPU per event."""
+    out = tmp_path / "results"
+    parts = "floor_faust,floor_faust_batched,floor_aiokafka,floor_aiokafka_batched"
+    command = [sys.executable, "-m", "bench.run", "--quick", "--bootstrap", kafka_bootstrap]
+    command += ["--out", str(out), "--parts", parts, "--events", "4000"]
+    done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (json_path,) = out.glob("*-quick.json")
+    report = orjson.loads(json_path.read_bytes())
+    results, floor = report["results"], report["summary"]["floor"]
+    shape = results["floor_traffic"]
+    for name in parts.split(","):
+        assert "error" not in results[name], results[name]
+        assert results[name]["events"] == 4000 and floor[name]["us_per_event"] > 0
+        sent = results[name]["sent_per_event"]
+        # as many decisions and changelog records per event as B1 (within a batch's rounding)
+        b1 = shape["b1_per_event"]
+        for role in ("decisions", "account_changelog", "source_changelog"):
+            assert sent[role] == pytest.approx(b1[role]["messages"], rel=0.05), (name, role)
+    assert "## The shell's floor" in json_path.with_suffix(".md").read_text()
