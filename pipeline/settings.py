@@ -240,11 +240,6 @@ class WorkerSettings(_Section):
         le=10_000,
         description="forwards to the source stage and tenant shares gather this long before sending",
     )
-    input_idle_ms: int = Field(
-        500,
-        ge=10,
-        le=600_000,
-        description=(
     stage_fetch_wait_ms: int = Field(
         20,
         ge=1,
@@ -255,6 +250,11 @@ class WorkerSettings(_Section):
             " records were just consumed behind a fetch of the quiet ones, bench B7)"
         ),
     )
+    input_idle_ms: int = Field(
+        500,
+        ge=10,
+        le=600_000,
+        description=(
             "an input partition read to its end and silent this long no longer holds the others"
             " back; all of them: ingest releases everything read (raise it for producers that"
             " pause longer mid-stream)"
