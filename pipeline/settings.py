@@ -261,7 +261,7 @@ class WorkerSettings(_Section):
         ),
     )
     input_live_slack_ms: int = Field(
-        50,
+        80,
         ge=0,
         le=60_000,
         description=(
