@@ -22,7 +22,6 @@ from pipeline.settings import ClickHouseSettings, KafkaSettings
 from pipeline.sinks.connect import open_clickhouse
 from pipeline.sinks.migrate import apply_migrations
 from tests.integration.test_audit_sink import SinkProcess
-from tests.integration.test_cluster_faults import sink_processes  # noqa: F401 (a fixture)
 from tests.plugins.clickhouse import ChHttpEndpoint
 from tests.plugins.kafka import REPO_ROOT, TLS_CLIENT, UNTRUSTED_CLIENT, TlsBroker, free_ports
 from tests.plugins.waiting import wait_until
@@ -31,6 +30,17 @@ from tests.plugins.worker import StreamNames, WorkerProcess, start_worker
 pytestmark = pytest.mark.integration
 
 REFUSAL_WAIT_S = 3.0
+
+
+@pytest.fixture
+def sink_processes() -> Iterator[list[SinkProcess]]:
+    """A list to start sinks into; any still running is killed at teardown."""
+    started: list[SinkProcess] = []
+    yield started
+    for sink in started:
+        if sink.process is not None and sink.process.poll() is None:
+            sink.process.kill()
+            sink.process.wait(30)
 
 
 def _settings(env: dict[str, str]) -> KafkaSettings:
@@ -114,7 +124,7 @@ def test_worker_edge_sink_cli_and_login_service_run_over_tls_and_mutual_tls(
     workers: list[WorkerProcess],
     edge_over_ssl: str,
     chhttp: ChHttpEndpoint,
-    sink_processes: list[SinkProcess],  # noqa: F811 (the fixture imported above)
+    sink_processes: list[SinkProcess],
     tmp_path: Path,
 ) -> None:
     """The login service reports 5 failed logins over mutual TLS; the worker (mutual TLS)
