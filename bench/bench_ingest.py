@@ -23,8 +23,8 @@ from datetime import UTC, datetime, timedelta
 import orjson
 
 from pipeline.contracts.codec import decode_attempt
-from pipeline.settings import Settings
-from pipeline.stream.ingest import DECODERS, Ingest, Record
+from pipeline.settings import DECODERS, Settings
+from pipeline.stream.ingest import Ingest, Record
 from pipeline.wiring import build_normaliser
 
 START = datetime(2026, 11, 1, tzinfo=UTC)

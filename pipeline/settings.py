@@ -13,7 +13,7 @@ import os
 import re
 import secrets
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import (
     BaseModel,
@@ -134,6 +134,11 @@ class ClickHouseSettings(_Section):
     )
 
 
+Decoder = Literal["msgspec", "pydantic"]
+"""``ingest.decoder``: msgspec's fast path, then the model; or the model alone."""
+DECODERS: tuple[str, ...] = get_args(Decoder)
+
+
 class IngestSettings(_Section):
     trusted_proxies: tuple[str, ...] = Field((), description="CIDRs whose X-Forwarded-For we trust")
     ipv6_prefix: int = Field(64, ge=1, le=128, description="IPv6 sources grouped by this prefix")
@@ -142,7 +147,7 @@ class IngestSettings(_Section):
         (), description="tenants whose account identifiers are case-sensitive"
     )
     max_event_bytes: int = Field(16384, ge=256, description="larger events are dead-lettered")
-    decoder: Literal["msgspec", "pydantic"] = Field(
+    decoder: Decoder = Field(
         "msgspec",
         description="msgspec: a C decoder reads schema-exact events, the pydantic model the "
         "rest and every rejection (same rows and dead letters); pydantic: the model reads all",

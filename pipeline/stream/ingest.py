@@ -38,7 +38,7 @@ from pipeline.core.attempt import Normaliser
 from pipeline.core.errors import InvalidAttempt
 from pipeline.core.policy import Policy
 from pipeline.errors import ConfigError
-from pipeline.settings import Settings
+from pipeline.settings import DECODERS, Settings
 from pipeline.stream.partitioning import account_partition
 from pipeline.wiring import build_normaliser
 
@@ -50,7 +50,6 @@ TENANT_NOT_ALLOWED = "tenant_not_allowed"
 SLOT_STRIDE = 1024
 """Input slots per topic: more than any topic's partitions (kafka.partitions <= 1024)."""
 SLOT_BASES = 1023
-DECODERS = ("msgspec", "pydantic")
 
 
 def input_slot_base(topic: str) -> int:
