@@ -15,8 +15,6 @@ from pipeline.settings import KafkaSettings, Settings
 
 # Every topic the worker declares carries bytes: the stages encode their own envelopes.
 RAW: dict[str, Any] = {"key_serializer": "raw", "value_serializer": "raw"}
-FAUST_FETCH_WAIT_MS = 1500
-"""The fetch wait faust gives its consumer (``_create_worker_consumer``)."""
 
 
 def broker_credentials(kafka: KafkaSettings) -> Any:
@@ -48,7 +46,8 @@ class _ConsumerThread(AIOKafkaConsumerThread):
     def _create_worker_consumer(self, transport: Any) -> Any:
         consumer = super()._create_worker_consumer(transport)
         # Read by AIOKafkaConsumer.start() when it builds its fetcher (not started yet).
-        consumer._fetch_max_wait_ms = getattr(self.app, "stage_fetch_wait_ms", FAUST_FETCH_WAIT_MS)
+        app: Any = self.app  # an _App (it builds this thread)
+        consumer._fetch_max_wait_ms = app.stage_fetch_wait_ms
         return consumer
 
 
@@ -62,7 +61,9 @@ class _App(faust.App):
     idempotence; faust itself asks for idempotence only inside transactions) and whose
     consumer waits ``stage_fetch_wait_ms`` for fetch answers (``_ConsumerThread``)."""
 
-    stage_fetch_wait_ms = FAUST_FETCH_WAIT_MS
+    def __init__(self, *args: Any, stage_fetch_wait_ms: int, **kwargs: Any) -> None:
+        self.stage_fetch_wait_ms = stage_fetch_wait_ms
+        super().__init__(*args, **kwargs)
 
     def _new_consumer(self) -> Any:
         return _Consumer(
@@ -112,6 +113,6 @@ def new_app(s: Settings) -> faust.App:
         producer_acks=-1,
         stream_buffer_maxsize=64,
         broker_max_poll_records=64,
+        stage_fetch_wait_ms=s.worker.stage_fetch_wait_ms,
     )
-    app.stage_fetch_wait_ms = s.worker.stage_fetch_wait_ms
     return app
