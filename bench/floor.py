@@ -44,7 +44,7 @@ from pipeline.settings import WorkerSettings
 from pipeline.stream.batching import Batcher
 from pipeline.stream.chains import ChangelogChains
 from pipeline.stream.envelopes import MAX_ROWS_PER_MESSAGE
-from pipeline.stream.ingest_loop import HOLD_MAX_MS
+from pipeline.stream.ingest_loop import HOLD_MAX_MS, gather_batch
 
 Send = Callable[[str, bytes | None, bytes | None, int | None], Awaitable[Awaitable[Any]]]
 SendRecords = Callable[[str, int, list[Record]], Awaitable[list[Awaitable[Any]]]]
@@ -176,26 +176,6 @@ class Shell:
         )
 
 
-async def gather_batch(consumer: Any, worker: WorkerSettings) -> dict[Any, list[Any]]:
-    """Input records as ingest gathers them (``IngestLoop._gather_batch``)."""
-    batch: dict[Any, list[Any]] = await consumer.getmany(
-        timeout_ms=worker.batch_max_wait_ms, max_records=worker.batch_max_events
-    )
-    count = sum(len(messages) for messages in batch.values())
-    deadline = time.monotonic() + worker.batch_max_wait_ms / 1000
-    while count and count < worker.batch_max_events:
-        left_ms = int((deadline - time.monotonic()) * 1000)
-        if left_ms <= 0:
-            break
-        more = await consumer.getmany(
-            timeout_ms=left_ms, max_records=worker.batch_max_events - count
-        )
-        for tp, messages in more.items():
-            batch.setdefault(tp, []).extend(messages)
-            count += len(messages)
-    return batch
-
-
 async def run_ingest(
     consumer: Any, shell: Shell, clock: Clock, worker: WorkerSettings, events: int
 ) -> None:
@@ -209,7 +189,9 @@ async def run_ingest(
             shell.progressed.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(shell.progressed.wait(), deadline - time.monotonic())
-        batch = await gather_batch(consumer, worker)
+        batch = await gather_batch(
+            lambda t, m: consumer.getmany(timeout_ms=t, max_records=m), worker
+        )
         if not batch:
             continue
         clock.start()

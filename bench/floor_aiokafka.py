@@ -34,6 +34,7 @@ from pipeline.kafka_client import client_kwargs, producer_kwargs
 from pipeline.runtime import tune_allocator, tune_gc
 from pipeline.settings import KafkaSettings, Settings
 from pipeline.stream.emit import send_records
+from pipeline.stream.ingest_loop import ingest_consumer_options
 from pipeline.stream.worker import prepare_topics
 from pipeline.topics import Topics
 
@@ -99,9 +100,7 @@ async def run(
     shell = Shell(model, send, write, worker.forward_linger_ms, batched)
     fetch = {"enable_auto_commit": False, "auto_offset_reset": "earliest"}
     fetch |= {"max_partition_fetch_bytes": 4 << 20, "fetch_max_wait_ms": worker.batch_max_wait_ms}
-    ingest = AIOKafkaConsumer(
-        input_topic, **client_kwargs(kafka), group_id=f"{kafka.app_id}-ingest", **fetch
-    )
+    ingest = AIOKafkaConsumer(input_topic, **ingest_consumer_options(settings))
     stages = AIOKafkaConsumer(*role_of, **client_kwargs(kafka), group_id=kafka.app_id, **fetch)
     clock = Clock()
 

@@ -31,13 +31,13 @@ from bench.floor_aiokafka import floor_settings, role_topics
 from bench.floor_model import Model, Record
 from bench.floor_traffic import Traffic
 from bench.stream import free_port
-from pipeline.kafka_client import client_kwargs
 from pipeline.logs import stdlib_logging_config
 from pipeline.runtime import tune_allocator, tune_gc
-from pipeline.settings import Settings, WorkerSettings
+from pipeline.settings import Settings
 from pipeline.stream.app import Worker
 from pipeline.stream.emit import send_records
 from pipeline.stream.faust_app import RAW, new_app
+from pipeline.stream.ingest_loop import ingest_consumer_options
 from pipeline.stream.worker import prepare_topics
 from pipeline.topics import Topics
 
@@ -76,7 +76,7 @@ def build(settings: Settings, events: int, traffic: Traffic, batched: bool) -> f
 
     async def ingest() -> None:
         await _assigned(app, len(STAGE_ROLES) * kafka.partitions)
-        consumer = _ingest_consumer(settings, worker)
+        consumer = _ingest_consumer(settings)
         await consumer.start()
         try:
             await run_ingest(consumer, shell, clock, worker, events)
@@ -103,18 +103,10 @@ async def _assigned(app: faust.App, partitions: int) -> None:
         await asyncio.sleep(0.05)
 
 
-def _ingest_consumer(settings: Settings, worker: WorkerSettings) -> AIOKafkaConsumer:
+def _ingest_consumer(settings: Settings) -> AIOKafkaConsumer:
     """Ingest's consumer, configured as ``IngestLoop.run`` configures it."""
-    kafka = settings.kafka
-    consumer = AIOKafkaConsumer(
-        **client_kwargs(kafka),
-        group_id=f"{kafka.app_id}-ingest",
-        enable_auto_commit=False,
-        auto_offset_reset="earliest",
-        max_partition_fetch_bytes=4 * 1024 * 1024,
-        fetch_max_wait_ms=worker.batch_max_wait_ms,
-    )
-    consumer.subscribe([kafka.input_topic])
+    consumer = AIOKafkaConsumer(**ingest_consumer_options(settings))
+    consumer.subscribe([settings.kafka.input_topic])
     return consumer
 
 

@@ -28,7 +28,7 @@ from pipeline.clock import wall_ms
 from pipeline.contracts.codec import dumps
 from pipeline.kafka_client import client_kwargs
 from pipeline.logs import get_logger
-from pipeline.settings import Settings
+from pipeline.settings import Settings, WorkerSettings
 from pipeline.stream.envelopes import account_envelopes
 from pipeline.stream.inflation import bound_decompression
 from pipeline.stream.ingest import DeadLetter, Ingest
@@ -42,6 +42,8 @@ log = get_logger("worker")
 SendEnvelope = Callable[[int, bytes], Awaitable[Awaitable[Any]]]
 SendDead = Callable[[DeadLetter], Awaitable[Awaitable[Any]]]
 Applied = Callable[[int], int | None]
+GetMany = Callable[[int, int], Awaitable[dict[Any, list[Any]]]]
+"""``(timeout_ms, max_records)`` to the records a consumer's ``getmany`` returns."""
 
 HOLD_MAX_MS = 1000
 """The longest ingest waits for the account stage before it reads its next batch."""
@@ -66,6 +68,47 @@ def handed_ms(handed: dict[int, list[tuple[int, int]]], partition: int, offset: 
         if offset <= last:
             return at_ms
     return None
+
+
+def ingest_consumer_options(settings: Settings) -> dict[str, Any]:
+    """How ingest's consumer is built: group ``<app id>-ingest``, offsets committed by
+    ingest, fetch answers within ``worker.batch_max_wait_ms``."""
+    return {
+        **client_kwargs(settings.kafka),
+        "group_id": f"{settings.kafka.app_id}-ingest",
+        "enable_auto_commit": False,
+        "auto_offset_reset": "earliest",
+        "max_partition_fetch_bytes": 4 * 1024 * 1024,
+        "fetch_max_wait_ms": settings.worker.batch_max_wait_ms,
+    }
+
+
+async def gather_batch(
+    getmany: GetMany, worker: WorkerSettings, stop: Callable[[], bool] = lambda: False
+) -> dict[Any, list[Any]]:
+    """Records until ``batch_max_events`` or ``batch_max_wait_ms`` after the first one, or
+    until ``stop()`` (checked after each ``getmany``).
+
+    ``getmany`` returns whatever the fetcher holds, a handful of records under light
+    load, and every batch costs a fixed envelope per account partition downstream (and
+    forwards per source partition from each): lingering keeps a trickle from turning
+    into thousands of tiny envelopes a second, at a bounded cost in latency."""
+    batch = await getmany(worker.batch_max_wait_ms, worker.batch_max_events)
+    count = sum(len(messages) for messages in batch.values())
+    if not count or stop():
+        return batch
+    deadline = time.monotonic() + worker.batch_max_wait_ms / 1000
+    while count < worker.batch_max_events:
+        left_ms = int((deadline - time.monotonic()) * 1000)
+        if left_ms <= 0:
+            break
+        more = await getmany(left_ms, worker.batch_max_events - count)
+        for tp, messages in more.items():
+            batch.setdefault(tp, []).extend(messages)
+            count += len(messages)
+        if stop():
+            break
+    return batch
 
 
 def _not_here(partition: int) -> int | None:
@@ -138,14 +181,7 @@ class IngestLoop:
         """Read, validate and send until cancelled (a faust task)."""
         s = self.settings
         bound_decompression(s.ingest.max_batch_bytes, s.ingest.max_event_bytes)  # bombs
-        consumer = AIOKafkaConsumer(
-            **client_kwargs(s.kafka),
-            group_id=f"{s.kafka.app_id}-ingest",
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            max_partition_fetch_bytes=4 * 1024 * 1024,
-            fetch_max_wait_ms=s.worker.batch_max_wait_ms,
-        )
+        consumer = AIOKafkaConsumer(**ingest_consumer_options(s))
         consumer.subscribe(self.ingest.input_topics, listener=RereadLast(consumer))
         await consumer.start()
         self.ready.set()
@@ -185,39 +221,14 @@ class IngestLoop:
     async def _gather_batch(
         self, consumer: AIOKafkaConsumer, undecodable: list[DeadLetter]
     ) -> dict[Any, list[Any]]:
-        """Records until ``batch_max_events`` or ``batch_max_wait_ms`` after the first one.
+        """``gather_batch`` over ``_getmany``, ending at the first undecodable batch."""
 
-        ``getmany`` returns whatever the fetcher holds, a handful of records under light
-        load, and every batch costs a fixed envelope per account partition downstream (and
-        forwards per source partition from each): lingering keeps a trickle from turning
-        into thousands of tiny envelopes a second, at a bounded cost in latency."""
-        worker = self.settings.worker
-        batch = await self._getmany(
-            consumer,
-            undecodable,
-            timeout_ms=worker.batch_max_wait_ms,
-            max_records=worker.batch_max_events,
-        )
-        count = sum(len(messages) for messages in batch.values())
-        if not count or undecodable:
-            return batch
-        deadline = time.monotonic() + worker.batch_max_wait_ms / 1000
-        while count < worker.batch_max_events:
-            left_ms = int((deadline - time.monotonic()) * 1000)
-            if left_ms <= 0:
-                break
-            more = await self._getmany(
-                consumer,
-                undecodable,
-                timeout_ms=left_ms,
-                max_records=worker.batch_max_events - count,
+        async def getmany(timeout_ms: int, max_records: int) -> dict[Any, list[Any]]:
+            return await self._getmany(
+                consumer, undecodable, timeout_ms=timeout_ms, max_records=max_records
             )
-            for tp, messages in more.items():
-                batch.setdefault(tp, []).extend(messages)
-                count += len(messages)
-            if undecodable:
-                break
-        return batch
+
+        return await gather_batch(getmany, self.settings.worker, lambda: bool(undecodable))
 
     async def _getmany(
         self,
