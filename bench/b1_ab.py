@@ -25,7 +25,7 @@ from typing import Any
 import orjson
 
 from bench import stream
-from bench.latency import Variant, _variant
+from bench.latency import Variant, parse_variant
 
 
 def bench_b1_ab(
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         "--variant", action="append", required=True, help="LABEL[:ROOT[:NAME=VALUE,...]]"
     )
     args = parser.parse_args(argv)
-    variants = tuple(_variant(text, ()) for text in args.variant)
+    variants = tuple(parse_variant(text, ()) for text in args.variant)
     workdir = Path(tempfile.mkdtemp(prefix="authpipe-b1-ab-"))
     with stream.broker(args.bootstrap) as bootstrap:
         ctx = stream.Context(bootstrap, workdir)

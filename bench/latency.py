@@ -468,7 +468,7 @@ def _pair(text: str) -> tuple[str, str]:
     return name, value
 
 
-def _variant(text: str, base: tuple[tuple[str, str], ...]) -> Variant:
+def parse_variant(text: str, base: tuple[tuple[str, str], ...]) -> Variant:
     label, _, rest = text.partition(":")
     root, _, env = rest.partition(":")
     pairs = tuple(_pair(item) for item in env.split(",") if item)
@@ -496,7 +496,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     loads = tuple(int(x) for x in args.loads.split(","))
     base = tuple(_pair(item) for item in args.worker_env)
-    variants = tuple(_variant(text, base) for text in args.variant) or (Variant("", env=base),)
+    variants = tuple(parse_variant(text, base) for text in args.variant) or (Variant("", env=base),)
     workdir = Path(tempfile.mkdtemp(prefix="authpipe-b7-"))
     with broker(args.bootstrap) as bootstrap:
         ctx = Context(bootstrap, workdir)
