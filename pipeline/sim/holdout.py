@@ -15,6 +15,11 @@ Attackers (role ``attacker``; cohort ``attacker`` unless named):
 
 * ``stuffing_pool_once``: each exit used once, 7 attempts/s for 20 minutes;
 * ``stuffing_pool_twice``: the same, two tries per exit, seconds apart;
+* ``stuffing_bursts``: the same pool and combo list, each exit used once, sent by an
+  attacker who knows the wave's 1-minute hold (``[wave] hold_ms``): bursts of
+  ``BURST_S`` seconds at ``STUFFING_PER_S`` attempts/s, each followed by a pause of
+  ``PAUSE_S`` seconds, until it has sent as many attempts as ``stuffing_pool_once``
+  (from 5 % to 95 % of the run, so fewer in a short one);
 * ``spray_pool``: 300 exits, 1,500 harvested accounts (15 % unknown), two passwords, each
   exit trying each account at most once; 1.2 % of the real accounts per pass have the
   sprayed password (``success``, not tried again);
@@ -73,6 +78,9 @@ LEAK_DOMAINS = ("mail.example", "post.example", "inbox.example", "webmail.exampl
 
 STUFFING_PER_S = 7
 STUFFING_LONGEST_MS = 20 * MINUTE_MS
+BURST_S = (20, 40)
+PAUSE_S = (90, 240)
+"""``stuffing_bursts``: each burst's length and each pause's, seconds, uniform."""
 VALID_SHARE = 0.025
 WRONG_SHARE = 0.15
 SPRAY_SOURCES = 300
@@ -200,6 +208,27 @@ def stuffing_pool_twice(cfg: SimConfig, rng: random.Random) -> list[Draft]:
     return _stuffing(cfg, rng, "stuffing_pool_twice", "attacker", span, 2)
 
 
+def stuffing_bursts(cfg: SimConfig, rng: random.Random) -> list[Draft]:
+    name = "stuffing_bursts"
+    t0, t1 = window(cfg, 0.30, 0.65, STUFFING_LONGEST_MS)
+    total = (t1 - t0) * STUFFING_PER_S // 1000  # stuffing_pool_once's attempts
+    start, end = window(cfg, 0.05, 0.95, cfg.duration_ms)
+    times: list[int] = []
+    while start < end and len(times) < total:
+        n = min(rng.randint(*BURST_S) * STUFFING_PER_S, total - len(times))
+        length = n * 1000 // STUFFING_PER_S  # the last burst may be shorter
+        times += [t for t in paced(rng, start, start + length, n) if t < end]
+        start += length + rng.randint(*PAUSE_S) * 1000
+    combos = combo_list(rng, main_population(cfg.rate_per_s), len(times))
+    out = []
+    for t, ip, (account, reason) in zip(
+        times, residential_addresses(rng, len(times)), combos, strict=True
+    ):
+        label = Label(name, "attacker", f"proxy:{ip}", "attacker")
+        out.append(Draft(t, attempt(account, ip, rng.choice(RESIDENTIAL_UAS), reason), label))
+    return out
+
+
 def spray_pool(cfg: SimConfig, rng: random.Random) -> list[Draft]:
     return _spray(cfg, rng, "spray_pool", "attacker", window(cfg, 0.25, 0.75, 30 * MINUTE_MS))
 
@@ -279,6 +308,7 @@ def mfa_code_guessing(cfg: SimConfig, rng: random.Random) -> list[Draft]:
 HOLDOUT_ATTACKS: dict[str, Callable[[SimConfig, random.Random], list[Draft]]] = {
     "stuffing_pool_once": stuffing_pool_once,
     "stuffing_pool_twice": stuffing_pool_twice,
+    "stuffing_bursts": stuffing_bursts,
     "spray_pool": spray_pool,
     "stuffing_own_account": stuffing_own_account,
     "second_wave": second_wave,

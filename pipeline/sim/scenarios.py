@@ -51,10 +51,10 @@ Scenarios (sizes fixed, placed on the timeline by ``PLACEMENT`` as fractions of 
   re-auth while the owner keeps working on the phone.
 
 Group ``holdout`` (issue 24, not in ``mixed``): attacks through residential proxy pools
-(``stuffing_pool_once``, ``stuffing_pool_twice``, ``spray_pool``, ``stuffing_own_account``,
-``second_wave``, ``mfa_code_guessing``; ``pipeline.sim.holdout``) and the people who look
-like them (``identifier_tryers``, ``stale_usernames``, ``library``, ``forgot_password``,
-``office_guest_wifi``; ``pipeline.sim.holdout_people``).
+(``stuffing_pool_once``, ``stuffing_pool_twice``, ``stuffing_bursts``, ``spray_pool``,
+``stuffing_own_account``, ``second_wave``, ``mfa_code_guessing``; ``pipeline.sim.holdout``)
+and the people who look like them (``identifier_tryers``, ``stale_usernames``, ``library``,
+``forgot_password``, ``office_guest_wifi``; ``pipeline.sim.holdout_people``).
 """
 
 from __future__ import annotations
