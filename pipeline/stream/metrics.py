@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+import time
 from collections import Counter as TallyCounter
 from typing import TYPE_CHECKING, Any
 
@@ -134,6 +136,34 @@ class WorkerMetrics:
             registry=r,
         )
         self.ready = Gauge("authpipe_ready", "1 when recovered and consuming", registry=r)
+        self.gc_collections_total = Counter(
+            "authpipe_gc_collections_total",
+            "passes of the cycle collector, by the oldest generation collected",
+            ["generation"],
+            registry=r,
+        )
+        self.gc_seconds_total = Counter(
+            "authpipe_gc_seconds_total",
+            "seconds in the cycle collector, by the oldest generation collected",
+            ["generation"],
+            registry=r,
+        )
+        self._gc_started = 0.0
+
+    def watch_gc(self) -> None:
+        """Time every pass of the cycle collector (``gc.callbacks``; the worker calls this
+        once at start, so a flat rate can be told from a collector walking large state)."""
+        gc.callbacks.append(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._gc_started = time.perf_counter()
+            return
+        generation = str(info["generation"])
+        self.gc_collections_total.labels(generation=generation).inc()
+        self.gc_seconds_total.labels(generation=generation).inc(
+            time.perf_counter() - self._gc_started
+        )
 
     def ingested(self, valid: int, reasons: TallyCounter[str]) -> None:
         self.events_total.inc(valid)

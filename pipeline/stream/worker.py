@@ -49,6 +49,7 @@ def run_worker(settings: Settings) -> int:
     asyncio.run(prepare_topics(settings))
     (settings.state_dir / "faust").mkdir(parents=True, exist_ok=True)
     worker = Worker(settings, policy)
+    worker.metrics.watch_gc()
     log.info(
         "worker_starting",
         policy_version=policy.policy_version,

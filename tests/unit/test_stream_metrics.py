@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 from pipeline.stream.envelopes import StageOutput
 from pipeline.stream.metrics import WorkerMetrics
 
@@ -22,3 +24,30 @@ def test_changelog_records_tombstones_held_rows_and_bytes_are_counted_per_stage(
     assert value("authpipe_changelog_held_records_total", "source") == 2.0
     assert value("authpipe_changelog_bytes_total", "source") == 11.0
     assert value("authpipe_changelog_records_total", "account") is None
+
+
+def test_each_pass_of_the_cycle_collector_is_counted_and_timed_by_its_generation() -> None:
+    """With automatic collection off, two explicit passes of generation 2 and one of 0 count
+    exactly 2 and 1, and their time is counted under the same generations."""
+    metrics = WorkerMetrics()
+    registry = metrics.registry
+    was_enabled = gc.isenabled()
+    gc.disable()
+    metrics.watch_gc()
+    try:
+        gc.collect(2)
+        gc.collect(0)
+        gc.collect(2)
+    finally:
+        gc.callbacks.remove(metrics._on_gc)
+        if was_enabled:
+            gc.enable()
+
+    def value(name: str, generation: str) -> float | None:
+        return registry.get_sample_value(name, {"generation": generation})
+
+    assert value("authpipe_gc_collections_total", "2") == 2.0
+    assert value("authpipe_gc_collections_total", "0") == 1.0
+    assert value("authpipe_gc_collections_total", "1") is None
+    assert (value("authpipe_gc_seconds_total", "2") or 0.0) > 0.0
+    assert (value("authpipe_gc_seconds_total", "0") or 0.0) > 0.0
