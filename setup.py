@@ -27,8 +27,8 @@ from setuptools.command.build_ext import build_ext
 # which mypyc cannot compile (and which are read once per tenant, not per event).
 CORE_MODULES = (
     "account", "attempt", "decisions", "dedupe", "engine", "errors", "grouping", "keys",
-    "lockout", "normalise", "outbox", "records", "rollup", "rules", "sequence", "shard",
-    "source", "state", "streaks", "stuffing", "table", "window",
+    "lockout", "normalise", "outbox", "records", "review", "rollup", "rules", "sequence",
+    "shard", "source", "state", "streaks", "stuffing", "table", "window",
 )  # fmt: skip
 
 

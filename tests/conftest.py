@@ -37,6 +37,7 @@ COMPILED_CORE_MODULES = (
     "normalise",
     "outbox",
     "records",
+    "review",
     "rollup",
     "rules",
     "sequence",

@@ -24,6 +24,13 @@ The flow of one attempt:
    try per ticket, 10 minutes), asking the edge first with ``flow="mfa"``, and reports
    the outcome as a ``flow="mfa"`` event (``bad_second_factor`` when wrong).
 
+6. the session review (a wave's lead-in): a session signed in from a device that is not
+   trusted without any challenge is young for ``REVIEW_S`` (10 minutes). On each of its
+   requests while young, ``review_session`` asks the edge (``GET /v1/session`` with the
+   sign-in time): ``{"challenge": "step_up"}`` means a stuffing wave detected after the
+   sign-in was already running at it, so the session is suspended until a step-up
+   (``StepUps``, ``finish_step_up``) passes. An unreachable edge lets the request go on.
+
 If the edge cannot be reached within ``EDGE_TIMEOUT_S`` the handler fails open (the
 attempt is tried and still reported, so the worker keeps counting it); set
 ``FAIL_OPEN = False`` to refuse instead.
@@ -78,6 +85,9 @@ SCRYPT = {"n": 2**14, "r": 8, "p": 1, "dklen": 32}
 CHALLENGES = ("captcha", "step_up")
 UNLOCK_TTL_S = 15 * 60
 STEP_UP_TTL_S = 10 * 60
+REVIEW_S = (
+    10 * 60
+)  # a session signed in unchallenged from an untrusted device is reviewed this long
 NOTICES_TOPIC = os.environ.get("AUTHPIPE_KAFKA_NOTICES_TOPIC", "auth.account-notices")
 
 log = logging.getLogger("login")
@@ -263,12 +273,40 @@ def read_answer(answer: object) -> EdgeAnswer:
 
 
 class EdgeClient:
-    """``POST /v1/check`` on the authpipe edge, with a short timeout."""
+    """``POST /v1/check`` and ``GET /v1/session`` on the authpipe edge, with a short
+    timeout."""
 
     def __init__(self, session: aiohttp.ClientSession, url: str = EDGE_URL) -> None:
         self.session = session
         self.url = url.rstrip("/") + "/v1/check"
+        self.session_url = url.rstrip("/") + "/v1/session"
         self.headers = {"Authorization": f"Bearer {EDGE_TOKEN}"} if EDGE_TOKEN else {}
+
+    async def review(self, attempt: Attempt, signed_in_at_ms: int) -> str | None:
+        """The step-up a young session owes (``"step_up"``) or None; None when the edge
+        cannot be reached (the request goes on: the sign-in itself was allowed)."""
+        query = {
+            "tenant": attempt.tenant,
+            "account": attempt.account,
+            "ip": attempt.peer_ip,
+            "signed_in_at_ms": str(signed_in_at_ms),
+        }
+        if attempt.forwarded_for:
+            query["forwarded_for"] = ",".join(attempt.forwarded_for)
+        if attempt.device_id:
+            query["device"] = attempt.device_id
+        try:
+            async with asyncio.timeout(EDGE_TIMEOUT_S):
+                async with self.session.get(
+                    self.session_url, params=query, headers=self.headers
+                ) as resp:
+                    resp.raise_for_status()
+                    answer = await resp.json()
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            log.warning("edge session review failed (%s); the request goes on", exc)
+            return None
+        challenge = answer.get("challenge") if isinstance(answer, dict) else None
+        return "step_up" if challenge is not None else None
 
     async def check(self, attempt: Attempt, flow: str | None = None) -> EdgeAnswer:
         """The edge's answer; fails open or closed per FAIL_OPEN on any error."""
@@ -302,6 +340,9 @@ class LoginResult:
     retry_after_ms: int  # > 0 when the edge refused: a Retry-After for the client
     challenge: str | None = None  # what the client must do next: "captcha" or "step_up"
     step_up_ticket: str | None = None  # with "step_up": the ticket finish_step_up takes
+    # A sign-in from an untrusted device that met no challenge: keep it with the session
+    # and call review_session on its requests for REVIEW_S.
+    review_from_ms: int | None = None
 
 
 Report = Callable[[dict[str, Any]], Awaitable[None]]
@@ -355,7 +396,31 @@ async def login(
             log.warning("the edge asked for a second factor and no StepUps is configured")
             return LoginResult(False, 0, "step_up")
         return LoginResult(False, 0, "step_up", await step_ups.start(attempt))
-    return LoginResult(ok, 0 if answer.allowed else answer.retry_after_ms)
+    unchallenged = ok and answer.challenge is None and not attempt.device_trusted
+    review_from = int(time.time() * 1000) if unchallenged else None
+    return LoginResult(ok, 0 if answer.allowed else answer.retry_after_ms, None, None, review_from)
+
+
+async def review_session(
+    attempt: Attempt,
+    signed_in: LoginResult,
+    edge: EdgeClient,
+    step_ups: StepUps | None,
+    now_s: Callable[[], float] = time.time,
+) -> LoginResult | None:
+    """On a request of the session ``signed_in`` opened (``login``'s result for
+    ``attempt``): None lets the request go on; a ``step_up`` result (with a ticket for
+    ``finish_step_up``) suspends the session until the second factor passes. Only a
+    session with ``review_from_ms`` younger than ``REVIEW_S`` is asked about."""
+    since = signed_in.review_from_ms
+    if since is None or now_s() * 1000 - since > REVIEW_S * 1000:
+        return None
+    if await edge.review(attempt, since) is None:
+        return None
+    if step_ups is None:
+        log.warning("the edge asked a session for a second factor and no StepUps is configured")
+        return LoginResult(False, 0, "step_up")
+    return LoginResult(False, 0, "step_up", await step_ups.start(attempt))
 
 
 async def finish_step_up(

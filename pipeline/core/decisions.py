@@ -178,6 +178,9 @@ class Active(NamedTuple):
     expires_ms: int
     rule: str
     challenge: str | None = None
+    since_ms: int = -1
+    """When the decision's evidence began (``evidence_since_ms``); -1 where the holder
+    does not need it (the worker's own index)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -352,14 +355,33 @@ class DecisionIndex:
         return Verdict(True, 0, None, observed) if observed else ALLOWED
 
 
+def evidence_since_ms(scope: str, issued_ms: int, window_ms: int) -> int:
+    """When a decision's evidence began, as ``review_session`` reads it: a wave's lead-in
+    start (``issued_at - window_ms``, ``pipeline.core.rollup``; -1, no lead-in, when
+    ``window_ms`` is 0), any other decision's ``issued_at`` (a familiar pair is familiar
+    from then)."""
+    if scope == "tenant":
+        return issued_ms - window_ms if window_ms > 0 else -1
+    return issued_ms
+
+
+def active_of(d: Decision) -> Active:
+    """A decision as an index keeps it."""
+    issued = datetime_to_ms(d.issued_at)
+    return Active(
+        d.decision_id,
+        d.action,
+        datetime_to_ms(d.expires_at),
+        d.rule,
+        d.challenge,
+        evidence_since_ms(d.scope, issued, d.window_ms),
+    )
+
+
 def index_wave(index: DecisionIndex, decisions: list[tuple[str, Decision]]) -> None:
     """Put the rollup's wave decisions (``(wire key, Decision)``) into ``index``."""
     for _wire_key, d in decisions:
-        expires = datetime_to_ms(d.expires_at)
-        index.put(
-            ("tenant", d.tenant, None, None, None),
-            Active(d.decision_id, d.action, expires, d.rule, d.challenge),
-        )
+        index.put(("tenant", d.tenant, None, None, None), active_of(d))
 
 
 def _subject(key: Key) -> str:

@@ -209,11 +209,20 @@ class WaveConfig(_Frozen):
     same wave extends it, so it ends ``hold_ms`` after the wave's last firing. A device
     trusted for the account is never challenged by it, nor an account at a source it
     succeeded from before (``FamiliarConfig``). ``mode = "observe"`` publishes it as
-    ``observe`` (it demands nothing)."""
+    ``observe`` (it demands nothing).
+
+    The wave's **lead-in**: the decision's ``window_ms`` reaches back ``lead_in_ms``
+    before the end of the wave's first firing window, so its evidence began at
+    ``issued_at - window_ms``. A session signed in since then from an untrusted client
+    without a challenge, at no pair or client familiar before then, is asked a step-up
+    while the wave holds (``pipeline.core.decisions.review_session``, the edge's
+    ``/v1/session``): the credentials a wave tried before it was detected. 0 turns the
+    review off."""
 
     enabled: bool = True
     challenge: ChallengeKind = "captcha"
     hold_ms: int = Field(MINUTE_MS, ge=1000, le=MAX_WINDOW_MS)
+    lead_in_ms: int = Field(MINUTE_MS, ge=0, le=MAX_WINDOW_MS)
     mode: Mode = "enforce"
 
 

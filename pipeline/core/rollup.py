@@ -136,7 +136,7 @@ class TenantRollup:
             return None  # still learning the tenant's norm
         self.fired.add(slot)
         self.newly_fired.append(slot)
-        self._wave(tenant, "spray_tenant", accounts, (window + 1) * cfg.window_ms)
+        self._wave(tenant, "spray_tenant", accounts, window, cfg.window_ms)
         if (tenant, window - 1) in self.fired:
             return None  # the same wave: it extends the challenge, one alert per wave
         start = window * cfg.window_ms
@@ -152,19 +152,32 @@ class TenantRollup:
             self.policy.policy_version,
         )
 
-    def _wave(self, tenant: str, rule: str, count: int, window_end_ms: int) -> None:
-        """A wave fired: challenge the tenant's untrusted password attempts for
-        ``wave.hold_ms`` from the second boundary after the newest share it saw (a later
-        firing issues a later expiry), at most the window's end, so the record is a
+    def _wave(self, tenant: str, rule: str, count: int, window: int, window_ms: int) -> None:
+        """A wave fired in ``window``: challenge the tenant's untrusted password attempts
+        for ``wave.hold_ms`` from the second boundary after the newest share it saw (a
+        later firing issues a later expiry), at most the window's end, so the record is a
         function of the events. No tombstone ever
-        lifts it: it ends at its ``expires_at``, live and in replay alike."""
+        lifts it: it ends at its ``expires_at``, live and in replay alike.
+
+        Its ``window_ms`` reaches back to the lead-in's start: ``wave.lead_in_ms`` before
+        the end of the first window of the run of consecutive fired windows this one
+        belongs to (``fired`` is in the changelog, so a restored rollup computes the
+        same); 0 when ``lead_in_ms`` is 0 (no session review)."""
         cfg = self.policy.for_tenant(tenant).wave
         if not cfg.enabled:
             return
+        window_end_ms = (window + 1) * window_ms
         last = self.last_share_ms.get(tenant, -1)
         issued = self.tick_ms if last < 0 else last - last % TICK_MS + TICK_MS
         issued = min(issued, self.tick_ms, window_end_ms)
         expires = issued + cfg.hold_ms
+        lead_in_ms = 0
+        if cfg.lead_in_ms:
+            first = window
+            while (tenant, first - 1) in self.fired:
+                first -= 1
+            since = max(0, (first + 1) * window_ms - cfg.lead_in_ms)
+            lead_in_ms = max(0, issued - since)
         wire_key = format_key(("tenant", tenant, None, None, None))
         version = self.policy.policy_version
         decision = build_decision(
@@ -179,7 +192,7 @@ class TenantRollup:
             None,
             count,
             0,
-            0,
+            lead_in_ms,
             issued,
             expires,
             version,

@@ -15,7 +15,7 @@ from typing import get_args
 from pipeline.contracts.codec import DecodeError
 from pipeline.contracts.codec import decode_decision as decode
 from pipeline.contracts.models import Scope
-from pipeline.core.decisions import Active
+from pipeline.core.decisions import Active, evidence_since_ms
 from pipeline.core.keys import Key, parse_wire_key
 from pipeline.edge.blocklist import valid_source
 
@@ -71,4 +71,11 @@ def decode_decision(wire_key: str, raw: bytes, source_ok: Callable[[str], bool])
         value = decode(raw, source_ok=source_ok, key=wire_key)
     except DecodeError as exc:
         raise DecodeError(_EDGE_REASON.get(exc.reason, "bad_value"), exc.detail) from None
-    return Active(value.decision_id, value.action, value.expires_at_ms, value.rule, value.challenge)
+    return Active(
+        value.decision_id,
+        value.action,
+        value.expires_at_ms,
+        value.rule,
+        value.challenge,
+        evidence_since_ms(value.scope, value.issued_at_ms, value.window_ms),
+    )

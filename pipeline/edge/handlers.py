@@ -16,6 +16,13 @@ Endpoints (every answer is JSON unless said otherwise; errors are
                             be a list, ``trusted`` a JSON boolean)
 ``POST /v1/check/batch``    a JSON list of such objects (at most 1000) ->
                             ``{"results": [{"allowed", "retry_after_ms", "challenge"}, ...]}``
+``GET /v1/session``         query ``tenant``, ``account``, ``ip``, ``forwarded_for``,
+                            ``device``, ``signed_in_at_ms`` (epoch ms) of a session
+                            signed in from an untrusted client without a challenge ->
+                            ``{"challenge": "step_up"|null}``: ask it on the session's
+                            requests while it is young; ``step_up`` means a wave's
+                            lead-in covers its sign-in (``review_session``): demand a
+                            second factor before going on, and report it (``mfa``)
 ``GET /v1/blocklist``       ``format=json|text|nginx|nginx-geo``, ``include=observe``,
                             ``tenant``; ETag and ``If-None-Match`` (304); with
                             ``wait_ms`` (<= 60000) and ``If-None-Match`` it long-polls:
@@ -60,6 +67,7 @@ from pipeline.edge.http_input import (
     json_body,
     parse_check_json,
     parse_check_query,
+    parse_session_query,
 )
 from pipeline.edge.loglimit import REFUSAL_LOG_LINES_PER_S, LineBudget
 from pipeline.edge.metrics import EdgeMetrics
@@ -264,6 +272,15 @@ class Edge:
         results = [_verdict_body(self._check(req, f"[{i}].")) for i, req in enumerate(parsed)]
         return _json({"results": results})
 
+    async def session_get(self, request: web.Request) -> web.Response:
+        req = parse_session_query(request.query)
+        self._require_ready()
+        challenge = self.view.review_session(
+            req.tenant, req.account, req.ip, req.signed_in_ms, req.forwarded_for, req.device
+        )
+        self.metrics.session_review(challenge)
+        return _json({"challenge": challenge})
+
     # -- operations ----------------------------------------------------------------------
 
     async def healthz(self, request: web.Request) -> web.Response:
@@ -308,6 +325,7 @@ def create_app(
     app.router.add_get(CHECK_PATH, edge.check_get, allow_head=False)
     app.router.add_post(CHECK_PATH, edge.check_post)
     app.router.add_post("/v1/check/batch", edge.check_batch)
+    app.router.add_get("/v1/session", edge.session_get, allow_head=False)
     app.router.add_get("/v1/blocklist", edge.blocklists.blocklist, allow_head=False)
     app.router.add_get("/v1/blocklist/events", edge.blocklists.events, allow_head=False)
     app.router.add_get("/healthz", edge.healthz)

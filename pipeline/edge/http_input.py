@@ -21,10 +21,14 @@ from pipeline.edge.inputs import require_flow, require_tenant, require_trusted
 CHECK_FIELDS = frozenset(
     {"tenant", "account", "ip", "forwarded_for", "device", "session", "trusted", "flow"}
 )
+SESSION_FIELDS = frozenset(
+    {"tenant", "account", "ip", "forwarded_for", "device", "signed_in_at_ms"}
+)
 FEED_FIELDS = frozenset({"format", "include", "tenant", "wait_ms"})
 EVENTS_FIELDS = frozenset({"format", "include", "tenant"})
 WAIT_MAX_MS = 60_000
 _DIGITS = re.compile(r"[0-9]{1,5}")
+_EPOCH_MS = re.compile(r"[0-9]{1,15}")
 _QUERY_BOOLEANS = {"true": True, "false": False}
 
 
@@ -40,6 +44,18 @@ class CheckRequest:
     session: str | None
     trusted: bool
     flow: str
+
+
+@dataclass(frozen=True, slots=True)
+class SessionRequest:
+    """One session review (``GET /v1/session``), validated for shape."""
+
+    tenant: str
+    account: str
+    ip: str
+    forwarded_for: str
+    device: str | None
+    signed_in_ms: int
 
 
 def _single(query: MultiMapping[str], name: str) -> str | None:
@@ -95,6 +111,27 @@ def check_request(field: Callable[[str], str | None]) -> CheckRequest:
         session=field("session") or None,
         trusted=_parse_trusted(field("trusted")),
         flow=_parse_flow(field("flow")),
+    )
+
+
+def parse_session_query(query: MultiMapping[str]) -> SessionRequest:
+    """A session review from query parameters; raises CheckInputError."""
+    _reject_unknown(query.keys(), SESSION_FIELDS)
+    tenant = _single(query, "tenant")
+    signed_in = _required(
+        _single(query, "signed_in_at_ms"), "signed_in_at_ms", "the sign-in time, epoch ms"
+    )
+    if not _EPOCH_MS.fullmatch(signed_in):
+        raise CheckInputError(
+            "signed_in_at_ms", "signed_in_at_ms must be the sign-in time in epoch milliseconds"
+        )
+    return SessionRequest(
+        tenant="default" if tenant is None else tenant,
+        account=_required(_single(query, "account"), "account", "the identifier as typed"),
+        ip=_required(_single(query, "ip"), "ip", "the TCP peer address"),
+        forwarded_for=_single(query, "forwarded_for") or "",
+        device=_single(query, "device") or None,
+        signed_in_ms=int(signed_in),
     )
 
 

@@ -9,7 +9,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from pipeline.edge.health import Health
-from pipeline.edge.http_input import CHECK_FIELDS, FEED_FIELDS
+from pipeline.edge.http_input import CHECK_FIELDS, FEED_FIELDS, SESSION_FIELDS
 from pipeline.edge.view import DecisionView
 
 
@@ -63,6 +63,12 @@ class EdgeMetrics:
         r = self.registry
         self.checks_total = Counter(
             "authpipe_edge_checks_total", "checks answered", ["result"], registry=r
+        )
+        self.session_reviews_total = Counter(
+            "authpipe_edge_session_reviews_total",
+            "session reviews answered (result step_up or none)",
+            ["result"],
+            registry=r,
         )
         self.bad_requests_total = Counter(
             "authpipe_edge_bad_requests_total", "requests answered 400", ["parameter"], registry=r
@@ -126,6 +132,9 @@ class EdgeMetrics:
     def check(self, applied: str) -> None:
         self._child(self.checks_total, applied).inc()
 
+    def session_review(self, challenge: str | None) -> None:
+        self._child(self.session_reviews_total, challenge or "none").inc()
+
     def bad_request(self, parameter: str) -> None:
         self._child(self.bad_requests_total, _parameter_label(parameter)).inc()
 
@@ -137,4 +146,4 @@ class EdgeMetrics:
 def _parameter_label(parameter: str) -> str:
     """A bounded label: known parameter names only (batch positions dropped)."""
     name = parameter.rsplit(".", 1)[-1]
-    return name if name in CHECK_FIELDS | FEED_FIELDS | {"body"} else "other"
+    return name if name in CHECK_FIELDS | SESSION_FIELDS | FEED_FIELDS | {"body"} else "other"

@@ -32,9 +32,16 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline.clock import wall_ms
 from pipeline.contracts.codec import DecodeError
-from pipeline.core.decisions import ALLOWED, Active, DecisionIndex, Verdict, applicable_keys
+from pipeline.core.decisions import (
+    ALLOWED,
+    Active,
+    DecisionIndex,
+    Verdict,
+    applicable_keys,
+)
 from pipeline.core.errors import InvalidAttempt
 from pipeline.core.keys import Key, format_key
+from pipeline.core.review import review_session
 from pipeline.edge.blocklist import BlockEntry, valid_source
 from pipeline.edge.changes import ChangeSignal
 from pipeline.edge.decode import decode_decision, decode_key
@@ -61,6 +68,9 @@ FORWARDED_CACHED_MAX_CHARS = 256
 """Checks whose ``forwarded_for`` is longer are answered without caching (a proxy chain
 is a few hops of 7 to 45 characters; longer text is a client's to vary at will)."""
 OUTCOMES = ("put", "lift", "expired", "bad")
+SESSION_SKEW_MS = 300_000
+"""A session review's sign-in time may be this far past the edge's clock (skew) and is
+then read as now; further is a bad parameter."""
 
 
 @dataclass(slots=True)
@@ -242,17 +252,41 @@ class DecisionView:
             return ALLOWED
         return self.index.check(entry[0], self.now_ms())
 
+    def review_session(
+        self,
+        tenant: str,
+        account: str,
+        source_ip: str,
+        signed_in_ms: int,
+        forwarded_for: str | Sequence[str] = (),
+        device_id: str | None = None,
+    ) -> str | None:
+        """The step-up a session now owes (``"step_up"``) or None: the core's
+        ``review_session`` on this view, now, after the check's normalisation. Ask it for
+        a session signed in from an untrusted client without a challenge. Raises
+        CheckInputError."""
+        require_tenant(tenant)
+        now = self.now_ms()
+        if signed_in_ms > now + SESSION_SKEW_MS:
+            raise CheckInputError(
+                "signed_in_at_ms",
+                "signed_in_at_ms is in the future; send the session's sign-in time, epoch ms",
+            )
+        account_digest, source, device = self._subjects(
+            tenant, account, source_ip, forwarded_for, device_id
+        )
+        # A login service's clock a little ahead of this one's is not a bad request.
+        signed_in_ms = min(signed_in_ms, now)
+        return review_session(self.index, tenant, account_digest, source, device, signed_in_ms, now)
+
     def _keys_of(self, memo: tuple[Any, ...]) -> _Memo:
         """Validate and normalise the arguments of a check (cache miss)."""
         tenant, account, source_ip, forwarded_for, device_id, trusted, flow, session_id = memo
         require_flow(flow)
         require_trusted(trusted)
-        account_digest = self._accounts.get((tenant, account)) or self._account(tenant, account)
-        hops = split_forwarded(forwarded_for)
-        source = self._addresses.get((source_ip, hops)) or self._source(source_ip, hops)
-        device = None
-        if device_id:
-            device = self._devices.get((tenant, device_id)) or self._device(tenant, device_id)
+        account_digest, source, device = self._subjects(
+            tenant, account, source_ip, forwarded_for, device_id
+        )
         session = None
         if session_id:
             session = self._sessions.get((tenant, session_id)) or self._session(tenant, session_id)
@@ -274,6 +308,24 @@ class DecisionView:
                 del memo_cache[next(iter(memo_cache))]
             memo_cache[memo] = entry
         return entry
+
+    def _subjects(
+        self,
+        tenant: str,
+        account: str,
+        source_ip: str,
+        forwarded_for: str | Sequence[str],
+        device_id: str | None,
+    ) -> tuple[str, str, str | None]:
+        """The account digest, the source and the device digest (None without a device)
+        of a check's or a review's arguments, through the bounded caches."""
+        account_digest = self._accounts.get((tenant, account)) or self._account(tenant, account)
+        hops = split_forwarded(forwarded_for)
+        source = self._addresses.get((source_ip, hops)) or self._source(source_ip, hops)
+        device = None
+        if device_id:
+            device = self._devices.get((tenant, device_id)) or self._device(tenant, device_id)
+        return account_digest, source, device
 
     def _account(self, tenant: str, account: str) -> str:
         require_account(account)

@@ -60,6 +60,10 @@ class AttackScore(Tally):
     account_takeovers: int = 0
     challenged: int = 0
     """Attempts that met a challenge (counted in ``refused``: bots fail challenges)."""
+    stepped_up_after_sign_in: int = 0
+    """Sign-ins let through unchallenged whose session a review stepped up later (a
+    wave's lead-in covered them: ``pipeline.sim.replay.replay_sessions``); counted in
+    ``refused``, not as takeovers."""
 
     @property
     def response_ms(self) -> int | None:
@@ -112,6 +116,7 @@ class AttackScore(Tally):
             "guesses_per_account_24h": self.guesses_per_account_24h,
             "account_takeovers": self.account_takeovers,
             "challenged": self.challenged,
+            "stepped_up_after_sign_in": self.stepped_up_after_sign_in,
             "alerts": dict(sorted(self.alerts.items())),
             "blocks": dict(sorted(self.blocks.items())),
             "observes": dict(sorted(self.observes.items())),
@@ -148,6 +153,10 @@ class Scorecard:
     legit_challenged_outside_attacks: int = 0
     """Legitimate attempts challenged while no attack's password attempts ran (the truth),
     a wave's hold after an attack included."""
+    legit_stepped_up_after_sign_in: int = 0
+    """Legitimate sessions a review stepped up after their sign-in (they pass it)."""
+    legit_stepped_up_outside_attacks: int = 0
+    """Those of them signed in while no attack's password attempts ran."""
     wave_answers: list[dict[str, Any]] = field(default_factory=list)
     """Per attacker (scenario, cohort, tenant): seconds from its first attempt until a wave
     challenge was in force (``pipeline.sim.waves.answers``)."""
@@ -203,6 +212,8 @@ class Scorecard:
                 "untrusted_during_waves": self.legit_untrusted_in_wave,
                 "challenged_during_waves": self.legit_challenged_in_wave,
                 "challenged_outside_attacks": self.legit_challenged_outside_attacks,
+                "sessions_stepped_up_after_sign_in": self.legit_stepped_up_after_sign_in,
+                "sessions_stepped_up_outside_attacks": self.legit_stepped_up_outside_attacks,
                 "refused_by_design": {
                     cohort: {"refused": n, "why": self.legit_by_design_why.get(cohort, [])}
                     for cohort, n in sorted(self.legit_by_design.items())

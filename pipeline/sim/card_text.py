@@ -47,7 +47,16 @@ def render(card: Scorecard) -> str:
         + f"; untrusted password attempts during waves: {card.legit_challenged_in_wave}"
         f" of {card.legit_untrusted_in_wave} challenged"
         f"; challenged while no attack ran: {card.legit_challenged_outside_attacks}"
+        f"; sessions stepped up after sign-in: {card.legit_stepped_up_after_sign_in}"
+        f" ({card.legit_stepped_up_outside_attacks} signed in while no attack ran)"
     )
+    reviewed = ", ".join(
+        f"{a.attack} {a.stepped_up_after_sign_in}"
+        for a in card.attacks
+        if a.stepped_up_after_sign_in
+    )
+    if reviewed:
+        lines.append(f"attacker sign-ins stepped up after the fact (a wave's lead-in): {reviewed}")
     answered = ", ".join(
         f"{w['attack']}/{w['cohort']} "
         + ("never" if w["challenged_after_s"] is None else f"{w['challenged_after_s']:.1f} s")

@@ -13,12 +13,18 @@ attempt at its ``occurred_at``, exactly as a gateway would have:
   tombstone with no such success is an expiry, which ``expires_at`` already enforces;
 * on a compacted topic a decision superseded by a later one for the same key may be
   gone; the scorecard then sees only the later one (read soon after a run, or use files).
+
+``replay_sessions`` also plays the login service's session review (``/v1/session``): a
+session signed in from an untrusted client without a challenge is reviewed with the
+core's ``review_session`` each time a wave challenge of its tenant is put while the
+session is younger than ``REVIEW_HORIZON_MS`` (the assumption: a login service asks on
+the requests of its young sessions, and a session makes one soon after the wave is put).
 """
 
 from __future__ import annotations
 
 import bisect
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -28,11 +34,13 @@ from pipeline.core.decisions import (
     Active,
     DecisionIndex,
     Verdict,
+    active_of,
     keys_for,
     lock_key,
     mfa_account_key,
 )
 from pipeline.core.keys import Key, decision_key, parse_key
+from pipeline.core.review import review_session
 from pipeline.sim.outputs import DecisionRecord
 from pipeline.sim.truth import TruthEvent
 
@@ -94,37 +102,70 @@ def _index_changes(
             d = rec.decision
             issued = datetime_to_ms(d.issued_at)
             at = rec.after if rec.after is not None else bisect.bisect_right(times, issued)
-            active = Active(
-                d.decision_id, d.action, datetime_to_ms(d.expires_at), d.rule, d.challenge
-            )
+            active = active_of(d)
             pending = follower is not None and follower.decision is None and follower.after is None
             changes.append(_IndexChange(at, seq, "put", key, active, pending))
     changes.sort(key=lambda change: (change.at, change.seq))
     return changes
 
 
+REVIEW_HORIZON_MS = 10 * 60_000
+"""How long after its sign-in a session is still reviewed (``replay_sessions``)."""
+
+
 def replay(events: Sequence[TruthEvent], records: Sequence[DecisionRecord]) -> list[Verdict]:
     """Each event's verdict under the decision stream, as a gateway would have given it."""
+    return replay_sessions(events, records)[0]
+
+
+def _open_session(a: Attempt, verdict: Verdict) -> bool:
+    """A sign-in the session review concerns: a password-flow success from an untrusted
+    client, let through without a challenge."""
+    return (
+        a.success
+        and a.password_flow
+        and not (a.trusted and a.device)
+        and verdict.allowed
+        and verdict.challenge is None
+    )
+
+
+def replay_sessions(
+    events: Sequence[TruthEvent], records: Sequence[DecisionRecord]
+) -> tuple[list[Verdict], set[int]]:
+    """Each event's verdict, and the positions of the sign-ins a session review later
+    stepped up (see the module docstring)."""
     index = DecisionIndex(announce=False)
+    sessions: dict[str, deque[int]] = defaultdict(deque)
+    reviewed: set[int] = set()
     pending: dict[Key, str] = {}
     changes = _index_changes(events, records)
     verdicts: list[Verdict] = []
     cursor = 0
+
+    def apply(change: _IndexChange, now_ms: int) -> None:
+        if change.kind == "lift":
+            index.lift(change.key)
+            return
+        assert change.active is not None
+        index.put(change.key, change.active)
+        if change.pending_lift:
+            pending[change.key] = change.active.decision_id
+        else:
+            pending.pop(change.key, None)
+        if change.key[0] == "tenant" and change.active.action == "challenge":
+            tenant = change.key[1]
+            _review(index, events, tenant, sessions[tenant], now_ms, reviewed)
+
     for i, event in enumerate(events):
         while cursor < len(changes) and changes[cursor].at <= i:
-            change = changes[cursor]
+            apply(changes[cursor], event.occurred_ms)
             cursor += 1
-            if change.kind == "lift":
-                index.lift(change.key)
-                continue
-            assert change.active is not None
-            index.put(change.key, change.active)
-            if change.pending_lift:
-                pending[change.key] = change.active.decision_id
-            else:
-                pending.pop(change.key, None)
         a = event.attempt
-        verdicts.append(index.check(keys_for(a), a.occurred_ms))
+        verdict = index.check(keys_for(a), a.occurred_ms)
+        verdicts.append(verdict)
+        if _open_session(a, verdict):
+            sessions[a.tenant].append(i)
         if a.success and pending:
             for key in lifted_keys(a):
                 current = index.get(key)
@@ -139,4 +180,35 @@ def replay(events: Sequence[TruthEvent], records: Sequence[DecisionRecord]) -> l
                 if current is not None and pending.get(key) == current.decision_id:
                     index.lift(key)
                     del pending[key]
-    return verdicts
+    # Decisions after the last event (a wave the last attempts fired) still review the
+    # sessions before them.
+    for change in changes[cursor:]:
+        apply(change, events[-1].occurred_ms)
+    return verdicts, reviewed
+
+
+def _review(
+    index: DecisionIndex,
+    events: Sequence[TruthEvent],
+    tenant: str,
+    open_sessions: deque[int],
+    now_ms: int,
+    reviewed: set[int],
+) -> None:
+    """Review the tenant's young sessions at ``now_ms``; forget those past the horizon."""
+    while open_sessions and events[open_sessions[0]].occurred_ms < now_ms - REVIEW_HORIZON_MS:
+        open_sessions.popleft()
+    wave = index.get(("tenant", tenant, None, None, None))
+    if wave is None or wave.since_ms < 0:
+        return
+    for i in reversed(open_sessions):  # newest first: those since the lead-in began
+        if events[i].occurred_ms < wave.since_ms:
+            break
+        if i in reviewed:
+            continue
+        a = events[i].attempt
+        step_up = review_session(
+            index, a.tenant, a.account, a.source, a.device, a.occurred_ms, now_ms
+        )
+        if step_up is not None:
+            reviewed.add(i)

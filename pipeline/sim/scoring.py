@@ -26,7 +26,7 @@ from pipeline.sim.card import AttackScore, Scorecard
 from pipeline.sim.examples import example
 from pipeline.sim.matching import AttackIndex, new_score, score_alerts, score_decisions
 from pipeline.sim.outputs import Outputs
-from pipeline.sim.replay import replay
+from pipeline.sim.replay import replay_sessions
 from pipeline.sim.truth import ATTACKER, LEGIT_ROLES, TruthEvent
 from pipeline.sim.waves import answers, attack_spans, during, wave_spans
 
@@ -40,7 +40,7 @@ DAY_MS = 86_400_000
 
 def score(events: Sequence[TruthEvent], outputs: Outputs) -> Scorecard:
     """The scorecard of ``outputs`` against the labelled ``events``."""
-    verdicts = replay(events, outputs.decisions)
+    verdicts, reviewed = replay_sessions(events, outputs.decisions)
     design = design_reasons(events, verdicts)
     attacks = AttackIndex.build(events)
     scores = {name: new_score(name, evs) for name, evs in sorted(attacks.events.items())}
@@ -58,13 +58,18 @@ def score(events: Sequence[TruthEvent], outputs: Outputs) -> Scorecard:
     examples: list[dict[str, Any]] = []
     let_through: dict[tuple[str, str, str], list[int]] = defaultdict(list)
     taken: dict[str, set[tuple[str, str]]] = defaultdict(set)
-    for event, verdict, reason in zip(events, verdicts, design, strict=True):
+    legit_reviewed = [0, 0]  # legitimate sessions stepped up after sign-in; of them outside attacks
+    for i, (event, verdict, reason) in enumerate(zip(events, verdicts, design, strict=True)):
         if event.role == ATTACKER:
-            # A challenge stops a bot: the assumption is that bots fail challenges.
+            # A challenge stops a bot: the assumption is that bots fail challenges, the
+            # step-up a session review asks after the sign-in too.
             challenged = _shown(verdict, event)
             if challenged:
                 verdict = CHALLENGED
                 scores[event.scenario].challenged += 1
+            elif i in reviewed:
+                verdict = CHALLENGED
+                scores[event.scenario].stepped_up_after_sign_in += 1
             a = event.attempt
             success = a.success and event.cohort not in NOT_TAKEOVERS
             _count_attacker(scores[event.scenario], event, verdict, success)
@@ -74,6 +79,9 @@ def score(events: Sequence[TruthEvent], outputs: Outputs) -> Scorecard:
                 let_through[(event.scenario, a.tenant, a.account)].append(event.occurred_ms)
         elif event.role in LEGIT_ROLES:
             legit_attempts[event.cohort] += 1
+            if i in reviewed:
+                legit_reviewed[0] += 1
+                legit_reviewed[1] += not during(running, event.attempt.tenant, event.occurred_ms)
             shown = _shown(verdict, event)
             if shown:
                 legit_challenged[event.cohort] += 1
@@ -110,6 +118,8 @@ def score(events: Sequence[TruthEvent], outputs: Outputs) -> Scorecard:
         legit_untrusted_in_wave=in_wave[0],
         legit_challenged_in_wave=in_wave[1],
         legit_challenged_outside_attacks=outside,
+        legit_stepped_up_after_sign_in=legit_reviewed[0],
+        legit_stepped_up_outside_attacks=legit_reviewed[1],
         wave_answers=answers(events, waves),
         legit_examples=examples,
         legit_by_design=by_design,

@@ -23,6 +23,7 @@ ORDER = (
     "policy",
     "stuffing",
     "decisions",
+    "review",
     "records",
     "outbox",
     "rules",

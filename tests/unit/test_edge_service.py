@@ -175,6 +175,38 @@ async def test_post_check_and_batch(edge: Edge) -> None:
     assert await edge.post_json("/v1/check/batch", []) == {"results": []}
 
 
+def session_url(signed_in_ms: int | str, **params: str) -> str:
+    query = {"account": ACCOUNT, "ip": PEER, "signed_in_at_ms": str(signed_in_ms), **params}
+    return "/v1/session?" + "&".join(f"{k}={quote(v)}" for k, v in query.items())
+
+
+async def test_session_review_asks_a_step_up_within_a_waves_lead_in(edge: Edge) -> None:
+    """GET /v1/session: a session signed in within a wave's lead-in owes a step-up while the
+    wave holds; one signed in before the lead-in, or asked after the wave, owes none."""
+    wave = ("tenant", "default", None, None, None)
+    edge.view.apply(
+        *message(wave, T0 + MIN, action="challenge", challenge="captcha", window_ms=MIN)
+    )
+    assert await edge.get_json(session_url(T0 - 30_000)) == {"challenge": "step_up"}
+    assert await edge.get_json(session_url(T0 - 2 * MIN)) == {"challenge": None}
+    edge.clock.now = T0 + MIN
+    assert await edge.get_json(session_url(T0 - 30_000)) == {"challenge": None}
+
+
+async def test_session_review_bad_parameters_are_400(edge: Edge) -> None:
+    """A missing, non-numeric or far-future sign-in time, or an unknown parameter, is a 400
+    naming it."""
+    for url, parameter in [
+        (f"/v1/session?account=bob&ip={PEER}", "signed_in_at_ms"),
+        (session_url("yesterday"), "signed_in_at_ms"),
+        (session_url(T0 + 10 * MIN), "signed_in_at_ms"),
+        (session_url(T0, flow="login"), "flow"),
+        (session_url(T0, ip="not-an-ip"), "ip"),
+    ]:
+        body = await edge.get_json(url, status=400)
+        assert isinstance(body, dict) and body["parameter"] == parameter, body
+
+
 @pytest.mark.parametrize(
     ("params", "parameter", "phrase"),
     [

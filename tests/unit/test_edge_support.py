@@ -85,6 +85,8 @@ def decision(
     action: str = "block",
     issued_ms: int = T0,
     decision_id: str | None = None,
+    window_ms: int = 15 * MIN,
+    challenge: str | None = None,
 ) -> Decision:
     """A decision as the worker writes it."""
     scope, tenant, account, source, device = key
@@ -101,10 +103,11 @@ def decision(
         rule=scope,
         count=5,
         threshold=5,
-        window_ms=15 * MIN,
+        window_ms=window_ms,
         issued_at=ms_to_datetime(issued_ms),
         expires_at=ms_to_datetime(expires_ms),
         policy_version="edge-test-1",
+        challenge=challenge,  # type: ignore[arg-type]
     )
 
 

@@ -300,3 +300,57 @@ async def test_the_check_is_read_defensively(
     answers.append(answer)
     result, _, _ = await _run(url, _bob(), captcha=login_service.StubCaptcha())
     assert (result.ok, result.challenge) == expected
+
+
+async def test_a_young_unchallenged_session_is_reviewed_and_suspended_on_step_up() -> None:
+    """An untrusted sign-in that met no challenge asks GET /v1/session with its sign-in
+    time on its requests: step_up suspends it with a mailed code (a step-up ticket); no
+    answer lets it go on; a trusted device's sign-in, or one past REVIEW_S, is not asked."""
+    asked: list[dict[str, str]] = []
+    verdicts = [{"challenge": None}, {"challenge": "step_up"}]
+
+    async def check(request: web.Request) -> web.Response:
+        return web.Response(body=orjson.dumps(ALLOWED_ANSWER), content_type="application/json")
+
+    async def session(request: web.Request) -> web.Response:
+        asked.append(dict(request.query))
+        body = verdicts.pop(0)
+        return web.Response(body=orjson.dumps(body), content_type="application/json")
+
+    app = web.Application()
+    app.router.add_post("/v1/check", check)
+    app.router.add_get("/v1/session", session)
+    server = TestServer(app)
+    await server.start_server()
+    codes: list[str] = []
+
+    async def mail(to: str, subject: str, body: str) -> None:
+        codes.append(body)
+
+    step_ups = login_service.StepUps(mail)
+    try:
+        url = str(server.make_url(""))
+        signed_in, _, _ = await _run(url, _bob())
+        trusted, _, _ = await _run(url, _bob(device_trusted=True))
+        assert (signed_in.ok, trusted.ok, trusted.review_from_ms) == (True, True, None)
+        async with aiohttp.ClientSession() as http:
+            client = login_service.EdgeClient(http, url)
+            first = await login_service.review_session(_bob(), signed_in, client, step_ups)
+            second = await login_service.review_session(_bob(), signed_in, client, step_ups)
+            late = await login_service.review_session(
+                _bob(), signed_in, client, step_ups, now_s=lambda: 1e12
+            )
+    finally:
+        await server.close()
+    assert first is None and late is None
+    assert (second.ok, second.challenge, len(codes)) == (False, "step_up", 1)
+    assert second.step_up_ticket is not None
+    assert [q["signed_in_at_ms"] for q in asked] == [str(signed_in.review_from_ms)] * 2
+    assert (asked[0]["account"], asked[0]["ip"], asked[0]["device"]) == (
+        "bob",
+        "198.51.100.7",
+        "dev-1",
+    )
+
+
+ALLOWED_ANSWER = {"allowed": True, "retry_after_ms": 0, "challenge": None}

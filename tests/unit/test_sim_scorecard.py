@@ -173,6 +173,7 @@ EXPECTED_ATTACKS = [
         "guesses_per_account_24h": 5,
         "account_takeovers": 0,
         "challenged": 0,
+        "stepped_up_after_sign_in": 0,
         "alerts": {},
         "blocks": {"account_source": 1, "lockout": 1},
         "observes": {},
@@ -202,6 +203,7 @@ EXPECTED_ATTACKS = [
         "guesses_per_account_24h": 1,
         "account_takeovers": 0,
         "challenged": 1,
+        "stepped_up_after_sign_in": 0,
         "alerts": {"spray_tenant": 1},
         "blocks": {},
         "observes": {"spray_tenant": 1},  # the wave's challenge decision
@@ -219,6 +221,8 @@ def check_hand_card(card: dict[str, Any]) -> None:
         "untrusted_during_waves": 0,
         "challenged_during_waves": 0,
         "challenged_outside_attacks": 0,
+        "sessions_stepped_up_after_sign_in": 0,
+        "sessions_stepped_up_outside_attacks": 0,
         "refused_by_design": {},
         "by_cohort": {
             "ordinary": {"attempts": 2, "refused": 0, "challenged": 0},
@@ -383,3 +387,67 @@ def test_lock_refusal_after_the_owners_stale_app_fed_the_run_is_by_design(tmp_pa
         "ordinary": 1,
     }
     assert legit["refused_by_design"]["ordinary"]["why"] == [STALE_APP_RUN]
+
+
+def stuffing_stream() -> list[dict[str, Any]]:
+    """Tenant shop: a stuffer fails on three accounts from three proxies in 3 s, and carol's
+    valid credential signs in from a fourth at 2.5 s, before rule 8 fires; erin signs in from
+    a new address at 1.5 s."""
+    rows = [row(0, T0 + 1_500, "erin", "198.18.0.30", ok=True, tenant="shop")]
+    for k in range(3):
+        rows.append(
+            row(
+                1 + k,
+                T0 + (1 + k) * SEC,
+                f"acc{k}",
+                f"203.0.113.{60 + k}",
+                role="attacker",
+                scenario="stuffing",
+                cohort="attacker",
+                tenant="shop",
+            )
+        )
+    rows.append(
+        row(
+            4,
+            T0 + 2_500,
+            "carol",
+            "203.0.113.70",
+            ok=True,
+            role="attacker",
+            scenario="stuffing",
+            cohort="attacker",
+            tenant="shop",
+        )
+    )
+    return sorted(rows, key=lambda r: str(r["event"]["occurred_at"]))
+
+
+def wave_policy(lead_in_ms: int) -> Any:
+    return policy_from_toml(f"""
+policy_version = "hand-2"
+[defaults.tenant_spray]
+min_accounts = 3
+min_sources = 1
+window_ms = 10000
+baseline_windows = 8
+factor = 5.0
+min_history_windows = 0
+[defaults.wave]
+lead_in_ms = {lead_in_ms}
+""")
+
+
+def test_a_credential_signed_in_in_a_waves_lead_in_is_stepped_up_not_taken_over(
+    tmp_path: Path,
+) -> None:
+    """carol's sign-in before the wave fired is stepped up by the session review (no
+    takeover), and so is erin's (she passes it); with the review off it is a takeover."""
+    events = load(tmp_path, stuffing_stream())
+    card = score(events, run_engine(events, wave_policy(60_000)))
+    (stuffing,) = card.attacks
+    assert (stuffing.account_takeovers, stuffing.stepped_up_after_sign_in) == (0, 1)
+    assert (card.legit_stepped_up_after_sign_in, card.legit_stepped_up_outside_attacks) == (1, 0)
+    off = score(events, run_engine(events, wave_policy(0)))
+    assert (off.attacks[0].account_takeovers, off.attacks[0].stepped_up_after_sign_in) == (1, 0)
+    assert off.legit_stepped_up_after_sign_in == 0
