@@ -45,6 +45,7 @@ log = get_logger("bench")
 PARTS = (
     "ceiling",
     "b1",
+    "b1_3m",
     "b1_peers",
     "b1_group",
     "naive",
@@ -59,11 +60,14 @@ PARTS = (
     "edge",
     "sink",
 )
+B1_SEGMENTS = 2
+"""B1 (1M) in two stretches of account rows, as b1_3m's six (bench.stream.B1_3M_SEGMENTS)."""
 TARGETS = {
     "b1_events_per_s": 50_000,
     "b1_vs_naive": 10.0,
     "b1_vs_ceiling": 0.3,
     "b1_vs_quix_cpu": 10.0,
+    "b1_3m_vs_b1_cpu": 0.9,
     "b2_p99_ms": 100.0,
     "b2_edge_p99_ms": 150.0,
     "b3_rss_mb": 512.0,
@@ -192,6 +196,8 @@ class Runner:
 
     def run(self) -> dict[str, Any]:
         scale = self.plan.scale
+        if "b1_3m" in self.parts:
+            self.parts.add("b1")  # its ratio is to this run's B1
         if self.parts & {"ceiling", "b1", "naive", "quix"} or self.floors:
             self.parts.add("preload")
             self.guarded("preload", self.preload)
@@ -202,6 +208,7 @@ class Runner:
             self.guarded("preload_peers", self.preload_peers)
         self.guarded("ceiling", self.ceiling)
         self.guarded("b1", self.b1)
+        self.guarded("b1_3m", self.b1_3m)
         if self.floors:
             # the floors send what this run's B1 worker sent (bench.floor_run)
             if "b1" in self.parts and "error" not in self.results.get("b1", {}):
@@ -282,7 +289,12 @@ class Runner:
     def b1(self) -> dict[str, Any]:
         if self.b1_names is None:
             raise RuntimeError("the B1 topic was not pre-loaded")
-        return stream.bench_b1(self.ctx, self.b1_names, self.plan.scale.b1_events)
+        return stream.bench_b1(
+            self.ctx, self.b1_names, self.plan.scale.b1_events, segments=B1_SEGMENTS
+        )
+
+    def b1_3m(self) -> dict[str, Any]:
+        return stream.bench_b1_3m(self.ctx, self.plan.scale.b1_3m_events, self.results.get("b1"))
 
     def b1_traffic(self) -> dict[str, Any]:
         assert self.b1_names is not None
@@ -414,6 +426,8 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
         "b1_vs_quix": ratio(b1_same, peers["quix"]),
         "b1_vs_naive_cpu": ratio(b1_same_cpu, peers_cpu["naive"]),
         "b1_vs_quix_cpu": ratio(b1_same_cpu, peers_cpu["quix"]),
+        "b1_3m_events_per_cpu_s": _get(results, "b1_3m", "events_per_cpu_s"),
+        "b1_3m_vs_b1_cpu": _get(results, "b1_3m", "vs_b1_cpu"),
         "peers_seen_counted": {
             name: {
                 "seen": _get(results, name, "events_seen"),
@@ -448,6 +462,7 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
         "b1_vs_naive": (summary["b1_vs_naive"] or 0) >= TARGETS["b1_vs_naive"],
         "b1_vs_ceiling": (summary["b1_vs_ceiling"] or 0) >= TARGETS["b1_vs_ceiling"],
         "b1_vs_quix_cpu": (summary["b1_vs_quix_cpu"] or 0) >= TARGETS["b1_vs_quix_cpu"],
+        "b1_3m_vs_b1_cpu": (summary["b1_3m_vs_b1_cpu"] or 0) >= TARGETS["b1_3m_vs_b1_cpu"],
         "b2_p99_ms": b2_p99 is not None and b2_p99 <= TARGETS["b2_p99_ms"],
         "b2_edge_p99_ms": b2_edge is not None and b2_edge <= TARGETS["b2_edge_p99_ms"],
         "b3_rss_mb": b3_rss is not None and b3_rss <= TARGETS["b3_rss_mb"],
@@ -470,6 +485,63 @@ def fmt(value: Any, unit: str = "") -> str:
 
 def mark(ok: bool) -> str:
     return "yes" if ok else "**no**"
+
+
+def b1_3m_markdown(r: dict[str, Any]) -> list[str]:
+    """The b1_3m section: 3M against this run's 1M, changelog records per event, and the
+    runs in stretches of account rows."""
+    part = r.get("b1_3m")
+    if part is None:
+        return []
+    lines = ["", "## B1 on 3M events, caps that do not bite, against this run's 1M", ""]
+    if "error" in part:
+        return [*lines, f"- **error** {part['error']}"]
+    b1 = r.get("b1") or {}
+    lines += [
+        f"Caps: `entry_cap` {fmt(part.get('entry_cap'))} for every tenant, "
+        f"`ingest.dedupe_capacity` {fmt(part.get('dedupe_capacity'))} (the 1M B1: the defaults).",
+        "",
+        "| topic | events/s | events per CPU-second | per CPU-second / 1M | changelog records per event "
+        "(account values + tombstones, source values + tombstones, all) | evictions (account, source) "
+        "| peak RSS | collector s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for label, run, ratio_text in (
+        ("1M", b1, "-"),
+        ("3M", part, fmt(part.get("vs_b1_cpu"), "x")),
+    ):
+        if "events_per_s" not in run:
+            lines.append(f"| {label} | n/a | | | | | | |")
+            continue
+        c = run.get("changelog_per_event") or {}
+        counts = run.get("counts") or {}
+        lines.append(
+            f"| {label} | {fmt(run.get('events_per_s'))} | {fmt(run.get('events_per_cpu_s'))} | {ratio_text} "
+            f"| {c.get('account_values')} + {c.get('account_tombstones')}, "
+            f"{c.get('source_values')} + {c.get('source_tombstones')}, {c.get('all_records')} "
+            f"| {fmt(counts.get('account_table_evictions'))}, {fmt(counts.get('source_table_evictions'))} "
+            f"| {fmt(_get(run, 'peak_rss_mb_sampled', 'VmHWM'), ' MB')} | {fmt(counts.get('gc_s'))} |"
+        )
+    lines += [
+        "",
+        "In stretches of account rows applied (received less held for event-time order; CPU us per row; changelog records per row, account "
+        "and source; account tombstones per event; table entries at the stretch's end; the "
+        "collector's seconds per 1,000 events):",
+        "",
+        "| run | account rows applied at end | CPU us / row applied | changelog / event (account, source) | account tombstones / event "
+        "| entries (account, source) | collector ms / 1,000 events |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for label, run in (("1M", b1), ("3M", part)):
+        for seg in run.get("segments") or []:
+            lines.append(
+                f"| {label} | {fmt(seg['rows_at_end'])} | {seg['cpu_us_per_event']} "
+                f"| {seg['account_changelog_records_per_event']:.3f}, {seg['source_changelog_records_per_event']:.3f} "
+                f"| {seg['account_changelog_tombstones_per_event']:.3f} "
+                f"| {fmt(seg['account_table_entries'])}, {fmt(seg['source_table_entries'])} "
+                f"| {seg['gc_s_per_event'] * 1e6:.1f} |"
+            )
+    return lines
 
 
 def markdown(report: dict[str, Any]) -> str:
@@ -495,6 +567,8 @@ def markdown(report: dict[str, Any]) -> str:
         f"(CPU: {fmt(s['b1_vs_naive_cpu'], 'x')}) | >= 10x | {mark(m['b1_vs_naive'])} |",
         f"| B1 | worker / Quix Streams per CPU-second (same topic) | {fmt(s['b1_vs_quix_cpu'], 'x')} "
         f"(wall: {fmt(s['b1_vs_quix'], 'x')}) | >= 10x | {mark(m.get('b1_vs_quix_cpu', False))} |",
+        f"| B1 | 3M events, caps raised, per CPU-second / 1M B1 (same run) | {fmt(s.get('b1_3m_vs_b1_cpu'), 'x')} "
+        f"({fmt(s.get('b1_3m_events_per_cpu_s'))} per CPU-second) | >= 0.9x | {mark(m.get('b1_3m_vs_b1_cpu', False))} |",
         f"| B2 | tripping event to decision on the topic, p99 | {fmt(s['b2_p99_ms'], ' ms')} "
         f"(p50 {fmt(_get(r, 'b2', 'to_topic', 'p50_ms'), ' ms')}) | <= 100 ms | {mark(m['b2_p99_ms'])} |",
         f"| B2 | tripping event to edge view refusing, p99 | {fmt(s['b2_edge_p99_ms'], ' ms')} "
@@ -546,6 +620,7 @@ def markdown(report: dict[str, Any]) -> str:
             f"| {fmt(s.get(ratio_key)) + 'x' if ratio_key and s.get(ratio_key) else '-'} "
             f"| {fmt(cpu_ratio) + 'x' if cpu_ratio else '-'} |"
         )
+    lines += b1_3m_markdown(r)
     lines += floor_run.markdown(r, s.get("floor") or {})
     if "b7" in r:
         lines += [
@@ -643,6 +718,9 @@ def main(argv: list[str] | None = None) -> int:
         "--b3-events", type=int, help="events of the B3 flood (default 1M, quick 50k)"
     )
     parser.add_argument(
+        "--b1-3m-events", type=int, help="events of part b1_3m's topic (default 3M, quick 150k)"
+    )
+    parser.add_argument(
         "--peer-events",
         type=int,
         help="events of the topic the peers run to completion on (default 300k, quick 20k; "
@@ -665,6 +743,8 @@ def main(argv: list[str] | None = None) -> int:
     plan = Plan.of(args.quick)
     if args.events:
         plan = replace(plan, scale=replace(plan.scale, b1_events=args.events))
+    if args.b1_3m_events:
+        plan = replace(plan, scale=replace(plan.scale, b1_3m_events=args.b1_3m_events))
     if args.b3_events:
         plan = replace(plan, scale=replace(plan.scale, b3_events=args.b3_events))
     if args.peer_events:

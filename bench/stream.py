@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import os
 import random
 import shutil
@@ -507,9 +508,64 @@ class Context:
 # -- B1 / B3: throughput from /metrics ----------------------------------------------------------
 
 
-def follow_until_done(run: WorkerRun, expected_rows: int, timeout_s: float) -> dict[str, Any]:
+# What a segment of a run records at its end (``follow_until_done``'s ``segments``).
+SEGMENT_METRICS = {
+    "account_changelog_records": 'authpipe_changelog_records_total{stage="account"}',
+    "account_changelog_tombstones": 'authpipe_changelog_tombstones_total{stage="account"}',
+    "source_changelog_records": 'authpipe_changelog_records_total{stage="source"}',
+    "source_changelog_tombstones": 'authpipe_changelog_tombstones_total{stage="source"}',
+    "account_table_evictions": 'authpipe_table_evictions{stage="account"}',
+    "source_table_evictions": 'authpipe_table_evictions{stage="source"}',
+    "gc_s": "authpipe_gc_seconds_total",
+    "gc_full_collections": 'authpipe_gc_collections_total{generation="2"}',
+    "gc_collected": "authpipe_gc_collected_objects_total",
+    "account_stage_s": 'authpipe_stage_seconds_total{stage="account"}',
+    "source_stage_s": 'authpipe_stage_seconds_total{stage="source"}',
+}
+# What a segment reports as it stood at its end, not per event.
+SEGMENT_LEVELS = {
+    "account_table_entries": 'authpipe_table_entries{stage="account"}',
+    "source_table_entries": 'authpipe_table_entries{stage="source"}',
+}
+
+
+def applied_rows(metrics: dict[str, float]) -> float:
+    """The account stage's rows applied so far: those it received less those it still
+    holds for event-time order (a held row costs its work when it is released)."""
+    return metrics.get('authpipe_stage_rows_total{stage="account"}', 0) - metrics.get(
+        'authpipe_reorder_held_rows{stage="account"}', 0
+    )
+
+
+def segment_figures(marks: list[tuple[float, float, dict[str, float]]]) -> list[dict[str, Any]]:
+    """Per stretch between two marks (time, CPU seconds, metrics at the mark): CPU us per
+    account row applied and every SEGMENT_METRICS counter per row applied, and the levels
+    at its end."""
+    out = []
+    for (_, cpu0, m0), (_, cpu1, m1) in itertools.pairwise(marks):
+        rows = applied_rows(m1) - applied_rows(m0)
+        if rows <= 0:
+            continue
+        figure: dict[str, Any] = {
+            "rows_at_end": int(applied_rows(m1)),
+            "cpu_us_per_event": round((cpu1 - cpu0) / rows * 1e6, 2),
+        }
+        for name, metric in SEGMENT_METRICS.items():
+            figure[f"{name}_per_event"] = round((m1.get(metric, 0) - m0.get(metric, 0)) / rows, 6)
+        for name, metric in SEGMENT_LEVELS.items():
+            figure[name] = int(m1.get(metric, 0))
+        out.append(figure)
+    return out
+
+
+def follow_until_done(
+    run: WorkerRun, expected_rows: int, timeout_s: float, segments: int = 0
+) -> dict[str, Any]:
     """Poll /metrics until the account stage counted ``expected_rows`` and neither stage
-    moved for SETTLE_S. Returns counters at ready and at the end, and the span between.
+    moved for SETTLE_S. Returns counters at ready and at the end, and the span between;
+    with ``segments``, also the run cut into that many stretches of account rows applied
+    (``segment_figures``: CPU per event, changelog records, evictions and the collector's
+    time per event in each), to see whether the cost per event grows as the run goes on.
 
     The end time is the last poll at which a stage counter moved (error <= one poll)."""
     ready_s = run.wait_ready()
@@ -525,6 +581,7 @@ def follow_until_done(run: WorkerRun, expected_rows: int, timeout_s: float) -> d
         'authpipe_stage_rows_total{stage="account"}',
         'authpipe_stage_rows_total{stage="source"}',
     )
+    marks = [(t_ready, cpu_at_ready, at_ready)]
     while True:
         time.sleep(METRICS_POLL_S)
         now = time.perf_counter()
@@ -536,6 +593,8 @@ def follow_until_done(run: WorkerRun, expected_rows: int, timeout_s: float) -> d
             t_moved = now
             cpu_moved = run.cpu_s()
         last = current
+        if segments and applied_rows(current) >= expected_rows * len(marks) / segments:
+            marks.append((now, run.cpu_s(), current))
         rss = run.rss_mb()
         if rss.get("VmHWM", 0) >= peak_rss.get("VmHWM", 0):
             peak_rss = rss
@@ -546,6 +605,8 @@ def follow_until_done(run: WorkerRun, expected_rows: int, timeout_s: float) -> d
             raise RuntimeError(
                 f"worker did not finish {expected_rows} rows in {timeout_s} s: {current.get(watched[0])}"
             )
+    if segments and applied_rows(last) > applied_rows(marks[-1][2]):
+        marks.append((t_moved, cpu_moved, last))
     rows = last.get(watched[0], 0) - at_ready.get(watched[0], 0)
     span_s = max(t_moved - t_ready, 1e-9)
     cpu_s = max(cpu_moved - cpu_at_ready, 1e-9)
@@ -561,6 +622,7 @@ def follow_until_done(run: WorkerRun, expected_rows: int, timeout_s: float) -> d
         "final": last,
         "rss_mb": run.rss_mb(),
         "peak_rss_mb_sampled": peak_rss,
+        **({"segments": segment_figures(marks)} if segments else {}),
     }
 
 
@@ -584,19 +646,113 @@ def summary_counts(final: dict[str, float]) -> dict[str, Any]:
             for stage in ("account", "source", "rollup")
             for what in ("records", "tombstones", "held_records", "bytes")
         },
+        "gc_s": "authpipe_gc_seconds_total",
+        "gc_full_collections": 'authpipe_gc_collections_total{generation="2"}',
+        "gc_collections": "authpipe_gc_collections_total",
+        "gc_collected": "authpipe_gc_collected_objects_total",
     }
     return {name: round(final.get(metric, 0.0), 3) for name, metric in pick.items()}
 
 
-def bench_b1(ctx: Context, names: Names, events: int, timeout_s: float = 900.0) -> dict[str, Any]:
-    """B1: the worker over the pre-loaded ``names.input`` (``events`` valid events)."""
-    run = ctx.worker(names, "b1")
+def changelog_per_event(counts: dict[str, Any], events: int) -> dict[str, float]:
+    """The changelog records each stage wrote per input event (``summary_counts``' counts),
+    values and tombstones apart, and their sum over the stages."""
+    out: dict[str, float] = {}
+    total = 0.0
+    for stage in ("account", "source", "rollup"):
+        records = counts.get(f"{stage}_changelog_records", 0.0)
+        tombstones = counts.get(f"{stage}_changelog_tombstones", 0.0)
+        out[f"{stage}_values"] = round((records - tombstones) / max(events, 1), 4)
+        out[f"{stage}_tombstones"] = round(tombstones / max(events, 1), 4)
+        total += records
+    out["all_records"] = round(total / max(events, 1), 4)
+    return out
+
+
+def bench_b1(
+    ctx: Context,
+    names: Names,
+    events: int,
+    timeout_s: float = 900.0,
+    label: str = "b1",
+    segments: int = 0,
+    **env: str,
+) -> dict[str, Any]:
+    """B1: the worker over the pre-loaded ``names.input`` (``events`` valid events);
+    ``env`` adds to the worker's environment."""
+    run = ctx.worker(names, label, **env)
     try:
-        result = follow_until_done(run, events, timeout_s)
+        result = follow_until_done(run, events, timeout_s, segments)
     finally:
         run.stop()
     final = result.pop("final")
-    return {**result, "events": events, "counts": summary_counts(final)}
+    counts = summary_counts(final)
+    return {
+        **result,
+        "events": events,
+        "counts": counts,
+        "changelog_per_event": changelog_per_event(counts, events),
+    }
+
+
+# B1 on 3M events with caps that do not bite (issue 28): per partition an entry cap of
+# 20,000,000 / 8 and a dedupe memory of 10,000,000 event ids, against 3M events of which
+# at most about 150,000 are distinct stuffing accounts and 50,000 users.
+B1_3M_EVENTS = 3_000_000
+UNCAPPED_ENTRY_CAP = 20_000_000
+UNCAPPED_DEDUPE_CAPACITY = 10_000_000
+B1_3M_SEGMENTS = 6
+
+
+def uncapped_policy(path: Path, entry_cap: int = UNCAPPED_ENTRY_CAP) -> Path:
+    path.write_text(f'policy_version = "bench-uncapped"\n[defaults]\nentry_cap = {entry_cap}\n')
+    return path
+
+
+def bench_b1_3m(
+    ctx: Context,
+    events: int = B1_3M_EVENTS,
+    b1: dict[str, Any] | None = None,
+    timeout_s: float = 3600.0,
+) -> dict[str, Any]:
+    """B1 on ``events`` events (a topic of its own, the same traffic) with the tables' entry
+    caps and the dedupe memory raised so they do not bite; with ``b1`` (the same run's B1),
+    the ratio of the two per CPU-second and both runs' changelog records per event."""
+    names, preload_s = prepare_b1(ctx, events)
+    policy = uncapped_policy(ctx.workdir / "uncapped-policy.toml")
+    result = bench_b1(
+        ctx,
+        names,
+        events,
+        timeout_s,
+        label="b1_3m",
+        segments=B1_3M_SEGMENTS,
+        AUTHPIPE_POLICY_PATH=str(policy),
+        AUTHPIPE_INGEST_DEDUPE_CAPACITY=str(UNCAPPED_DEDUPE_CAPACITY),
+    )
+    counts = result["counts"]
+    out: dict[str, Any] = {
+        **result,
+        "preload_s": round(preload_s, 1),
+        "entry_cap": UNCAPPED_ENTRY_CAP,
+        "dedupe_capacity": UNCAPPED_DEDUPE_CAPACITY,
+        "evictions": {
+            stage: counts.get(f"{stage}_table_evictions", 0) for stage in ("account", "source")
+        },
+    }
+    if b1 is not None and "events_per_cpu_s" in b1:
+        out["b1_events"] = b1.get("events")
+        out["vs_b1_cpu"] = (
+            round(result["events_per_cpu_s"] / b1["events_per_cpu_s"], 3)
+            if b1["events_per_cpu_s"]
+            else None
+        )
+        out["b1_changelog_per_event"] = b1.get("changelog_per_event")
+        out["b1_evictions"] = {
+            stage: (b1.get("counts") or {}).get(f"{stage}_table_evictions", 0)
+            for stage in ("account", "source")
+        }
+    return out
 
 
 def follow_group(runs: list[WorkerRun], expected_rows: int, timeout_s: float) -> dict[str, Any]:
@@ -1059,6 +1215,7 @@ class Scale:
     """Sizes of one run (``--quick`` scales everything down)."""
 
     b1_events: int
+    b1_3m_events: int
     b2_rate_per_s: int
     b2_probes: int
     b2_unsaturated_rate_per_s: int
@@ -1070,8 +1227,8 @@ class Scale:
     @classmethod
     def of(cls, quick: bool) -> Scale:
         if quick:
-            return cls(50_000, 2_000, 20, 500, 50_000, 5_000, 1_000, 5_000)
-        return cls(1_000_000, 10_000, 200, 2_000, 1_000_000, 100_000, 20_000, 100_000)
+            return cls(50_000, 150_000, 2_000, 20, 500, 50_000, 5_000, 1_000, 5_000)
+        return cls(1_000_000, B1_3M_EVENTS, 10_000, 200, 2_000, 1_000_000, 100_000, 20_000, 100_000)
 
 
 def prepare_b1(ctx: Context, events: int, seed: int = 7) -> tuple[Names, float]:

@@ -28,15 +28,20 @@ def test_changelog_records_tombstones_held_rows_and_bytes_are_counted_per_stage(
 
 def test_each_pass_of_the_cycle_collector_is_counted_and_timed_by_its_generation() -> None:
     """With automatic collection off, two explicit passes of generation 2 and one of 0 count
-    exactly 2 and 1, and their time is counted under the same generations."""
+    exactly 2 and 1, their time is counted under the same generations, and the second pass
+    of generation 2 frees the one list that referred to itself."""
     metrics = WorkerMetrics()
     registry = metrics.registry
     was_enabled = gc.isenabled()
     gc.disable()
+    gc.collect()  # what the test process left unreachable so far, before the watch
     metrics.watch_gc()
     try:
         gc.collect(2)
         gc.collect(0)
+        cycle: list[object] = []
+        cycle.append(cycle)
+        del cycle
         gc.collect(2)
     finally:
         gc.callbacks.remove(metrics._on_gc)
@@ -49,5 +54,7 @@ def test_each_pass_of_the_cycle_collector_is_counted_and_timed_by_its_generation
     assert value("authpipe_gc_collections_total", "2") == 2.0
     assert value("authpipe_gc_collections_total", "0") == 1.0
     assert value("authpipe_gc_collections_total", "1") is None
+    assert value("authpipe_gc_collected_objects_total", "0") == 0.0
+    assert value("authpipe_gc_collected_objects_total", "2") == 1.0
     assert (value("authpipe_gc_seconds_total", "2") or 0.0) > 0.0
     assert (value("authpipe_gc_seconds_total", "0") or 0.0) > 0.0
