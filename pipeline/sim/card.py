@@ -153,10 +153,15 @@ class Scorecard:
     legit_challenged_outside_attacks: int = 0
     """Legitimate attempts challenged while no attack's password attempts ran (the truth),
     a wave's hold after an attack included."""
+    legit_challenged_away_from_attacks: int = 0
+    """Those of them away from every attack (``pipeline.sim.waves.near_attacks``): more than
+    70 s before its first attempt or 2 min after its last, so no wave's lead-in or tail."""
     legit_stepped_up_after_sign_in: int = 0
     """Legitimate sessions a review stepped up after their sign-in (they pass it)."""
     legit_stepped_up_outside_attacks: int = 0
     """Those of them signed in while no attack's password attempts ran."""
+    legit_stepped_up_away_from_attacks: int = 0
+    """Those of them signed in away from every attack."""
     wave_answers: list[dict[str, Any]] = field(default_factory=list)
     """Per attacker (scenario, cohort, tenant): seconds from its first attempt until a wave
     challenge was in force (``pipeline.sim.waves.answers``)."""
@@ -212,8 +217,10 @@ class Scorecard:
                 "untrusted_during_waves": self.legit_untrusted_in_wave,
                 "challenged_during_waves": self.legit_challenged_in_wave,
                 "challenged_outside_attacks": self.legit_challenged_outside_attacks,
+                "challenged_away_from_attacks": self.legit_challenged_away_from_attacks,
                 "sessions_stepped_up_after_sign_in": self.legit_stepped_up_after_sign_in,
                 "sessions_stepped_up_outside_attacks": self.legit_stepped_up_outside_attacks,
+                "sessions_stepped_up_away_from_attacks": self.legit_stepped_up_away_from_attacks,
                 "refused_by_design": {
                     cohort: {"refused": n, "why": self.legit_by_design_why.get(cohort, [])}
                     for cohort, n in sorted(self.legit_by_design.items())

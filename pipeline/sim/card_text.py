@@ -47,8 +47,10 @@ def render(card: Scorecard) -> str:
         + f"; untrusted password attempts during waves: {card.legit_challenged_in_wave}"
         f" of {card.legit_untrusted_in_wave} challenged"
         f"; challenged while no attack ran: {card.legit_challenged_outside_attacks}"
+        f" ({card.legit_challenged_away_from_attacks} away from attacks)"
         f"; sessions stepped up after sign-in: {card.legit_stepped_up_after_sign_in}"
-        f" ({card.legit_stepped_up_outside_attacks} signed in while no attack ran)"
+        f" ({card.legit_stepped_up_outside_attacks} signed in while no attack ran,"
+        f" {card.legit_stepped_up_away_from_attacks} away from attacks)"
     )
     reviewed = ", ".join(
         f"{a.attack} {a.stepped_up_after_sign_in}"

@@ -28,7 +28,7 @@ from pipeline.sim.matching import AttackIndex, new_score, score_alerts, score_de
 from pipeline.sim.outputs import Outputs
 from pipeline.sim.replay import replay_sessions
 from pipeline.sim.truth import ATTACKER, LEGIT_ROLES, TruthEvent
-from pipeline.sim.waves import answers, attack_spans, during, wave_spans
+from pipeline.sim.waves import answers, attack_spans, during, near_attacks, wave_spans
 
 NOT_TAKEOVERS = frozenset({"attacker_own_account", "attacker_first_factor"})
 """Attacker successes that are no takeover: its own account, and a right password whose
@@ -51,14 +51,17 @@ def score(events: Sequence[TruthEvent], outputs: Outputs) -> Scorecard:
     legit_challenged: Counter[str] = Counter()
     waves = wave_spans(outputs)
     running = attack_spans(events)
+    near = near_attacks(running)
     in_wave = [0, 0]  # legitimate untrusted password attempts during a wave; challenged
-    outside = 0  # legitimate attempts challenged while no attack ran
+    # legitimate attempts challenged while no attack ran; of them away from attacks
+    outside = [0, 0]
     by_design: Counter[str] = Counter()
     why: dict[str, list[str]] = defaultdict(list)
     examples: list[dict[str, Any]] = []
     let_through: dict[tuple[str, str, str], list[int]] = defaultdict(list)
     taken: dict[str, set[tuple[str, str]]] = defaultdict(set)
-    legit_reviewed = [0, 0]  # legitimate sessions stepped up after sign-in; of them outside attacks
+    # legitimate sessions stepped up after sign-in; of them outside attacks; away from them
+    legit_reviewed = [0, 0, 0]
     for i, (event, verdict, reason) in enumerate(zip(events, verdicts, design, strict=True)):
         if event.role == ATTACKER:
             # A challenge stops a bot: the assumption is that bots fail challenges, the
@@ -82,6 +85,7 @@ def score(events: Sequence[TruthEvent], outputs: Outputs) -> Scorecard:
             if i in reviewed:
                 legit_reviewed[0] += 1
                 legit_reviewed[1] += not during(running, event.attempt.tenant, event.occurred_ms)
+                legit_reviewed[2] += not during(near, event.attempt.tenant, event.occurred_ms)
             shown = _shown(verdict, event)
             if shown:
                 legit_challenged[event.cohort] += 1
@@ -90,7 +94,8 @@ def score(events: Sequence[TruthEvent], outputs: Outputs) -> Scorecard:
                 in_wave[0] += 1
                 in_wave[1] += shown
             if shown and not during(running, a.tenant, a.occurred_ms):
-                outside += 1
+                outside[0] += 1
+                outside[1] += not during(near, a.tenant, a.occurred_ms)
             if not verdict.allowed:
                 if reason is not None:
                     by_design[event.cohort] += 1
@@ -117,9 +122,11 @@ def score(events: Sequence[TruthEvent], outputs: Outputs) -> Scorecard:
         legit_challenged=legit_challenged,
         legit_untrusted_in_wave=in_wave[0],
         legit_challenged_in_wave=in_wave[1],
-        legit_challenged_outside_attacks=outside,
+        legit_challenged_outside_attacks=outside[0],
+        legit_challenged_away_from_attacks=outside[1],
         legit_stepped_up_after_sign_in=legit_reviewed[0],
         legit_stepped_up_outside_attacks=legit_reviewed[1],
+        legit_stepped_up_away_from_attacks=legit_reviewed[2],
         wave_answers=answers(events, waves),
         legit_examples=examples,
         legit_by_design=by_design,

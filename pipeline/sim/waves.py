@@ -6,6 +6,9 @@ first attempt until a wave challenge was in force (0 when one already was, None 
 came while it ran). ``attack_spans`` are the [first, last] password-attempt spans of
 every attacker scenario per tenant, merged: a legitimate attempt challenged outside them was
 challenged while no attack ran (a wave's hold after an attack counts as outside).
+``near_attacks`` widens them by ``NEAR_BEFORE_MS`` before and ``NEAR_AFTER_MS`` after: a
+challenge or a review away from every attack, beyond the detector's own lead-in and tail,
+is one ordinary traffic alone brought on (a false wave).
 """
 
 from __future__ import annotations
@@ -21,6 +24,11 @@ from pipeline.sim.truth import ATTACKER, TruthEvent
 
 Spans = dict[str, list[tuple[int, int]]]
 """Per tenant, merged [start, end) spans in order."""
+NEAR_BEFORE_MS = 70_000
+"""A wave's lead-in (1 min) and its first 10-second window, before an attack's first attempt."""
+NEAR_AFTER_MS = 120_000
+"""A wave's tail after an attack's last attempt: the paced sum's six 10-second windows and
+the 1-minute hold."""
 
 
 def merge(spans: dict[str, list[tuple[int, int]]]) -> Spans:
@@ -59,6 +67,16 @@ def attack_spans(events: Iterable[TruthEvent]) -> Spans:
     for key, start in first.items():
         spans[key[0]].append((start, last[key] + 1))
     return merge(spans)
+
+
+def near_attacks(running: Spans) -> Spans:
+    """``attack_spans`` widened by ``NEAR_BEFORE_MS`` and ``NEAR_AFTER_MS``, merged."""
+    return merge(
+        {
+            tenant: [(start - NEAR_BEFORE_MS, end + NEAR_AFTER_MS) for start, end in items]
+            for tenant, items in running.items()
+        }
+    )
 
 
 def during(spans: Spans, tenant: str, t_ms: int) -> bool:

@@ -221,8 +221,10 @@ def check_hand_card(card: dict[str, Any]) -> None:
         "untrusted_during_waves": 0,
         "challenged_during_waves": 0,
         "challenged_outside_attacks": 0,
+        "challenged_away_from_attacks": 0,
         "sessions_stepped_up_after_sign_in": 0,
         "sessions_stepped_up_outside_attacks": 0,
+        "sessions_stepped_up_away_from_attacks": 0,
         "refused_by_design": {},
         "by_cohort": {
             "ordinary": {"attempts": 2, "refused": 0, "challenged": 0},
@@ -451,3 +453,22 @@ def test_a_credential_signed_in_in_a_waves_lead_in_is_stepped_up_not_taken_over(
     off = score(events, run_engine(events, wave_policy(0)))
     assert (off.attacks[0].account_takeovers, off.attacks[0].stepped_up_after_sign_in) == (1, 0)
     assert off.legit_stepped_up_after_sign_in == 0
+
+
+def test_a_challenge_in_the_waves_tail_is_outside_the_attack_but_not_away_from_it(
+    tmp_path: Path,
+) -> None:
+    """frank's failure 30 s after the stuffer's last attempt closes the window that fires
+    the wave; grace fails from a new address 7 s later, in its hold: challenged while no
+    attack ran, but not away from attacks."""
+    rows = [
+        *stuffing_stream(),
+        row(9, T0 + 33 * SEC, "frank", "198.18.0.90", tenant="shop"),
+        row(10, T0 + 40 * SEC, "grace", "198.18.0.91", tenant="shop"),
+    ]
+    events = load(tmp_path, sorted(rows, key=lambda r: str(r["event"]["occurred_at"])))
+    card = score(events, run_engine(events, wave_policy(60_000)))
+    assert (card.legit_challenged_outside_attacks, card.legit_challenged_away_from_attacks) == (
+        1,
+        0,
+    )

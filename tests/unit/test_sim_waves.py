@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from pipeline.core.attempt import Attempt
 from pipeline.sim.truth import TruthEvent
-from pipeline.sim.waves import answers, attack_spans, during, merge
+from pipeline.sim.waves import (
+    NEAR_AFTER_MS,
+    NEAR_BEFORE_MS,
+    answers,
+    attack_spans,
+    during,
+    merge,
+    near_attacks,
+)
 from tests.unit.test_core_support import att
 
 SEC = 1000
@@ -54,3 +62,13 @@ def test_answers_give_seconds_to_the_first_wave_in_force_or_none() -> None:
     waves = {tenant: [(T0 + 14 * SEC, T0 + 60 * SEC)]}
     got = {w["attack"]: w["challenged_after_s"] for w in answers(events, waves)}
     assert got == {"a": 4.0, "b": 0.0, "c": None}
+
+
+def test_near_attacks_widen_each_span_by_the_lead_in_and_the_tail_and_merge() -> None:
+    """Each attack span widens by 70 s before and 120 s after; widened spans that overlap
+    merge, the others stay apart."""
+    assert (NEAR_BEFORE_MS, NEAR_AFTER_MS) == (70 * SEC, 120 * SEC)
+    apart = {"t": [(100 * SEC, 110 * SEC), (400 * SEC, 410 * SEC)]}
+    assert near_attacks(apart) == {"t": [(30 * SEC, 230 * SEC), (330 * SEC, 530 * SEC)]}
+    close = {"t": [(100 * SEC, 110 * SEC), (250 * SEC, 260 * SEC)]}
+    assert near_attacks(close) == {"t": [(30 * SEC, 380 * SEC)]}
