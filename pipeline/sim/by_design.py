@@ -1,8 +1,9 @@
 """Refusals a seed's rule makes on purpose: counted apart, never as collateral.
 
 A refusal of a legitimate attempt is "by design" when ``BY_DESIGN`` names its cohort and the
-scope of the refusing decision, or when it is a lock whose run holds an attacker's failures
-(``ATTACKED_RUN``) or the account's own stale app's (``STALE_APP_RUN``).
+scope of the refusing decision, when it is a lock whose run holds an attacker's failures
+(``ATTACKED_RUN``) or the account's own stale app's (``STALE_APP_RUN``), or when seed 004's
+code curve asks it to wait at most ``CURVE_NOTICED_MS`` (``CURVE_FIRST_WAIT``).
 """
 
 from __future__ import annotations
@@ -41,6 +42,14 @@ STALE_APP_RUN = (
     "trusted devices still work, and updating the app's password ends it)"
 )
 """Why a lock refusal of the owner is right when their own stale app fed the run."""
+CURVE_NOTICED_MS = 1000
+"""Seed 004: "somebody who fat-fingers a code twice waits a second and never notices"."""
+CURVE_FIRST_WAIT = (
+    "seed 004: a code retried within the curve's wait after a failure waits at most a "
+    'second ("somebody who fat-fingers a code twice waits a second and never notices"); '
+    "the login service answers retry_after_ms"
+)
+"""Why a second-factor curve refusal that waits at most a second is right."""
 
 
 def design_reasons(events: Sequence[TruthEvent], verdicts: Sequence[Verdict]) -> list[str | None]:
@@ -50,7 +59,8 @@ def design_reasons(events: Sequence[TruthEvent], verdicts: Sequence[Verdict]) ->
     legitimate attempt is by design when attacker failures on the account are in its run
     (since its last untrusted success; the simulator enforces nothing, so the worker counted
     them whether or not a gateway would have refused them), ``ATTACKED_RUN``, or failures of the
-    account's own stale app, ``STALE_APP_RUN``."""
+    account's own stale app, ``STALE_APP_RUN``; a refusal by the code curve (scope ``mfa``)
+    whose ``retry_after_ms`` is at most ``CURVE_NOTICED_MS`` is ``CURVE_FIRST_WAIT``."""
     fed: dict[tuple[str, str], str] = {}
     reasons: list[str | None] = []
     for event, verdict in zip(events, verdicts, strict=True):
@@ -62,6 +72,8 @@ def design_reasons(events: Sequence[TruthEvent], verdicts: Sequence[Verdict]) ->
             reason = BY_DESIGN.get((event.cohort, key[0]))
             if reason is None and key[0] == "lock":
                 reason = fed.get(account)
+            if reason is None and key[0] == "mfa" and verdict.retry_after_ms <= CURVE_NOTICED_MS:
+                reason = CURVE_FIRST_WAIT
         reasons.append(reason)
         counted = verdict.allowed and a.password_flow and not a.trusted
         # The simulated login service enforces nothing, so the worker counted an attacker's

@@ -10,7 +10,7 @@ import orjson
 from pipeline.contracts.models import Alert, Decision, ms_to_datetime
 from pipeline.core.policy import policy_from_toml
 from pipeline.settings import load_settings
-from pipeline.sim.by_design import ATTACKED_RUN, STALE_APP_RUN
+from pipeline.sim.by_design import ATTACKED_RUN, CURVE_FIRST_WAIT, STALE_APP_RUN
 from pipeline.sim.output_files import load_outputs, write_outputs
 from pipeline.sim.outputs import AlertRecord, DecisionRecord, Outputs, run_engine
 from pipeline.sim.replay import replay
@@ -389,6 +389,27 @@ def test_lock_refusal_after_the_owners_stale_app_fed_the_run_is_by_design(tmp_pa
         "ordinary": 1,
     }
     assert legit["refused_by_design"]["ordinary"]["why"] == [STALE_APP_RUN]
+
+
+def test_a_code_retried_within_the_curves_first_second_is_by_design(tmp_path: Path) -> None:
+    """gina mistypes her code, retries 0.4 s later: the curve asks her to wait 0.6 s, by
+    design (seed 004); hank's retry 2 s after his fifth mistyped code waits 14 s more: a wrong
+    refusal."""
+
+    def code(k: int, at_ms: int, account: str) -> dict[str, Any]:
+        r = row(k, at_ms, account, "198.18.2.1")
+        r["event"] |= {"flow": "mfa", "failure_reason": "bad_second_factor"}
+        return r
+
+    rows = [code(0, T0, "gina"), code(1, T0 + 400, "gina")]
+    rows += [code(2 + k, T0 + k * 60 * SEC, "hank") for k in range(5)]
+    rows.append(code(7, T0 + (4 * 60 + 2) * SEC, "hank"))
+    events = load(tmp_path, rows)
+    legit = score(events, run_engine(events, POLICY)).as_json()["legitimate"]
+    assert legit["refused"] == 1
+    assert legit["refused_by_design"] == {"ordinary": {"refused": 1, "why": [CURVE_FIRST_WAIT]}}
+    (example,) = legit["examples"]
+    assert (example["event_id"], example["retry_after_ms"]) == ("e7", 14_000)
 
 
 def stuffing_stream() -> list[dict[str, Any]]:
