@@ -2,7 +2,7 @@
 
 Run as ``python -m bench.bench_edge [--bootstrap HOST:PORT] [--decisions N]``. Without
 ``--bootstrap`` it starts its own local Kafka broker (jars from ``.state/kafka/libs``) in
-a temp dir and stops it at the end. Four figures:
+a temp dir and stops it at the end. Five figures:
 
 1. in-process ``DecisionView.check`` calls/s on a view holding N decisions, over a pool
    of 20,000 distinct attempts (warm normalisation caches; memory-bound: every check
@@ -21,7 +21,9 @@ a temp dir and stops it at the end. Four figures:
 3. cold load: time from ``DecisionFeed.start`` to ready over a topic of N decisions;
 4. produce-to-visible: time from handing a decision to a producer (acks=all, no linger)
    until the following view holds it, p50/p99 over ``--visible-samples`` decisions sent
-   20 ms apart.
+   20 ms apart;
+5. familiar exempts (``bench.edge_familiar``): heap and resident bytes per record held,
+   and the cost of applying one, over ``--familiar`` records.
 
 The last line printed is JSON.
 """
@@ -131,7 +133,10 @@ class Workload:
         return out
 
 
-def decision_message(key: Key, expires_ms: int, now_ms: int, n: int) -> tuple[bytes, bytes]:
+def decision_message(
+    key: Key, expires_ms: int, now_ms: int, n: int, action: str = "block"
+) -> tuple[bytes, bytes]:
+    """The record the worker publishes for ``key`` (``action`` ``exempt`` for familiar)."""
     scope, tenant, account, source, device = key
     wire_key = format_key(key)
     decision = Decision(
@@ -143,7 +148,7 @@ def decision_message(key: Key, expires_ms: int, now_ms: int, n: int) -> tuple[by
         source=source,
         device_id=device,
         applies_to=APPLIES_TO[scope],  # type: ignore[arg-type]
-        action="block",
+        action=action,  # type: ignore[arg-type]
         rule=scope,
         count=5,
         threshold=5,
@@ -646,6 +651,18 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         )
     if "broker" in args.parts:
         results |= await run_broker_parts(args, settings, keys)
+    if "familiar" in args.parts:
+        from bench.edge_familiar import bench_familiar  # it imports this module
+
+        del view  # its decisions would count in the resident growth
+        results |= bench_familiar(args.familiar)
+        print(
+            f"familiar exempts: {results['familiar_records']} held, "
+            f"{results['familiar_heap_bytes_per_record']} heap bytes "
+            f"({results['familiar_rss_bytes_per_record']} resident) and "
+            f"{results['familiar_apply_us_per_record']} us to apply, per record",
+            flush=True,
+        )
     return results
 
 
@@ -668,8 +685,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--parts",
         type=lambda text: set(text.split(",")),
-        default={"check", "http", "broker"},
-        help="comma list of check, http, broker (default: all)",
+        default={"check", "http", "broker", "familiar"},
+        help="comma list of check, http, broker, familiar (default: all)",
+    )
+    parser.add_argument(
+        "--familiar", type=int, default=200_000, help="familiar exempts (bench.edge_familiar)"
     )
     parser.add_argument("--client", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

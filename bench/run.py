@@ -101,6 +101,8 @@ class Plan:
                     "2",
                     "--visible-samples",
                     "20",
+                    "--familiar",
+                    "20000",
                 ],
                 "sink": ["--rows", "20000", "--backend", "chdb"],
             }
