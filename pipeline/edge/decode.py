@@ -71,11 +71,16 @@ def decode_decision(wire_key: str, raw: bytes, source_ok: Callable[[str], bool])
         value = decode(raw, source_ok=source_ok, key=wire_key)
     except DecodeError as exc:
         raise DecodeError(_EDGE_REASON.get(exc.reason, "bad_value"), exc.detail) from None
+    # A handful of distinct actions, rules and challenges across every record: interned,
+    # each is held once, not once per decision (a familiar exempt per (account, place)
+    # makes the records many: bench/README.md, "The edge's familiar exempts").
+    intern = sys.intern
+    challenge = value.challenge
     return Active(
         value.decision_id,
-        value.action,
+        intern(value.action),
         value.expires_at_ms,
-        value.rule,
-        value.challenge,
+        intern(value.rule),
+        intern(challenge) if challenge else None,
         evidence_since_ms(value.scope, value.issued_at_ms, value.window_ms),
     )
