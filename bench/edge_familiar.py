@@ -23,41 +23,32 @@ from typing import Any
 
 import orjson
 
-from bench.bench_edge import decision_message
+from bench.bench_edge import TENANT, Workload, decision_message
+from bench.procfs import status_kb
 from pipeline.clock import wall_ms
 from pipeline.core.keys import Key
+from pipeline.core.policy import DAY_MS
 from pipeline.edge.feed import settle_heap
 from pipeline.edge.view import DecisionView
 from pipeline.settings import Settings
 from pipeline.wiring import build_normaliser
 
-TENANT = "default"
-DAY_MS = 86_400_000
 PAIR_SHARE_INVERSE = 5
 """Of every five users, three records are pairs and two are clients."""
 
 
 def _rss_kb() -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return 0
+    return status_kb("self", ("VmRSS",)).get("VmRSS", 0)
 
 
 def messages(count: int, now_ms: int) -> list[tuple[bytes, bytes]]:
     norm = build_normaliser(Settings())
     out = []
     for i in range(count):
-        digest = norm.account_digest(TENANT, f"user{i}@example.com")
+        account, address, _ = Workload.user(i)
+        digest = norm.account_digest(TENANT, account)
         if i % PAIR_SHARE_INVERSE < 3:
-            key: Key = (
-                "familiar",
-                TENANT,
-                digest,
-                f"10.{i >> 16 & 255}.{i >> 8 & 255}.{i & 255}",
-                None,
-            )
+            key: Key = ("familiar", TENANT, digest, address, None)
         else:
             key = ("familiar", TENANT, digest, None, norm.digester.device(TENANT, f"cookie-{i}"))
         # Issued over the last 30 days, as a backfill's successes are.

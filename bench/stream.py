@@ -49,6 +49,7 @@ import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from bench.bench_core import _pick
+from bench.procfs import status_kb
 from pipeline.clock import wall_ms
 from pipeline.logs import get_logger
 
@@ -433,13 +434,8 @@ class WorkerRun:
 
     def rss_mb(self) -> dict[str, float]:
         """VmRSS (now) and VmHWM (peak) of the worker process, in MB."""
-        fields: dict[str, float] = {}
-        with contextlib.suppress(OSError):
-            for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
-                name, _, rest = line.partition(":")
-                if name in ("VmRSS", "VmHWM"):
-                    fields[name] = round(int(rest.split()[0]) / 1024, 1)
-        return fields
+        kb = status_kb(self.pid, ("VmRSS", "VmHWM"))
+        return {name: round(value / 1024, 1) for name, value in kb.items()}
 
     def cpu_s(self) -> float:
         """User + system CPU seconds of the worker process so far."""
