@@ -186,7 +186,7 @@ def add_sim_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     card.add_argument(
         "--policy",
         type=args_type.existing_file,
-        help="policy TOML for --engine (default: settings)",
+        help="policy TOML that decided (--engine runs it; default: settings)",
     )
     card.add_argument("--out", type=Path, help="write the scorecard as JSON here")
     card.add_argument(
@@ -270,7 +270,11 @@ def add_sim_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     report.add_argument(
         "--alerts", type=args_type.existing_file, help="alerts JSONL (with --decisions)"
     )
-    report.add_argument("--policy", type=args_type.existing_file, help="policy TOML for --engine")
+    report.add_argument(
+        "--policy",
+        type=args_type.existing_file,
+        help="policy TOML that decided (--engine runs it; default: settings)",
+    )
     report.add_argument(
         "--scorecard", type=args_type.existing_file, help="scorecard JSON (default: computed)"
     )

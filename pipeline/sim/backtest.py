@@ -229,8 +229,8 @@ def backtest(
     if live is not None:
         result.live = compare(base_run.outputs, live)
     if labelled:
-        result.scorecards["baseline"] = score(events, base_run.outputs)
-        result.scorecards["candidate"] = score(events, cand_run.outputs)
+        result.scorecards["baseline"] = score(events, base_run.outputs, baseline)
+        result.scorecards["candidate"] = score(events, cand_run.outputs, candidate)
     return result
 
 

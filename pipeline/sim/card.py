@@ -154,8 +154,9 @@ class Scorecard:
     """Legitimate attempts challenged while no attack's password attempts ran (the truth),
     a wave's hold after an attack included."""
     legit_challenged_away_from_attacks: int = 0
-    """Those of them away from every attack (``pipeline.sim.waves.near_attacks``): more than
-    70 s before its first attempt or 2 min after its last, so no wave's lead-in or tail."""
+    """Those of them away from every attack (``pipeline.sim.waves.near_attacks``): beyond
+    the wave's lead-in and first window before its first attempt and its paced sum and
+    hold after its last (70 s and 2 min under the default policy)."""
     legit_stepped_up_after_sign_in: int = 0
     """Legitimate sessions a review stepped up after their sign-in (they pass it)."""
     legit_stepped_up_outside_attacks: int = 0

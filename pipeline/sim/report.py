@@ -359,14 +359,15 @@ def run_report_command(
 ) -> int:
     """``authpipe report``: gather the inputs (computing what is missing) and write the page."""
     loaded = load_truth(events, build_normaliser(settings))
+    decided_by = load_policy(policy or settings.policy_path)
     outputs = None
     if engine:
-        outputs = run_engine(loaded, load_policy(policy or settings.policy_path))
+        outputs = run_engine(loaded, decided_by)
     elif decisions is not None:
         outputs = load_outputs(decisions, alerts, grouping_check(settings))
     card = load_scorecard_json(scorecard) if scorecard is not None else None
     if card is None and outputs is not None and any(e.role != UNKNOWN for e in loaded):
-        card = score(loaded, outputs).as_json()
+        card = score(loaded, outputs, decided_by).as_json()
     path = write_report(ReportInputs(loaded, outputs, card, title, plain_accounts), out)
     print(f"report: {path} ({path.stat().st_size:,} bytes)")
     return 0

@@ -44,8 +44,9 @@ def run_scorecard_command(
 ) -> int:
     """``authpipe scorecard``: load, score, print, write; exit 3 on failure with --strict."""
     events = load_truth(truth, build_normaliser(settings))
+    decided_by = load_policy(policy or settings.policy_path)
     if engine:
-        outputs = run_engine(events, load_policy(policy or settings.policy_path))
+        outputs = run_engine(events, decided_by)
     elif decisions is not None:
         outputs = load_outputs(decisions, alerts, grouping_check(settings))
     else:
@@ -62,7 +63,7 @@ def run_scorecard_command(
                 grouping_check(settings),
             )
         )
-    card = score(events, outputs)
+    card = score(events, outputs, decided_by)
     print(render(card))
     if out is not None:
         write_json(card.as_json(), out)

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from pipeline.core.decisions import Verdict
+from pipeline.core.policy import DEFAULT_POLICY, Policy
 from pipeline.sim.by_design import design_reasons
 from pipeline.sim.card import AttackScore, Scorecard
 from pipeline.sim.examples import example
@@ -38,8 +39,11 @@ EXAMPLE_FIELDS = ("event_id", "at", "cohort", "actor", "flow", "refused_by", "re
 DAY_MS = 86_400_000
 
 
-def score(events: Sequence[TruthEvent], outputs: Outputs) -> Scorecard:
-    """The scorecard of ``outputs`` against the labelled ``events``."""
+def score(
+    events: Sequence[TruthEvent], outputs: Outputs, policy: Policy = DEFAULT_POLICY
+) -> Scorecard:
+    """The scorecard of ``outputs`` against the labelled ``events``; ``policy`` (the one
+    that decided) sets how far each attack's wave may reach (``near_attacks``)."""
     verdicts, reviewed = replay_sessions(events, outputs.decisions)
     design = design_reasons(events, verdicts)
     attacks = AttackIndex.build(events)
@@ -51,7 +55,7 @@ def score(events: Sequence[TruthEvent], outputs: Outputs) -> Scorecard:
     legit_challenged: Counter[str] = Counter()
     waves = wave_spans(outputs)
     running = attack_spans(events)
-    near = near_attacks(running)
+    near = near_attacks(running, policy)
     in_wave = [0, 0]  # legitimate untrusted password attempts during a wave; challenged
     # legitimate attempts challenged while no attack ran; of them away from attacks
     outside = [0, 0]

@@ -6,9 +6,10 @@ first attempt until a wave challenge was in force (0 when one already was, None 
 came while it ran). ``attack_spans`` are the [first, last] password-attempt spans of
 every attacker scenario per tenant, merged: a legitimate attempt challenged outside them was
 challenged while no attack ran (a wave's hold after an attack counts as outside).
-``near_attacks`` widens them by ``NEAR_BEFORE_MS`` before and ``NEAR_AFTER_MS`` after: a
-challenge or a review away from every attack, beyond the detector's own lead-in and tail,
-is one ordinary traffic alone brought on (a false wave).
+``near_attacks`` widens them by the tenant's ``near_margins_ms`` (the wave's lead-in and
+first window before, its paced sum and hold after): a challenge or a review away from
+every attack, beyond the detector's own lead-in and tail, is one ordinary traffic alone
+brought on (a false wave).
 """
 
 from __future__ import annotations
@@ -19,16 +20,12 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from pipeline.contracts.models import datetime_to_ms
+from pipeline.core.policy import DEFAULT_POLICY, Policy
 from pipeline.sim.outputs import Outputs
 from pipeline.sim.truth import ATTACKER, TruthEvent
 
 Spans = dict[str, list[tuple[int, int]]]
 """Per tenant, merged [start, end) spans in order."""
-NEAR_BEFORE_MS = 70_000
-"""A wave's lead-in (1 min) and its first 10-second window, before an attack's first attempt."""
-NEAR_AFTER_MS = 120_000
-"""A wave's tail after an attack's last attempt: the paced sum's six 10-second windows and
-the 1-minute hold."""
 
 
 def merge(spans: dict[str, list[tuple[int, int]]]) -> Spans:
@@ -69,14 +66,26 @@ def attack_spans(events: Iterable[TruthEvent]) -> Spans:
     return merge(spans)
 
 
-def near_attacks(running: Spans) -> Spans:
-    """``attack_spans`` widened by ``NEAR_BEFORE_MS`` and ``NEAR_AFTER_MS``, merged."""
-    return merge(
-        {
-            tenant: [(start - NEAR_BEFORE_MS, end + NEAR_AFTER_MS) for start, end in items]
-            for tenant, items in running.items()
-        }
-    )
+def near_margins_ms(policy: Policy, tenant: str) -> tuple[int, int]:
+    """How far the tenant's wave challenge can reach around an attack, before its first
+    attempt and after its last: the lead-in and the first detector window before (the
+    session review reaches back ``wave.lead_in_ms`` from the end of the first firing
+    window), the paced sum's ``slow_windows`` windows and ``wave.hold_ms`` after (a paced
+    sum still fires while the attack's last windows are in it; the hold follows)."""
+    rules = policy.for_tenant(tenant)
+    window_ms = rules.tenant_spray.window_ms
+    before = rules.wave.lead_in_ms + window_ms
+    after = window_ms * rules.tenant_spray.slow_windows + rules.wave.hold_ms
+    return before, after
+
+
+def near_attacks(running: Spans, policy: Policy = DEFAULT_POLICY) -> Spans:
+    """``attack_spans`` widened by each tenant's ``near_margins_ms`` under ``policy``, merged."""
+    widened: Spans = {}
+    for tenant, items in running.items():
+        before, after = near_margins_ms(policy, tenant)
+        widened[tenant] = [(start - before, end + after) for start, end in items]
+    return merge(widened)
 
 
 def during(spans: Spans, tenant: str, t_ms: int) -> bool:

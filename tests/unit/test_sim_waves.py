@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 from pipeline.core.attempt import Attempt
+from pipeline.core.policy import DEFAULT_POLICY, policy_from_toml
 from pipeline.sim.truth import TruthEvent
 from pipeline.sim.waves import (
-    NEAR_AFTER_MS,
-    NEAR_BEFORE_MS,
     answers,
     attack_spans,
     during,
     merge,
     near_attacks,
+    near_margins_ms,
 )
 from tests.unit.test_core_support import att
 
@@ -65,10 +65,30 @@ def test_answers_give_seconds_to_the_first_wave_in_force_or_none() -> None:
 
 
 def test_near_attacks_widen_each_span_by_the_lead_in_and_the_tail_and_merge() -> None:
-    """Each attack span widens by 70 s before and 120 s after; widened spans that overlap
-    merge, the others stay apart."""
-    assert (NEAR_BEFORE_MS, NEAR_AFTER_MS) == (70 * SEC, 120 * SEC)
+    """Under the default policy each attack span widens by 70 s before and 120 s after;
+    widened spans that overlap merge, the others stay apart."""
+    assert near_margins_ms(DEFAULT_POLICY, "t") == (70 * SEC, 120 * SEC)
     apart = {"t": [(100 * SEC, 110 * SEC), (400 * SEC, 410 * SEC)]}
     assert near_attacks(apart) == {"t": [(30 * SEC, 230 * SEC), (330 * SEC, 530 * SEC)]}
     close = {"t": [(100 * SEC, 110 * SEC), (250 * SEC, 260 * SEC)]}
     assert near_attacks(close) == {"t": [(30 * SEC, 380 * SEC)]}
+
+
+def test_near_margins_follow_the_tenants_wave_and_detector_settings() -> None:
+    """A tenant with a 2-minute lead-in, 5-minute hold and 20-second windows summed over 3
+    reaches 140 s before an attack and 360 s after; other tenants keep the defaults."""
+    policy = policy_from_toml(
+        """
+[tenants.t.wave]
+lead_in_ms = 120000
+hold_ms = 300000
+[tenants.t.tenant_spray]
+window_ms = 20000
+slow_windows = 3
+"""
+    )
+    assert near_margins_ms(policy, "t") == (140 * SEC, 360 * SEC)
+    assert near_margins_ms(policy, "other") == (70 * SEC, 120 * SEC)
+    assert near_attacks({"t": [(1000 * SEC, 1010 * SEC)]}, policy) == {
+        "t": [(860 * SEC, 1370 * SEC)]
+    }
