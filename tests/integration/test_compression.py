@@ -13,9 +13,14 @@ from typing import Any
 import orjson
 import pytest
 
-from tests.integration.test_worker import event
 from tests.plugins.waiting import wait_until
-from tests.plugins.worker import StreamNames, ensure_stream_topics, read_topic, start_worker
+from tests.plugins.worker import (
+    StreamNames,
+    ensure_stream_topics,
+    event,
+    read_topic,
+    start_worker,
+)
 
 pytestmark = pytest.mark.integration
 

@@ -24,11 +24,11 @@ from pipeline.settings import ClickHouseSettings, KafkaSettings
 from pipeline.sinks.connect import open_clickhouse
 from pipeline.sinks.migrate import apply_migrations
 from pipeline.topics import DECISIONS_CONFIG
-from tests.integration.test_worker import as_messages, event
+from tests.integration.test_worker import as_messages
 from tests.plugins.clickhouse import ChHttpEndpoint
 from tests.plugins.kafka import REPO_ROOT, Acl, SaslBroker, free_ports, grant
 from tests.plugins.waiting import wait_until
-from tests.plugins.worker import StreamNames, produce, read_topic, start_worker
+from tests.plugins.worker import StreamNames, event, produce, read_topic, start_worker
 
 pytestmark = pytest.mark.integration
 

@@ -22,11 +22,10 @@ from tests.integration.test_worker import (
     audit_decisions,
     audited_ids,
     engine_answer,
-    event,
 )
 from tests.plugins.settling import wait_for_outputs
 from tests.plugins.waiting import wait_until
-from tests.plugins.worker import StreamNames, produce, read_topic, start_worker
+from tests.plugins.worker import StreamNames, event, produce, read_topic, start_worker
 
 pytestmark = pytest.mark.integration
 

@@ -26,10 +26,9 @@ import orjson
 import pytest
 
 from tests.integration.edge_process import TOKEN, authpipe, edge_serving, get, write_config
-from tests.integration.test_worker import event
 from tests.plugins.kafka import REPO_ROOT, free_ports
 from tests.plugins.waiting import wait_until
-from tests.plugins.worker import StreamNames, produce, start_worker
+from tests.plugins.worker import StreamNames, event, produce, start_worker
 from tests.unit.test_edge_support import DIGEST_KEY
 
 pytestmark = pytest.mark.integration

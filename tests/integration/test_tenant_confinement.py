@@ -17,10 +17,9 @@ from aiokafka.errors import TopicAuthorizationFailedError
 
 from pipeline.kafka_client import security_kwargs
 from tests.integration.test_kafka_sasl import kafka_settings
-from tests.integration.test_worker import event
 from tests.plugins.kafka import Acl, SaslBroker, grant
 from tests.plugins.waiting import wait_until
-from tests.plugins.worker import StreamNames, produce, read_topic, start_worker
+from tests.plugins.worker import StreamNames, event, produce, read_topic, start_worker
 
 pytestmark = pytest.mark.integration
 

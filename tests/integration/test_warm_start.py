@@ -13,22 +13,9 @@ import pytest
 
 from pipeline.core.policy import DAY_MS
 from tests.plugins.waiting import wait_until
-from tests.plugins.worker import StreamNames, produce, read_topic, start_worker
+from tests.plugins.worker import StreamNames, event, produce, read_topic, start_worker
 
 pytestmark = pytest.mark.integration
-
-
-def _success(event_id: str, t: datetime, account: str, ip: str) -> bytes:
-    return orjson.dumps(
-        {
-            "event_id": event_id,
-            "occurred_at": t.isoformat(),
-            "service": "web",
-            "account": account,
-            "peer_ip": ip,
-            "outcome": "success",
-        }
-    )
 
 
 def _ms(text: str) -> int:
@@ -46,9 +33,9 @@ def test_a_backfill_of_past_successes_makes_their_places_familiar(
     exempts expiring 30 days after each; one 40 days old is dead-lettered past_timestamp."""
     now = datetime.now(UTC).replace(microsecond=0)
     past = [
-        _success("w-1", now - timedelta(days=20), "alice@example.com", "192.0.2.7"),
-        _success("w-2", now - timedelta(days=3), "bob@example.com", "198.51.100.4"),
-        _success("w-3", now - timedelta(days=40), "carol@example.com", "203.0.113.8"),
+        event(1, now - timedelta(days=20), "alice@example.com", "192.0.2.7", ok=True, run="w"),
+        event(2, now - timedelta(days=3), "bob@example.com", "198.51.100.4", ok=True, run="w"),
+        event(3, now - timedelta(days=40), "carol@example.com", "203.0.113.8", ok=True, run="w"),
     ]
     start_worker(
         workers, worker_env, tmp_path, AUTHPIPE_INGEST_MAX_PAST_SKEW_MS=str(31 * DAY_MS)

@@ -20,39 +20,13 @@ from tests.plugins.waiting import wait_until
 from tests.plugins.worker import (
     StreamNames,
     ensure_stream_topics,
+    event,
     produce,
     read_topic,
     start_worker,
 )
 
 pytestmark = pytest.mark.integration
-
-
-def event(
-    i: int,
-    t: datetime,
-    account: str,
-    ip: str,
-    *,
-    ok: bool = False,
-    run: str = "r",
-    device: str | None = None,
-    trusted: bool = False,
-    reason: str = "bad_password",
-) -> bytes:
-    body: dict[str, Any] = {
-        "event_id": f"{run}-{i}",
-        "occurred_at": t.isoformat(),
-        "service": "web",
-        "account": account,
-        "peer_ip": ip,
-        "outcome": "success" if ok else "failure",
-    }
-    if not ok:
-        body["failure_reason"] = reason
-    if device:
-        body["device_id"], body["device_trusted"] = device, trusted
-    return orjson.dumps(body)
 
 
 def mixed_stream(n: int, seed: int, start: datetime) -> list[bytes]:

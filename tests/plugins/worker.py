@@ -14,9 +14,11 @@ import sys
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
@@ -115,6 +117,35 @@ class WorkerProcess:
     def log_tail(self, lines: int = 30) -> str:
         text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
         return "\n".join(text.splitlines()[-lines:])
+
+
+def event(
+    i: int,
+    t: datetime,
+    account: str,
+    ip: str,
+    *,
+    ok: bool = False,
+    run: str = "r",
+    device: str | None = None,
+    trusted: bool = False,
+    reason: str = "bad_password",
+) -> bytes:
+    """One login attempt's JSON (``{run}-{i}`` its id): a failure with ``reason``, or a
+    success with ``ok``; ``device`` sets the device cookie and whether it is trusted."""
+    body: dict[str, Any] = {
+        "event_id": f"{run}-{i}",
+        "occurred_at": t.isoformat(),
+        "service": "web",
+        "account": account,
+        "peer_ip": ip,
+        "outcome": "success" if ok else "failure",
+    }
+    if not ok:
+        body["failure_reason"] = reason
+    if device:
+        body["device_id"], body["device_trusted"] = device, trusted
+    return orjson.dumps(body)
 
 
 @pytest.fixture
