@@ -96,6 +96,7 @@ def _demo(args: argparse.Namespace, settings: Settings) -> int:
     options = DemoOptions(
         rate=args.rate,
         duration_s=args.duration_s,
+        history_s=args.history_s,
         seed=args.seed,
         out=args.out,
         keep_services=args.keep_services,
@@ -214,6 +215,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=args_type.positive,
         default=3600.0,
         help="simulated traffic span in seconds (default 3600)",
+    )
+    demo.add_argument(
+        "--history-s",
+        type=args_type.non_negative,
+        default=3600.0,
+        help="simulated seconds of ordinary traffic before it, the warm start (default 3600; "
+        "0: a cold start, every wave challenges people at places it never saw)",
     )
     demo.add_argument("--seed", type=int, default=1, help="scenario seed (default 1)")
     demo.add_argument("--out", type=Path, default=Path("report.html"), help="report path")

@@ -2,8 +2,10 @@
 
 Starts the broker (``stack up``), migrates embedded ClickHouse, starts the worker, the
 audit sink and the edge as subprocesses (each the same command a user would run), plays
-a day of the patient attackers (``low_and_slow_bruteforce`` and its 13-source variant)
-and then a mixed attack scenario through them with ``authpipe simulate``, waits until every event
+a day of the patient attackers (``low_and_slow_bruteforce`` and its 13-source variant),
+then an hour of the deployment's ordinary past (``simulate --history-s``: the warm start
+docs/operations.md asks of a new deployment, so people's places are familiar when the
+first wave comes) and a mixed attack scenario through them with ``authpipe simulate``, waits until every event
 is counted or dead-lettered, then prints the scorecard, writes ``report.html`` and says
 where to look next. Each run uses its own topics and consumer groups (named in the
 output), so runs never mix; the broker keeps running afterwards for exploration
@@ -45,6 +47,8 @@ class DemoError(AuthpipeError):
 class DemoOptions:
     rate: float = 25.0
     duration_s: float = 3600.0
+    history_s: float = 3600.0
+    """Ordinary traffic before the mixed run (0: a cold start, no familiar places)."""
     seed: int = 1
     out: Path = Path("report.html")
     keep_services: bool = False
@@ -205,9 +209,10 @@ def run_demo(settings: Settings, options: DemoOptions) -> int:
         truth = demo_dir / "truth.jsonl"
         port = int(env["AUTHPIPE_WORKER_WEB_PORT"])
         # The patient attackers first: their day of event time ends where the mixed run's
-        # hour begins, so the watermark only moves forward and one truth file holds both.
+        # history begins, so the watermark only moves forward and one truth file holds all.
         patient_truth = demo_dir / "truth-patient.jsonl"
-        start_ms = (int(time.time()) - int(options.duration_s) - PATIENT_DAY_S) * 1000
+        history_s = int(options.history_s)
+        start_ms = (int(time.time()) - int(options.duration_s) - history_s - PATIENT_DAY_S) * 1000
         say(
             f"simulating patient attackers ({', '.join(SLOW_ATTACKS)}): a day of event time, "
             "replayed as fast as the broker takes it"
@@ -247,7 +252,8 @@ def run_demo(settings: Settings, options: DemoOptions) -> int:
         mixed_truth = demo_dir / "truth-mixed.jsonl"
         say(
             f"simulating a mixed attack scenario ({options.duration_s:g} s of traffic at "
-            f"{options.rate:g} logins/s, replayed as fast as the broker takes it)"
+            f"{options.rate:g} logins/s after {history_s} s of ordinary history, replayed as "
+            "fast as the broker takes it)"
         )
         _show(
             _run_showing_progress(
@@ -259,6 +265,8 @@ def run_demo(settings: Settings, options: DemoOptions) -> int:
                     str(options.rate),
                     "--duration-s",
                     str(options.duration_s),
+                    "--history-s",
+                    str(history_s),
                     "--seed",
                     str(options.seed),
                     "--speedup",

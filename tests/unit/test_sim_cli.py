@@ -75,6 +75,7 @@ def cli(*argv: str) -> subprocess.CompletedProcess[str]:
             "missing.toml is not a file",
         ),
         (["report", "--out", "r.html"], "give --truth PATH (labelled) or --events PATH"),
+        (["demo", "--history-s", "-5"], "argument --history-s: -5 must be 0 or more"),
         (
             ["backtest", "--events", "pyproject.toml"],
             "--policy is required (or --verdicts OUT.jsonl for per-event verdicts)",
