@@ -77,15 +77,16 @@ def mixed_stream(n: int, seed: int, start: datetime) -> list[bytes]:
     return out
 
 
-def with_trailer(values: list[bytes], start: datetime, seed: int) -> list[bytes]:
-    """``mixed_stream``'s ``values`` and one success 2 s after their last event, so the live
-    marks pass the stream's last second: the rollup evaluates a second only once time passes
-    its end, which for a stream's last events comes with the next input (docs/stream.md), or
-    with the wall clock when the stream reaches into the future, as these do; the engine's
+def with_trailer(values: list[bytes]) -> list[bytes]:
+    """``values`` and one success 2 s after their last event, so the live marks pass the
+    stream's last second: the rollup evaluates a second only once time passes its end,
+    which for a stream's last events comes with the next input (docs/stream.md), or with
+    the wall clock when the stream reaches into the future, as these do; the engine's
     ``finish`` evaluates it at once. Without the trailer a worker that caught up more than
     the answer's wait before the wall clock reached the end lacked an alert due then."""
-    t = start + timedelta(milliseconds=20 * len(values) + 2000)
-    trailer = event(len(values), t, "trailer@example.com", "192.0.2.250", ok=True, run=f"s{seed}")
+    last = datetime.fromisoformat(orjson.loads(values[-1])["occurred_at"])
+    t = last + timedelta(seconds=2)
+    trailer = event(len(values), t, "trailer@example.com", "192.0.2.250", ok=True, run="trailer")
     return [*values, trailer]
 
 
@@ -292,8 +293,9 @@ def test_exact_answer_when_the_worker_is_killed_mid_stream(
     tmp_path: Path,
 ) -> None:
     """A SIGKILL mid-stream and a restart end with exactly the core's decisions and alerts."""
-    start = datetime.now(UTC) - timedelta(minutes=5)
-    values = with_trailer(mixed_stream(20_000, seed=7, start=start), start, seed=7)
+    values = with_trailer(
+        mixed_stream(20_000, seed=7, start=datetime.now(UTC) - timedelta(minutes=5))
+    )
     ensure_stream_topics(kafka_bootstrap, stream_names)
     produce(kafka_bootstrap, stream_names.input, as_messages(values))
     worker = start_worker(workers, worker_env, tmp_path).wait_ready()
@@ -324,8 +326,9 @@ def test_two_workers_decide_like_one_through_a_rebalance(
     tmp_path: Path,
 ) -> None:
     """Two workers in one group, the second joining mid-stream, give the core's exact answer."""
-    start = datetime.now(UTC) - timedelta(minutes=5)
-    values = with_trailer(mixed_stream(16_000, seed=11, start=start), start, seed=11)
+    values = with_trailer(
+        mixed_stream(16_000, seed=11, start=datetime.now(UTC) - timedelta(minutes=5))
+    )
     start_worker(workers, worker_env, tmp_path).wait_ready()
     produce(kafka_bootstrap, stream_names.input, as_messages(values[:8000]))
     wait_until(
