@@ -114,9 +114,15 @@ def simulate_and_settle(
         description=f"the worker to ingest {produced} events",
     )
     outputs = [stream_names.decisions, stream_names.alerts]
-    wait_for_outputs(
-        kafka_bootstrap, stream_names, outputs, "no internal lag and decisions and alerts settled"
-    )
+    try:
+        wait_for_outputs(
+            kafka_bootstrap,
+            stream_names,
+            outputs,
+            "no internal lag and decisions and alerts settled",
+        )
+    except AssertionError as timeout:
+        raise AssertionError(f"{timeout}\nthe worker's log ends:\n{worker.log_tail()}") from None
     return produced
 
 

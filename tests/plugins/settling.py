@@ -3,7 +3,8 @@
 ``wait_for_outputs`` polls once a second until the worker's internal topics (the account,
 source and tenant-share repartitions) have nothing uncommitted AND the summed end offsets of
 the given output topics have kept one value for ``QUIET_S`` seconds; it raises
-AssertionError after ``SETTLE_TIMEOUT_S``. Each probe opens and closes its own aiokafka
+AssertionError after ``SETTLE_TIMEOUT_S`` that says which internal partitions still lagged
+(and by how much) or how the outputs last moved, so a timeout in CI can be told apart. Each probe opens and closes its own aiokafka
 clients, so nothing is left running between polls.
 """
 
@@ -43,8 +44,9 @@ def end_offsets(bootstrap: str, topics: list[str]) -> int:
     return asyncio.run(run())
 
 
-def internal_lag(bootstrap: str, names: StreamNames) -> int:
-    """Messages of the worker's internal topics its agents have not committed yet."""
+def internal_lags(bootstrap: str, names: StreamNames) -> dict[str, int]:
+    """Per lagging partition (``topic[partition]``) of the worker's internal topics, the
+    messages its agents have not committed yet; empty when none lags."""
     internal = [f"{names.app_id}.{t}" for t in INTERNAL_TOPICS]
 
     async def run() -> int:
@@ -61,10 +63,12 @@ def internal_lag(bootstrap: str, names: StreamNames) -> int:
             ]
             ends = await consumer.end_offsets(tps)
             committed = await admin.list_consumer_group_offsets(names.app_id, partitions=tps)
-            return sum(
-                end - (committed[tp].offset if tp in committed and committed[tp].offset >= 0 else 0)
+            lags = {
+                f"{tp.topic}[{tp.partition}]": end
+                - (committed[tp].offset if tp in committed and committed[tp].offset >= 0 else 0)
                 for tp, end in ends.items()
-            )
+            }
+            return {name: lag for name, lag in lags.items() if lag}
         finally:
             await consumer.stop()
             await admin.close()
@@ -97,10 +101,27 @@ def wait_for_outputs(
     true) and the end offsets of ``outputs`` have not moved for ``QUIET_S`` seconds (polled
     every second, at most ``SETTLE_TIMEOUT_S``)."""
 
-    def probe() -> tuple[int, int] | None:
-        if caught_up is not None and not caught_up():
-            return None
-        lag = internal_lag(bootstrap, names)
-        return None if lag else (lag, end_offsets(bootstrap, outputs))
+    seen: dict[str, Any] = {"last": "nothing probed"}
+    moves: list[tuple[float, int]] = []  # (seconds into the wait, summed end offsets)
+    started = time.monotonic()
 
-    wait_until(settled(probe, QUIET_S), SETTLE_TIMEOUT_S, interval_s=1.0, description=description)
+    def probe() -> int | None:
+        if caught_up is not None and not caught_up():
+            seen["last"] = "caught_up() false"
+            return None
+        lags = internal_lags(bootstrap, names)
+        if lags:
+            seen["last"] = f"internal lag {lags}"
+            return None
+        ends = end_offsets(bootstrap, outputs)
+        if not moves or moves[-1][1] != ends:
+            moves.append((round(time.monotonic() - started, 1), ends))
+        seen["last"] = f"no internal lag; outputs' end offsets at (s, sum): {moves[-8:]}"
+        return ends
+
+    try:
+        wait_until(
+            settled(probe, QUIET_S), SETTLE_TIMEOUT_S, interval_s=1.0, description=description
+        )
+    except AssertionError as timeout:
+        raise AssertionError(f"{timeout}; last probe: {seen['last']}") from None
