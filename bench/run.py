@@ -241,10 +241,16 @@ class Runner:
         )
         self.guarded("b6", lambda: stream.bench_b6(self.ctx, scale.b6_accounts))
         # B7: the tripping failure's acknowledgement to the edge refusing, per load
-        b7_loads, b7_probes = (
-            ((0, 1000), 10) if self.plan.quick else (latency.LOADS, latency.PROBES)
+        # (the quick plan probes a cold worker: 3 s of load first, not the steady state's 90)
+        b7_loads, b7_probes, b7_warmup_s = (
+            ((0, 1000), 10, latency.WARMUP_S)
+            if self.plan.quick
+            else (latency.LOADS, latency.PROBES, latency.LOAD_WARMUP_S)
         )
-        self.guarded("b7", lambda: latency.bench_b7(self.ctx, b7_loads, b7_probes))
+        self.guarded(
+            "b7",
+            lambda: latency.bench_b7(self.ctx, b7_loads, b7_probes, warmup_s=b7_warmup_s),
+        )
         for name in ("core", "edge", "sink"):
             self.guarded(name, lambda name=name: self.external(name))  # type: ignore[misc]
         return self.results
