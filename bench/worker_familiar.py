@@ -1,0 +1,163 @@
+"""The worker's memory for familiar pairs (issue 24): bytes per pair and the table's cap.
+
+A success from an untrusted client makes the account familiar at its place
+(``familiar|t|a|s|-``) and with its client (``familiar|t|a|-|d``) in the account shard,
+and the place known (``familiar|t|-|s|-``) in the source shard: three table entries, each
+also a changelog record and a published exempt. This feeds ``users`` such successes (one
+per user, each its own account, place and cookie, a second apart) to the core's
+``Engine``, the code the worker's stages run, and reports the Python heap the tables hold
+per user (tracemalloc, after a collection: all the engine holds, its decision index of
+active exempts included, and what clearing every table frees), the CPU per
+success, the exempts published per success, and, under the default ``entry_cap``, how
+many entries were evicted (the least recently renewed first) while the shards' decision
+indexes keep every active exempt (``exempts_indexed``).
+
+Run as ``python -m bench.worker_familiar [--users N] [--entry-cap C]``; the last line
+printed is JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import sys
+import time
+import tracemalloc
+from typing import Any
+
+import orjson
+
+from bench.bench_edge import TENANT, Workload
+from pipeline.core.attempt import Attempt
+from pipeline.core.engine import Engine
+from pipeline.core.policy import policy_from_mapping
+from pipeline.runtime import tune_gc
+from pipeline.settings import Settings
+from pipeline.wiring import build_normaliser
+
+T0_MS = 1_790_000_000_000
+CHUNK = 10_000
+
+
+def successes(users: int) -> list[Attempt]:
+    """One untrusted-client success per user, a second apart, with real digests."""
+    norm = build_normaliser(Settings())
+    out = []
+    for i in range(users):
+        account, address, _ = Workload.user(i)
+        out.append(
+            Attempt(
+                event_id=f"familiar-{i:08x}",
+                occurred_ms=T0_MS + i * 1000,
+                tenant=TENANT,
+                account=norm.account_digest(TENANT, account),
+                source=address,
+                device=norm.digester.device(TENANT, f"cookie-{i}"),
+                session=None,
+                trusted=False,
+                flow="login",
+                success=True,
+                failure_reason=None,
+            )
+        )
+    return out
+
+
+def feed(engine: Engine, attempts: list[Attempt]) -> int:
+    """Feed in chunks as a stage would, clearing the outbox; the exempts published."""
+    out, exempts = engine.out, 0
+    for start in range(0, len(attempts), CHUNK):
+        engine.step_batch(attempts[start : start + CHUNK])
+        exempts += len(out.exempts)
+        out.clear()
+    return exempts
+
+
+def tables_of(engine: Engine) -> list[Any]:
+    return [
+        t
+        for shard in (engine.accounts, engine.sources)
+        for r in shard.tenants.values()
+        for t in r.tables()
+    ]
+
+
+def entries_by_table(engine: Engine) -> dict[str, int]:
+    """Entries per (stage, table), the empty ones left out."""
+    out: dict[str, int] = {}
+    for stage, shard in (("account", engine.accounts), ("source", engine.sources)):
+        for rules in shard.tenants.values():
+            named: dict[str, Any] = {**rules.counters, "sources": rules.sources}
+            named |= {"pairs": rules.pairs, "streaks": rules.streaks, "familiar": rules.familiar}
+            for name, table in named.items():
+                if len(table):
+                    out[f"{stage}.{name}"] = out.get(f"{stage}.{name}", 0) + len(table)
+    return out
+
+
+def bench_worker_familiar(users: int, entry_cap: int, repeat: int = 3) -> dict[str, Any]:
+    """The timed runs first (no tracing; the worker's collector thresholds, the best of
+    ``repeat`` fresh engines by CPU time), then a traced run on a fresh engine."""
+    policy = policy_from_mapping(
+        {"policy_version": "familiar-1", "defaults": {"entry_cap": entry_cap}}
+    )
+    attempts = successes(users)
+    defaults = tune_gc()
+    cpu_s = float("inf")
+    for _ in range(repeat):
+        gc.collect()
+        engine = Engine(policy)
+        start = time.process_time()
+        exempts = feed(engine, attempts)
+        cpu_s = min(cpu_s, time.process_time() - start)
+    gc.set_threshold(*defaults)
+    indexed = len(engine.accounts.index) + len(engine.sources.index)
+    held = sum(len(t) for t in tables_of(engine))
+    by_table = entries_by_table(engine)
+    evicted = sum(t.evictions for t in tables_of(engine))
+    del engine
+    gc.collect()
+    tracemalloc.start()
+    empty = tracemalloc.get_traced_memory()[0]
+    engine = Engine(policy)
+    feed(engine, attempts)
+    for shard in (engine.accounts, engine.sources):
+        shard.take_dirty()
+    gc.collect()
+    engine_bytes = tracemalloc.get_traced_memory()[0] - empty
+    for table in tables_of(engine):
+        table._entries.clear()
+    gc.collect()
+    table_bytes = engine_bytes - (tracemalloc.get_traced_memory()[0] - empty)
+    tracemalloc.stop()
+    return {
+        "users": users,
+        "entry_cap": entry_cap,
+        "entries_held": held,
+        "entries_evicted": evicted,
+        "entries_by_table": by_table,
+        # active decisions (the exempts) in the shards' decision indexes: not capped by
+        # entry_cap, they stay until they expire (familiar.memory_ms)
+        "exempts_indexed": indexed,
+        "exempts_per_success": round(exempts / users, 2),
+        "engine_heap_bytes_per_user": round(engine_bytes / users),
+        "table_heap_bytes_per_user": round(table_bytes / users),
+        "table_heap_bytes_per_entry": round(table_bytes / held) if held else None,
+        "cpu_us_per_success": round(cpu_s / users * 1e6, 1),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--users", type=int, default=100_000, help="successes, one per user")
+    parser.add_argument("--repeat", type=int, default=3, help="timed runs; the best counts")
+    parser.add_argument(
+        "--entry-cap", type=int, default=1_000_000, help="entry_cap (default: one that never bites)"
+    )
+    args = parser.parse_args(argv)
+    print(orjson.dumps(bench_worker_familiar(args.users, args.entry_cap, args.repeat)).decode())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
