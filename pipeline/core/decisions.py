@@ -205,6 +205,8 @@ class Verdict:
 
 
 ALLOWED = Verdict(True, 0)
+HEAP_SLACK = 1024
+"""Stale heap entries a decision index tolerates beyond twice its active decisions."""
 
 
 class DecisionIndex:
@@ -212,6 +214,12 @@ class DecisionIndex:
 
     ``check`` ignores expired entries even before ``prune`` removes them, so a decision
     whose tombstone never arrives stops being enforced at its ``expires_at``.
+
+    The heaps hold at most ``2 * len(self) + HEAP_SLACK`` entries each: a decision renewed
+    or lifted before its expiry leaves its old entry behind (a familiar pair renewed daily
+    for 30 days would leave 30), so once a heap outgrows that it is rebuilt from the active
+    decisions. What ``prune`` and ``announce_expired`` return is unchanged by it: they skip
+    entries that are no longer current anyway.
 
     ``subjects`` counts the active decisions per subject (the account digest of a key, or
     its source when it has no account): an attempt whose account and source are both
@@ -249,6 +257,23 @@ class DecisionIndex:
         heapq.heappush(self._heap, (active.expires_ms, active.decision_id, key))
         if self._announce:
             heapq.heappush(self._wall_heap, (active.expires_ms, active.decision_id, key))
+        bound = 2 * len(self._active) + HEAP_SLACK
+        if len(self._heap) > bound or len(self._wall_heap) > bound:
+            self._compact()
+
+    def _compact(self) -> None:
+        """Rebuild the heaps from the active decisions (the wall heap without those the
+        wall clock already announced): drops the entries of renewed and lifted ones."""
+        active, announced = self._active, self._announced
+        self._heap = [(a.expires_ms, a.decision_id, key) for key, a in active.items()]
+        heapq.heapify(self._heap)
+        if self._announce:
+            self._wall_heap = [
+                (a.expires_ms, a.decision_id, key)
+                for key, a in active.items()
+                if announced.get(key) != a.decision_id
+            ]
+            heapq.heapify(self._wall_heap)
 
     def lift(self, key: Key) -> Active | None:
         """Remove ``key``'s decision; returns it, or None when there is none (or when the

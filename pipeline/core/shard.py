@@ -130,7 +130,12 @@ class Shard:
         entry = table.mapping.get(key)
         now = attempt.occurred_ms
         if entry is None:
+            # At the cap the least recently renewed pair is evicted: lift its exempt too
+            # (a tombstone), so the index and every edge stay bounded by ``entry_cap``.
+            evicted = next(iter(table.mapping)) if len(table) >= table.cap else None
             entry = table.create(key, StreakState)
+            if evicted is not None:
+                self.lift(out, evicted)
         else:
             table.mapping.move_to_end(key)
             if now < entry.notice_until_ms or (seq >= 0 and entry.seq >= seq):

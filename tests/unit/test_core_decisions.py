@@ -177,3 +177,21 @@ def test_the_edges_index_keeps_nothing_of_decisions_that_expired() -> None:
         tracemalloc.stop()
     assert (len(index), len(index._heap), len(index._wall_heap), index.subjects) == (0, 0, 0, {})
     assert held < 1_000_000
+
+
+def test_renewals_leave_the_heaps_bounded_and_expiry_unchanged() -> None:
+    """A familiar pair renewed 10,000 times keeps at most 2 x active + HEAP_SLACK heap
+    entries, and its one decision still expires once, at its last expiry."""
+    from pipeline.core.decisions import HEAP_SLACK
+
+    key = ("familiar", "t", A, S, None)
+    index = DecisionIndex()
+    for i in range(10_000):
+        index.put(key, Active(f"f{i}", "exempt", 1_000_000 + i, "familiar"))
+        assert len(index._heap) <= 2 * len(index) + HEAP_SLACK
+        assert len(index._wall_heap) <= 2 * len(index) + HEAP_SLACK
+    assert index.announce_expired(1_009_998) == []
+    assert index.announce_expired(1_009_999) == [key]
+    assert index.prune(1_009_998) == []
+    assert index.prune(1_009_999) == []  # the wall clock already tombstoned it
+    assert (len(index), len(index._heap), len(index._wall_heap)) == (0, 0, 0)
