@@ -76,25 +76,23 @@ def feed(engine: Engine, attempts: list[Attempt]) -> tuple[int, int]:
     return exempts, lifted
 
 
-def tables_of(engine: Engine) -> list[Any]:
-    return [
-        t
-        for shard in (engine.accounts, engine.sources)
-        for r in shard.tenants.values()
-        for t in r.tables()
-    ]
+def named_tables(engine: Engine) -> list[tuple[str, Any]]:
+    """Every table of both stages as (``stage.table``, table), counters included."""
+    out: list[tuple[str, Any]] = []
+    for stage, shard in (("account", engine.accounts), ("source", engine.sources)):
+        for rules in shard.tenants.values():
+            named: dict[str, Any] = {**rules.counters, "sources": rules.sources}
+            named |= {"pairs": rules.pairs, "streaks": rules.streaks, "familiar": rules.familiar}
+            out += [(f"{stage}.{name}", table) for name, table in named.items()]
+    return out
 
 
 def entries_by_table(engine: Engine) -> dict[str, int]:
     """Entries per (stage, table), the empty ones left out."""
     out: dict[str, int] = {}
-    for stage, shard in (("account", engine.accounts), ("source", engine.sources)):
-        for rules in shard.tenants.values():
-            named: dict[str, Any] = {**rules.counters, "sources": rules.sources}
-            named |= {"pairs": rules.pairs, "streaks": rules.streaks, "familiar": rules.familiar}
-            for name, table in named.items():
-                if len(table):
-                    out[f"{stage}.{name}"] = out.get(f"{stage}.{name}", 0) + len(table)
+    for name, table in named_tables(engine):
+        if len(table):
+            out[name] = out.get(name, 0) + len(table)
     return out
 
 
@@ -117,9 +115,9 @@ def bench_worker_familiar(users: int, entry_cap: int, repeat: int = 3) -> dict[s
     # the engine's two shards share one index (the worker's stages keep one each)
     indexes = {id(shard.index): shard.index for shard in (engine.accounts, engine.sources)}
     indexed = sum(len(index) for index in indexes.values())
-    held = sum(len(t) for t in tables_of(engine))
+    held = sum(len(t) for _, t in named_tables(engine))
     by_table = entries_by_table(engine)
-    evicted = sum(t.evictions for t in tables_of(engine))
+    evicted = sum(t.evictions for _, t in named_tables(engine))
     del engine
     gc.collect()
     tracemalloc.start()
@@ -130,7 +128,7 @@ def bench_worker_familiar(users: int, entry_cap: int, repeat: int = 3) -> dict[s
         shard.take_dirty()
     gc.collect()
     engine_bytes = tracemalloc.get_traced_memory()[0] - empty
-    for table in tables_of(engine):
+    for _, table in named_tables(engine):
         table._entries.clear()
     gc.collect()
     table_bytes = engine_bytes - (tracemalloc.get_traced_memory()[0] - empty)

@@ -104,8 +104,9 @@ class TenantRules:
         )
         # Familiar (account, source) pairs: a table of their own, so successes can never
         # evict a lock's count (an attacker's own account signs in from every proxy).
+        # Its entries stand for published exempts: the shard lifts what the cap evicts.
         self.familiar: BoundedTable[StreakState] = BoundedTable(
-            policy.entry_cap, _marker(dirty, "familiar")
+            policy.entry_cap, _marker(dirty, "familiar"), record_evicted=True
         )
         self.max_span_ms = max(spec.span_ms for spec in self.specs.values())
         self.tenant_window_ms = policy.tenant_spray.window_ms

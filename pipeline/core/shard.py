@@ -130,12 +130,9 @@ class Shard:
         entry = table.mapping.get(key)
         now = attempt.occurred_ms
         if entry is None:
-            # At the cap the least recently renewed pair is evicted: lift its exempt too
-            # (a tombstone), so the index and every edge stay bounded by ``entry_cap``.
-            evicted = next(iter(table.mapping)) if len(table) >= table.cap else None
             entry = table.create(key, StreakState)
-            if evicted is not None:
-                self.lift(out, evicted)
+            if table.evicted:
+                self.lift_evicted(out, table)
         else:
             table.mapping.move_to_end(key)
             if now < entry.notice_until_ms or (seq >= 0 and entry.seq >= seq):
@@ -164,6 +161,15 @@ class Shard:
         if self.track_changes:
             self.dirty[("familiar", key)] = None
         return True
+
+    def lift_evicted(self, out: Outbox, table: BoundedTable[Any]) -> None:
+        """Lift the exempts of the familiar entries the table's cap evicted (a tombstone
+        each), so the index and every edge stay bounded by ``entry_cap``."""
+        evicted = table.evicted
+        if evicted:
+            for key in evicted:
+                self.lift(out, key)
+            evicted.clear()
 
     def lift(self, out: Outbox, key: Key) -> None:
         if self.index.lift(key) is not None:
@@ -255,7 +261,15 @@ class Shard:
                         key,
                         Active(streak.decision_id, action, streak.blocked_until_ms, streak.rule),
                     )
-            for key, known in tables.familiar.items():
+            familiar = tables.familiar
+            if familiar.evicted:
+                # A restore into a smaller cap (lowered, or fewer shards' worth) evicted
+                # entries whose exempts are still published: lift them (not indexed yet).
+                gone = dict.fromkeys(k for k in familiar.evicted if k not in familiar)
+                out.decisions.extend((format_key(key), None) for key in gone)
+                self.metrics.lifts += len(gone)
+                familiar.evicted.clear()
+            for key, known in familiar.items():
                 if known.blocked_until_ms > self.watermark_ms and known.decision_id:
                     action = "exempt" if tables.familiar_cfg.mode == "enforce" else "observe"
                     self.index.put(

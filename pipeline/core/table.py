@@ -8,7 +8,11 @@ memory stays bounded by the cap either way.
 
 When an insert would exceed ``cap``, the least recently touched entry is evicted and
 ``evictions`` counts it; callers export that as a metric, because a cap that bites
-means someone is sending more distinct identifiers than the table was sized for.
+means someone is sending more distinct identifiers than the table was sized for. A
+table whose entries stand for published decisions keeps ``evicted`` (a list): every key
+the cap removed, by ``create`` or by a restore's ``put``, is appended there until the
+owner drains it and lifts those decisions (expiry is not recorded: a decision expires
+with its entry).
 """
 
 from __future__ import annotations
@@ -30,9 +34,14 @@ E = TypeVar("E", bound=Expiring)
 class BoundedTable(Generic[E]):
     """Key -> entry, at most ``cap`` entries, oldest-touched evicted first."""
 
-    __slots__ = ("_entries", "cap", "evictions", "expired", "mapping", "on_drop")
+    __slots__ = ("_entries", "cap", "evicted", "evictions", "expired", "mapping", "on_drop")
 
-    def __init__(self, cap: int, on_drop: Callable[[Key, E], None] | None = None) -> None:
+    def __init__(
+        self,
+        cap: int,
+        on_drop: Callable[[Key, E], None] | None = None,
+        record_evicted: bool = False,
+    ) -> None:
         self._entries: OrderedDict[Key, E] = OrderedDict()
         # The same dict, public for hot paths that read entries and move them to the
         # newest end themselves (a method call costs more than the lookup). Everything
@@ -42,6 +51,7 @@ class BoundedTable(Generic[E]):
         self.evictions = 0
         self.expired = 0
         self.on_drop = on_drop
+        self.evicted: list[Key] | None = [] if record_evicted else None
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -72,10 +82,7 @@ class BoundedTable(Generic[E]):
             del entries[key]
             self.expired += 1
         elif len(entries) >= self.cap:
-            old_key, old = entries.popitem(last=False)
-            self.evictions += 1
-            if self.on_drop is not None:
-                self.on_drop(old_key, old)
+            self._evict()
         entry = factory()
         entries[key] = entry
         return entry
@@ -83,12 +90,18 @@ class BoundedTable(Generic[E]):
     def put(self, key: Key, entry: E) -> None:
         """Insert a restored entry at the newest end (cap applies)."""
         if key not in self._entries and len(self._entries) >= self.cap:
-            old_key, old = self._entries.popitem(last=False)
-            self.evictions += 1
-            if self.on_drop is not None:
-                self.on_drop(old_key, old)
+            self._evict()
         self._entries[key] = entry
         self._entries.move_to_end(key)
+
+    def _evict(self) -> None:
+        """Remove the least recently touched entry to make room (the cap)."""
+        old_key, old = self._entries.popitem(last=False)
+        self.evictions += 1
+        if self.evicted is not None:
+            self.evicted.append(old_key)
+        if self.on_drop is not None:
+            self.on_drop(old_key, old)
 
     def sort_by_deadline(self) -> None:
         """Order entries by ``keep_until_ms`` (stable), so ``expire`` pops every dead entry
