@@ -126,7 +126,10 @@ def test_a_wave_challenges_strangers_not_familiar_pairs_nor_trusted_devices() ->
         att(t + 12 * SEC, account=OWNER, source="100.64.0.1", device="phone", trusted=True),
         att(t + 13 * SEC, account="5" * 32, source=proxy, success=True),  # a victim at the proxy
     ]
-    verdicts = _gateway(engine, sorted([*background, *history, *wave, *after]))
+    # In event-time order (sorting the attempts themselves would order them by event id,
+    # whose numbers depend on the tests run before this one).
+    events = sorted([*background, *history, *wave, *after], key=lambda a: a.occurred_ms)
+    verdicts = _gateway(engine, events)
     stranger, owner, phone, victim = verdicts[-4:]
     assert (stranger.allowed, stranger.challenge) == (True, "captcha")
     # The attacker's own account made its proxy a known place: the victim there is asked a
