@@ -100,7 +100,10 @@ def bench_worker_familiar(users: int, entry_cap: int, repeat: int = 3) -> dict[s
     """The timed runs first (no tracing; the worker's collector thresholds, the best of
     ``repeat`` fresh engines by CPU time), then a traced run on a fresh engine."""
     policy = policy_from_mapping(
-        {"policy_version": "familiar-1", "defaults": {"entry_cap": entry_cap}}
+        {
+            "policy_version": "familiar-1",
+            "defaults": {"entry_cap": entry_cap, "familiar": {"entry_cap": entry_cap}},
+        }
     )
     attempts = successes(users)
     defaults = tune_gc()
@@ -156,7 +159,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--users", type=int, default=100_000, help="successes, one per user")
     parser.add_argument("--repeat", type=int, default=3, help="timed runs; the best counts")
     parser.add_argument(
-        "--entry-cap", type=int, default=1_000_000, help="entry_cap (default: one that never bites)"
+        "--entry-cap",
+        type=int,
+        default=1_000_000,
+        help="entry_cap and familiar.entry_cap (default: one that never bites)",
     )
     args = parser.parse_args(argv)
     print(orjson.dumps(bench_worker_familiar(args.users, args.entry_cap, args.repeat)).decode())

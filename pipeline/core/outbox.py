@@ -66,6 +66,8 @@ class Metrics:
     decisions: int = 0
     lifts: int = 0
     alerts: int = 0
+    familiar_quota_reached: int = 0
+    """Successes whose new place or client was not made familiar (``new_per_day``)."""
 
 
 def add_share(shares: Shares, tenant: str, window: int, bound: int, changed: Shares) -> None:

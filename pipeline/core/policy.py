@@ -234,12 +234,28 @@ class FamiliarConfig(_Frozen):
     once per ``renew_ms``: that pair is never challenged by the tenant's wave, nor refused
     or challenged by a rule-issued source decision. A source with at least
     ``shared_accounts`` familiar accounts within a renew period is shared by real users
-    (a NAT, a library): no rule blocks it on a stranger's evidence."""
+    (a NAT, a library): no rule blocks it on a stranger's evidence.
+
+    An account makes at most ``new_per_day`` new places and clients familiar per UTC day
+    of event time (renewals of known ones are not counted; 0: no limit): an attacker
+    signing in to an account of its own from every exit of a proxy pool would otherwise
+    fill the ``entry_cap``-bounded tables and evict the owners' places, and with them
+    their exemptions. A success past the quota is a success like any other; only its
+    place or client is not published (``authpipe_familiar_quota_reached``). The familiar
+    tables have their own cap, ``entry_cap`` (1,000,000 per tenant): a tenant's people
+    make places familiar faster than the other tables fill (phones on carrier NATs sign in
+    from a new address every few logins), and an entry evicted at the cap is an owner who
+    is challenged in the next wave."""
 
     enabled: bool = True
     memory_ms: int = Field(30 * DAY_MS, ge=1000, le=MAX_BLOCK_MS)
     renew_ms: int = Field(DAY_MS, ge=1000, le=MAX_BLOCK_MS)
     shared_accounts: int = Field(3, ge=1, le=1_000_000)
+    new_per_day: int = Field(20, ge=0, le=1_000_000)
+    entry_cap: int = Field(1_000_000, ge=10, le=100_000_000)
+    """Entries per ``familiar`` table and tenant (the tenant's ``entry_cap`` bounds the
+    others): successes, not attackers' identifiers, fill it (``new_per_day`` bounds what
+    one account adds), and an owner evicted from it loses the exemption."""
 
     @model_validator(mode="after")
     def _renew_within_memory(self) -> FamiliarConfig:

@@ -106,7 +106,12 @@ class TenantRules:
         # evict a lock's count (an attacker's own account signs in from every proxy).
         # Its entries stand for published exempts: the shard lifts what the cap evicts.
         self.familiar: BoundedTable[StreakState] = BoundedTable(
-            policy.entry_cap, _marker(dirty, "familiar"), record_evicted=True
+            policy.familiar.entry_cap, _marker(dirty, "familiar"), record_evicted=True
+        )
+        # Per account, the new familiar places and clients of the current UTC day (its
+        # ``count``; ``keep_until_ms`` is the day's end): ``familiar.new_per_day``.
+        self.familiar_new: BoundedTable[StreakState] = BoundedTable(
+            policy.familiar.entry_cap, _marker(dirty, "familiar_new")
         )
         self.max_span_ms = max(spec.span_ms for spec in self.specs.values())
         self.tenant_window_ms = policy.tenant_spray.window_ms
@@ -143,6 +148,7 @@ class TenantRules:
         self.familiar_on = familiar.enabled
         self.familiar_memory_ms = familiar.memory_ms
         self.familiar_renew_ms = familiar.renew_ms
+        self.familiar_new_per_day = familiar.new_per_day
         self.familiar_cfg = RuleConfig.model_construct(
             threshold=familiar.shared_accounts, window_ms=familiar.memory_ms, mode="enforce"
         )
@@ -182,7 +188,14 @@ class TenantRules:
         self._allowed: dict[str, bool] = {}
 
     def tables(self) -> list[AnyTable]:
-        return [*self.counters.values(), self.sources, self.pairs, self.streaks, self.familiar]
+        return [
+            *self.counters.values(),
+            self.sources,
+            self.pairs,
+            self.streaks,
+            self.familiar,
+            self.familiar_new,
+        ]
 
     def allowlisted(self, source: str) -> bool:
         """Whether the source is in the allowlist; cached, because parsing the address

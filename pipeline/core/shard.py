@@ -17,7 +17,7 @@ from pipeline.core.dedupe import DEDUPE_CAPACITY, DEDUPE_HORIZON_MS, Deduper
 from pipeline.core.keys import Key, format_key, stable_id
 from pipeline.core.lockout import StreakState
 from pipeline.core.outbox import Metrics, Outbox, Shares, add_share
-from pipeline.core.policy import DEFAULT_POLICY, Policy, RuleConfig
+from pipeline.core.policy import DAY_MS, DEFAULT_POLICY, Policy, RuleConfig
 from pipeline.core.records import build_decision
 from pipeline.core.rules import Dirty, TenantRules
 from pipeline.core.state import KeyState, PairState, SourceState
@@ -130,6 +130,9 @@ class Shard:
         entry = table.mapping.get(key)
         now = attempt.occurred_ms
         if entry is None:
+            if account is not None and not self._new_familiar(attempt, rules, account):
+                self.metrics.familiar_quota_reached += 1
+                return False
             entry = table.create(key, StreakState)
             if table.evicted:
                 self.lift_evicted(out, table)
@@ -160,6 +163,26 @@ class Shard:
             entry.seq = seq
         if self.track_changes:
             self.dirty[("familiar", key)] = None
+        return True
+
+    def _new_familiar(self, attempt: Attempt, rules: TenantRules, account: str) -> bool:
+        """Whether ``account`` may make one more place or client familiar today (UTC day of
+        event time, ``familiar.new_per_day``); counts it when so. One success may count
+        twice (a new place and a new client). A replayed event finds the entry it made
+        (written to the changelog with this count, in the same flush), so it never gets
+        here twice."""
+        cap = rules.familiar_new_per_day
+        if not cap:
+            return True
+        now = attempt.occurred_ms
+        key: Key = ("familiar_new", attempt.tenant, account, None, None)
+        today = rules.familiar_new.touch(key, StreakState, now)
+        if today.count >= cap:
+            return False
+        today.count += 1
+        today.keep_until_ms = now - now % DAY_MS + DAY_MS
+        if self.track_changes:
+            self.dirty[("familiar_new", key)] = None
         return True
 
     def lift_evicted(self, out: Outbox, table: BoundedTable[Any]) -> None:
@@ -208,6 +231,8 @@ class Shard:
             return tables.streaks
         if name == "familiar":
             return tables.familiar
+        if name == "familiar_new":
+            return tables.familiar_new
         return tables.counters[name]
 
     def take_dirty(self) -> list[tuple[list[Any], list[Any] | None]]:
@@ -243,6 +268,7 @@ class Shard:
             "pairs": PairState,
             "streaks": StreakState,
             "familiar": StreakState,
+            "familiar_new": StreakState,
         }.get(name, KeyState)
         self._table(name, entry_key[1]).put(entry_key, loader.load(value))
 

@@ -84,6 +84,12 @@ class WorkerMetrics:
         self.active_decisions = Gauge(
             "authpipe_active_decisions", "unexpired decisions held", ["stage"], registry=r
         )
+        self.familiar_quota_reached = Gauge(
+            "authpipe_familiar_quota_reached",
+            "successes whose new place or client the account's daily quota left unpublished"
+            " (familiar.new_per_day), since this worker took its partitions",
+            registry=r,
+        )
         self.ingest_lag = Gauge(
             "authpipe_ingest_lag_messages", "input messages not yet read", ["partition"], registry=r
         )
@@ -206,6 +212,9 @@ class WorkerMetrics:
             self.table_entries.labels(stage=name).set(sum(s.entries() for s in shards))
             self.table_evictions.labels(stage=name).set(sum(s.evictions() for s in shards))
             self.active_decisions.labels(stage=name).set(sum(len(s.index) for s in shards))
+        self.familiar_quota_reached.set(
+            sum(s.metrics.familiar_quota_reached for s in accounts.shards.values())
+        )
         for name, sequencers in (
             ("account", accounts.sequencers),
             ("source", sources.sequencers),

@@ -77,7 +77,8 @@ def _share_rows(
 
 
 def partition_share(policy: Policy, partitions: int) -> Policy:
-    """``policy`` with every tenant's ``entry_cap`` split evenly over ``partitions``.
+    """``policy`` with every tenant's ``entry_cap`` (and ``familiar.entry_cap``) split
+    evenly over ``partitions``.
 
     The cap bounds a table per tenant, not per partition: a worker owning every partition
     holds at most ``entry_cap`` entries per table and tenant, as the policy says, and not
@@ -86,7 +87,12 @@ def partition_share(policy: Policy, partitions: int) -> Policy:
     holds its share."""
 
     def share(rules: TenantPolicy) -> TenantPolicy:
-        return rules.model_copy(update={"entry_cap": max(1, rules.entry_cap // partitions)})
+        familiar = rules.familiar.model_copy(
+            update={"entry_cap": max(1, rules.familiar.entry_cap // partitions)}
+        )
+        return rules.model_copy(
+            update={"entry_cap": max(1, rules.entry_cap // partitions), "familiar": familiar}
+        )
 
     return policy.model_copy(
         update={

@@ -246,16 +246,16 @@ def test_restore_none_deletes_and_evictions_are_flushed() -> None:
 
 
 def test_a_restore_into_a_smaller_cap_lifts_the_exempts_it_evicts() -> None:
-    """30 familiar pairs restored under a cap of 10: the 20 evicted pairs' exempts are
+    """30 familiar pairs restored under a familiar cap of 10: the 20 evicted pairs' exempts are
     tombstoned by ``finish_restore`` (they are still on the decisions topic and every
     edge), the 10 kept are indexed, and the changelog deletes the 20."""
     from tests.unit.test_core_support import policy
 
-    shard, log, out = AccountShard(policy(entry_cap=100)), {}, Outbox()
+    shard, log, out = AccountShard(policy(familiar={"entry_cap": 100})), {}, Outbox()
     pairs = [att(i * 1000, account=f"{i:032x}", success=True) for i in range(30)]
     _drive(shard, pairs, log, out)
     assert len(out.exempts) == 30 and len(shard.tenants["default"].familiar) == 30
-    restored = AccountShard(policy(entry_cap=10))
+    restored = AccountShard(policy(familiar={"entry_cap": 10}))
     lifted = _restore(restored, log)
     familiar = restored.tenants["default"].familiar
     kept = [key for key, _ in familiar.items()]
@@ -273,7 +273,7 @@ def test_a_new_pair_at_the_cap_tombstones_the_pair_it_evicts() -> None:
     """Cap 10: the eleventh pair evicts the first, whose exempt is lifted at once."""
     from tests.unit.test_core_support import policy
 
-    shard, out = AccountShard(policy(entry_cap=10)), Outbox()
+    shard, out = AccountShard(policy(familiar={"entry_cap": 10})), Outbox()
     for i in range(11):
         shard.step(att(i * 1000, account=f"{i:032x}", success=True), i * 1000, out, i)
     familiar = shard.tenants["default"].familiar
