@@ -9,7 +9,7 @@ source).
 
 from __future__ import annotations
 
-from pipeline.core.attempt import PASSWORD_FLOWS, Attempt
+from pipeline.core.attempt import FAMILIAR, PASSWORD_FLOWS, Attempt, repeat_of
 from pipeline.core.decisions import (
     ALLOWED,
     Verdict,
@@ -107,7 +107,7 @@ class AccountShard(Shard):
             trusted = attempt.trusted and attempt.device is not None
             if self.familiar(attempt, rules, out, seq, attempt.account):
                 # One more account of the source's real users (the source stage).
-                out.forwards.append(attempt._replace(failure_reason="familiar"))
+                out.forwards.append(attempt._replace(failure_reason=FAMILIAR))
             elif not trusted:
                 out.forwards.append(attempt)  # a redemption of the pair, if it failed there
             if attempt.device is not None and not trusted:
@@ -176,7 +176,7 @@ class AccountShard(Shard):
                     entry.lifetime_alerted = False
                 self._clear(rule, key, entry, out, seq)
         if self.familiar(attempt, rules, out, seq, attempt.account):
-            out.forwards.append(attempt._replace(failure_reason="familiar"))
+            out.forwards.append(attempt._replace(failure_reason=FAMILIAR))
 
     def _clear(self, rule: CounterRule, key: Key, entry: KeyState, out: Outbox, seq: int) -> None:
         """A success clears its own live counter and escalation, and lifts its decision.
@@ -224,9 +224,18 @@ class AccountShard(Shard):
                 if fresh:
                     if self._count_entry(attempt, acct_rule, acct_key, acct, None, None, out):
                         self._under_attack(attempt, rules, acct, out)
-                    if rules.wave_counts_familiar or not self._familiar_here(attempt, rules):
-                        self._tenant_share(attempt, rules, acct, out)
-                    out.forwards.append(attempt)
+                    if self._familiar_here(attempt, rules):
+                        # The owner's typo at its own place or client: the source stage
+                        # does not count it as a stranger's (``StrangersConfig``).
+                        if rules.wave_counts_familiar:
+                            self._tenant_share(attempt, rules, acct, out)
+                        out.forwards.append(attempt._replace(failure_reason=FAMILIAR))
+                    elif self._tenant_share(attempt, rules, acct, out):
+                        out.forwards.append(attempt)
+                    else:
+                        # The account failed unfamiliarly within recount_ms: one account,
+                        # counted once, whatever addresses it fails from.
+                        out.forwards.append(attempt._replace(failure_reason=repeat_of(attempt)))
         elif flow == "uia":
             handle = attempt.session or attempt.device
             key = uia_key(tenant, account, attempt.source, attempt.session, attempt.device)
@@ -313,22 +322,25 @@ class AccountShard(Shard):
 
     def _tenant_share(
         self, attempt: Attempt, rules: TenantRules, acct: KeyState, out: Outbox
-    ) -> None:
+    ) -> bool:
         """An unfamiliar failure of the account: count it in this shard's share of rule 8
         when the account had none in the ``recount_ms`` before (a stale app retrying for
         twenty minutes counts once, a spray's or a stuffing's account every time), at
-        most once per tumbling window. ``spray_window`` is the window of its latest one."""
+        most once per tumbling window. ``spray_window`` is the window of its latest one.
+        True when counted."""
         window = attempt.occurred_ms // rules.tenant_window_ms
         last = acct.spray_window
         if window == last:
-            return
-        if last < 0 or window - last > rules.recount_windows:
+            return False
+        counted = last < 0 or window - last > rules.recount_windows
+        if counted:
             self.add_tenant_share(attempt, rules, out)
         acct.spray_window = window
         # Keep the entry while its latest failure still silences a recount, or a
         # re-created entry would count again.
         keep = (window + rules.recount_windows + 1) * rules.tenant_window_ms
         acct.keep_until_ms = max(acct.keep_until_ms, keep)
+        return counted
 
     def _count(
         self,

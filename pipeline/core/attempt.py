@@ -11,6 +11,16 @@ from pipeline.core.keys import Digester
 from pipeline.core.normalise import SourceRules, normalise_account
 
 PASSWORD_FLOWS = frozenset({"login", "token", "recovery"})
+FAMILIAR = "familiar"
+"""The ``failure_reason`` of an attempt the account stage forwards at the account's own
+familiar place or client: a success that made it familiar, or a failure there (the
+source stage's ``StrangersConfig`` does not count it)."""
+REPEAT = "repeat"
+REPEAT_UNKNOWN = "repeat_unknown"
+"""The ``failure_reason`` of an unfamiliar failure the account stage forwards when rule 8
+did not count its account again (it failed within ``recount_ms``): the source stage
+counts it for spray and (``REPEAT_UNKNOWN``) the stuffing alert's unknown accounts, not
+as a stranger's new failure."""
 RECENT_ENTRIES = 32_768  # per generation of each Normaliser cache; two generations at most
 
 
@@ -157,3 +167,8 @@ class Normaliser:
             digest = self.digester.device(tenant, device_id)
             self.recent_devices.put(key, digest)
         return digest
+
+
+def repeat_of(attempt: Attempt) -> str:
+    """The forwarded ``failure_reason`` of a repeated unfamiliar failure (``REPEAT``)."""
+    return REPEAT_UNKNOWN if attempt.failure_reason == "unknown_account" else REPEAT

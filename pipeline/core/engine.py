@@ -23,7 +23,15 @@ from collections.abc import Iterable
 from pipeline.core.account import AccountShard
 from pipeline.core.attempt import Attempt
 from pipeline.core.decisions import Verdict, index_wave
-from pipeline.core.outbox import ACCOUNT_SHARE, SOURCE_SHARE, UNKNOWN_SHARE, Outbox, Shares
+from pipeline.core.outbox import (
+    ACCOUNT_SHARE,
+    REDEEMED_SHARE,
+    SOURCE_SHARE,
+    STRANGER_SHARE,
+    UNKNOWN_SHARE,
+    Outbox,
+    Shares,
+)
 from pipeline.core.policy import DEFAULT_POLICY, Policy
 from pipeline.core.rollup import FINAL_MS, TICK_MS, TenantRollup
 from pipeline.core.source import SourceShard
@@ -81,6 +89,7 @@ class Engine:
         checks, like the gateway's view)."""
         rollup = self.rollup
         rollup.newly_fired.clear()  # only the stream's changelog records them
+        rollup.newly_slow_fired.clear()
         if rollup.decisions:
             index_wave(self.accounts.index, rollup.decisions)
             self.out.decisions.extend(rollup.decisions)
@@ -103,6 +112,10 @@ class Engine:
             self._record(out.tenant_shares, SOURCE_SHARE, time_ms)
         if out.unknown_shares:
             self._record(out.unknown_shares, UNKNOWN_SHARE, time_ms)
+        if out.stranger_shares:
+            self._record(out.stranger_shares, STRANGER_SHARE, time_ms)
+        if out.redeemed_shares:
+            self._record(out.redeemed_shares, REDEEMED_SHARE, time_ms)
 
     def step_batch(self, attempts: Iterable[Attempt]) -> list[Verdict | None]:
         """``step`` each attempt with its own time as the watermark (a monotone max)."""

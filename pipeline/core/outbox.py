@@ -3,7 +3,9 @@ shares the shards hand to the rollup.
 
 A tenant share is a shard's count of distinct subjects in one (tenant, window): distinct
 failing accounts (``ACCOUNT_SHARE``, rule 8), distinct failing sources (``SOURCE_SHARE``,
-rule 8) and distinct unknown accounts (``UNKNOWN_SHARE``, ``stuffing_tenant``). Shares
+rule 8), distinct unknown accounts (``UNKNOWN_SHARE``, ``stuffing_tenant``), and the
+strangers' failing sources and those of them redeemed (``STRANGER_SHARE``,
+``REDEEMED_SHARE``, ``strangers_tenant``). Shares
 are absolute (the shard's latest count), so the rollup can take the newest and ignore
 older ones; the kind letters travel on the stages' wire and never change.
 """
@@ -22,6 +24,12 @@ SOURCE_SHARE: Final = "s"
 """A share of distinct failing sources (the source stage's, rule 8)."""
 UNKNOWN_SHARE: Final = "u"
 """A share of distinct unknown accounts (the source stage's, ``stuffing_tenant``)."""
+STRANGER_SHARE: Final = "x"
+"""A share of strangers' sources with a failure (the source stage's, ``strangers_tenant``)."""
+REDEEMED_SHARE: Final = "r"
+"""A share of those sources redeemed by a sign-in (the source stage's, ``strangers_tenant``)."""
+SOURCE_KINDS: Final = (SOURCE_SHARE, UNKNOWN_SHARE, STRANGER_SHARE, REDEEMED_SHARE)
+"""The share kinds the source stage sends, in the order of their slot within one row."""
 
 Shares = dict[tuple[str, int], int]
 """(tenant, window) -> a shard's count of distinct subjects in that window."""
@@ -41,6 +49,10 @@ class Outbox:
     notices: list[AccountNotice] = field(default_factory=list)
     unknown_shares: Shares = field(default_factory=dict)
     """The source stage's distinct unknown accounts (``stuffing_tenant``)."""
+    stranger_shares: Shares = field(default_factory=dict)
+    """The source stage's strangers' failing sources, by the window they failed in."""
+    redeemed_shares: Shares = field(default_factory=dict)
+    """The source stage's strangers' sources redeemed, by the window they failed in."""
     exempts: list[tuple[str, Decision]] = field(default_factory=list)
     """Familiar pairs (action ``exempt``): published on the decisions topic like the
     decisions, kept apart so a policy's decisions (and their diff) are not drowned by
@@ -54,6 +66,8 @@ class Outbox:
         self.forwards.clear()
         self.tenant_shares.clear()
         self.unknown_shares.clear()
+        self.stranger_shares.clear()
+        self.redeemed_shares.clear()
 
 
 @dataclass

@@ -336,6 +336,63 @@ class TenantSprayConfig(_Frozen):
     )
 
 
+class StrangersConfig(_Frozen):
+    """The wave's slow tier: strangers' failures nobody then signs in from.
+
+    A stuffer who paces a proxy pool under rule 8 (each exit used once, fewer than
+    ``min_accounts`` accounts in 10 s and ``slow_min_accounts`` a minute) looks like
+    typos to every per-window count. What it cannot fake is what follows a real
+    person's failure at a new place: a sign-in from there. The source stage counts a
+    source once per ``redeem_ms`` span when an untrusted password attempt fails there
+    (or a challenge does) and the source is a stranger's place: not a known place (no
+    account succeeded there within ``familiar.memory_ms``), the account had not succeeded
+    there or with that client (``FamiliarConfig``), and the account had no unfamiliar
+    failure in ``tenant_spray.recount_ms`` (one account brute-forced from a thousand
+    addresses is the lock's, counted once). It is **redeemed** when,
+    within ``redeem_ms`` of that failure, the account that failed signs in from there or
+    some account's success makes the place familiar (a new pair within its account's
+    ``familiar.new_per_day``, or a renewal): the person who mistyped an old e-mail and
+    then signed in with the right one, the patron of a library. A proxy exit used once
+    is never redeemed but by the few valid credentials it tried; an attacker's own
+    account redeems at most ``new_per_day`` exits a day.
+
+    The rollup sums, per tenant and rule-8 window, the sources counted less those
+    redeemed, once a window is ``redeem_ms`` old (settled), and fires when the last
+    ``span_ms`` of settled windows reach ``max(min_sources, factor x span x baseline)``,
+    where ``baseline`` is the ``tenant_spray.baseline_quantile`` of the last
+    ``tenant_spray.baseline_windows`` settled windows that did not fire, looked for as
+    far back as ``max_wave_ms`` (a patient attack does not become the norm after an hour,
+    as rule 8's would; a lasting change of the norm is a wave for ``max_wave_ms`` at
+    most), and while the last
+    ``active_ms`` of settled windows keep the floor's pace (``min_sources x active_ms /
+    span_ms``, 4 a minute by default: the attack goes on; the wave ends about
+    ``redeem_ms + active_ms`` after its last stranger's failure, not when the attack has
+    left the span, and an ordinary straggler does not stretch it). It does not fire
+    before it has seen ``min_history_ms`` of the tenant (a cold start learns the norm
+    first). A firing raises the tenant's wave challenge (``WaveConfig``; the decision's
+    rule is ``strangers_tenant``) and, when the window before did not fire, the alert
+    ``strangers_tenant``; the wave's lead-in reaches back ``lead_in_ms`` before the end
+    of the first settled window that fired, which covers the ``redeem_ms`` the tier
+    waits. Existence-blind: the account's existence plays no part, only where failures
+    came from and whether anybody signed in there."""
+
+    enabled: bool = True
+    redeem_ms: int = Field(5 * MINUTE_MS, ge=1000, le=MAX_WINDOW_MS)
+    span_ms: int = Field(10 * MINUTE_MS, ge=1000, le=MAX_WINDOW_MS)
+    min_sources: int = Field(40, ge=1, le=1_000_000)
+    factor: float = Field(3.0, ge=1.0)
+    active_ms: int = Field(MINUTE_MS, ge=1000, le=MAX_WINDOW_MS)
+    max_wave_ms: int = Field(24 * HOUR_MS, ge=MINUTE_MS, le=MAX_WINDOW_MS)
+    min_history_ms: int = Field(HOUR_MS, ge=0, le=MAX_WINDOW_MS)
+    lead_in_ms: int = Field(5 * MINUTE_MS, ge=0, le=MAX_WINDOW_MS)
+
+    @model_validator(mode="after")
+    def _active_within_span(self) -> StrangersConfig:
+        if self.active_ms > self.span_ms:
+            raise ValueError("strangers.active_ms must be <= strangers.span_ms")
+        return self
+
+
 class TenantPolicy(_Frozen):
     """The rules of one tenant (or the defaults every tenant starts from)."""
 
@@ -353,6 +410,7 @@ class TenantPolicy(_Frozen):
     stuffing: StuffingConfig = StuffingConfig()
     tenant_spray: TenantSprayConfig = TenantSprayConfig()
     wave: WaveConfig = WaveConfig()
+    strangers: StrangersConfig = StrangersConfig()
     familiar: FamiliarConfig = FamiliarConfig()
     challenge_failures: ChallengeFailuresConfig = ChallengeFailuresConfig()
     mfa_account: MfaAccountConfig = MfaAccountConfig()

@@ -1,16 +1,21 @@
-"""The tenant rollup: rule 8 (``spray_tenant``) and ``stuffing_tenant`` from the shards'
-tenant shares (``pipeline.core.outbox``), evaluated at second boundaries of event time so
-the alerts are a function of the events alone, not of the order the shares arrived in.
+"""The tenant rollup: rule 8 (``spray_tenant``), its slow tier (``strangers_tenant``) and
+``stuffing_tenant`` from the shards' tenant shares (``pipeline.core.outbox``), evaluated at
+second boundaries of event time so the alerts are a function of the events alone, not of
+the order the shares arrived in.
 """
 
 from __future__ import annotations
 
-from pipeline.contracts.models import Alert, Decision
+from collections.abc import Callable
+
+from pipeline.contracts.models import Alert, Decision, datetime_to_ms
 from pipeline.core.keys import format_key, stable_id
-from pipeline.core.outbox import ACCOUNT_SHARE, UNKNOWN_SHARE
-from pipeline.core.policy import DEFAULT_POLICY, Policy, TenantSprayConfig
+from pipeline.core.outbox import ACCOUNT_SHARE, REDEEMED_SHARE, STRANGER_SHARE, UNKNOWN_SHARE
+from pipeline.core.policy import DEFAULT_POLICY, Policy, StrangersConfig, TenantSprayConfig
 from pipeline.core.records import build_alert, build_decision
 from pipeline.core.stuffing import TenantStuffing
+
+_SLOW = (STRANGER_SHARE, REDEEMED_SHARE)
 
 TICK_MS = 1000
 """Rule 8 is evaluated at each second boundary of event time (see ``TenantRollup``)."""
@@ -54,7 +59,14 @@ class TenantRollup:
         self.newly_fired: list[tuple[str, int]] = []
         """Rule 8's windows that fired since the caller last drained this (a firing
         window of a wave already alerted raises no alert, but is recorded)."""
-        """The wave challenges ``advance`` issued, for the caller to publish and drain."""
+        self.strangers: dict[str, dict[int, int]] = {}
+        """Per tenant and rule-8 window, the strangers' failing sources (``StrangersConfig``)."""
+        self.redeemed: dict[str, dict[int, int]] = {}
+        """Per tenant and window, those of them a sign-in redeemed."""
+        self.slow_fired: set[tuple[str, int]] = set()
+        """The settled windows the slow tier fired on (in the changelog, like ``fired``)."""
+        self.newly_slow_fired: list[tuple[str, int]] = []
+        """The slow tier's firings since the caller last drained this."""
 
     def recorded(self, tenant: str, window: int, kind: str, part: int) -> int:
         """The share last recorded for a shard (0 if none): a share at or below it is old."""
@@ -81,6 +93,12 @@ class TenantRollup:
         if share <= old:
             return
         self.shares[share_key] = share
+        if kind in _SLOW:
+            by_window = (self.strangers if kind == STRANGER_SHARE else self.redeemed).setdefault(
+                tenant, {}
+            )
+            by_window[window] = by_window.get(window, 0) + share - old
+            return
         slot = (tenant, window)
         totals = self.accounts if kind == ACCOUNT_SHARE else self.sources
         totals[slot] = totals.get(slot, 0) + share - old
@@ -92,9 +110,20 @@ class TenantRollup:
         boundary = time_ms - time_ms % TICK_MS
         if boundary <= self.tick_ms:
             return []
-        self.tick_ms = boundary
-        if not self.touched and not self.touched_unknown:
-            return []
+        previous, self.tick_ms = self.tick_ms, boundary
+        issued_before = len(self.decisions)
+        alerts = self._settle(previous, boundary) if self.strangers else []
+        if self.touched or self.touched_unknown:
+            alerts.extend(self._evaluate_touched())
+        if len(self.decisions) - issued_before > 1:
+            # Both tiers' records in the order of their issue (the engine visits every
+            # second, the stream may jump several): the last one on the key is the same.
+            tail = self.decisions[issued_before:]
+            tail.sort(key=_issue_order)
+            self.decisions[issued_before:] = tail
+        return alerts
+
+    def _evaluate_touched(self) -> list[Alert]:
         alerts = []
         for slot in sorted(self.touched):
             alert = self._evaluate(*slot)
@@ -170,18 +199,26 @@ class TenantRollup:
         last = self.last_share_ms.get(tenant, -1)
         issued = self.tick_ms if last < 0 else last - last % TICK_MS + TICK_MS
         issued = min(issued, self.tick_ms, window_end_ms)
-        expires = issued + cfg.hold_ms
-        lead_in_ms = 0
+        since = -1
         if cfg.lead_in_ms:
             first = window
             while (tenant, first - 1) in self.fired:
                 first -= 1
             since = max(0, (first + 1) * window_ms - cfg.lead_in_ms)
-            lead_in_ms = max(0, issued - since)
+        self._publish_wave(tenant, rule, count, issued, since)
+
+    def _publish_wave(self, tenant: str, rule: str, count: int, issued: int, since: int) -> None:
+        """The wave challenge record: issued at ``issued``, held ``wave.hold_ms``; its
+        ``window_ms`` reaches back to ``since`` (-1: no session review)."""
+        cfg = self.policy.for_tenant(tenant).wave
+        expires = issued + cfg.hold_ms
+        lead_in_ms = max(0, issued - since) if since >= 0 and cfg.lead_in_ms else 0
         wire_key = format_key(("tenant", tenant, None, None, None))
         version = self.policy.policy_version
         decision = build_decision(
-            stable_id(wire_key, issued, expires, version),
+            stable_id(wire_key, issued, expires, version)
+            if rule == "spray_tenant"
+            else stable_id(wire_key, issued, expires, version, rule),
             wire_key,
             "tenant",
             "challenge" if cfg.mode == "enforce" else "observe",
@@ -199,6 +236,123 @@ class TenantRollup:
             challenge=cfg.challenge,
         )
         self.decisions.append((wire_key, decision))
+
+    # -- the slow tier: strangers' failures nobody signed in after (StrangersConfig) --------
+
+    def _settle(self, previous: int, boundary: int) -> list[Alert]:
+        """Evaluate each tenant's windows settled since ``previous``: window ``w`` is
+        settled at ``(w + 1) x window + redeem_ms``, when no later sign-in can redeem its
+        sources, so its count is final and the evaluation the same whenever it runs."""
+        alerts = []
+        for tenant in sorted(self.strangers):
+            policy = self.policy.for_tenant(tenant)
+            cfg, window_ms = policy.strangers, policy.tenant_spray.window_ms
+            if not cfg.enabled:
+                continue
+            strangers = self.strangers[tenant]
+            # Windows settled in (previous, boundary]: (w + 1) * window_ms + redeem_ms in it.
+            low = (previous - cfg.redeem_ms) // window_ms if previous >= 0 else min(strangers)
+            high = (boundary - cfg.redeem_ms) // window_ms - 1
+            if high < low:
+                continue  # no window settled this second (most seconds)
+            span = max(1, cfg.span_ms // window_ms)
+            due: set[int] = set()
+            for failed in strangers:
+                if failed + span - 1 >= low and failed <= high:
+                    due.update(range(max(failed, low), min(failed + span - 1, high) + 1))
+            for window in sorted(due):
+                alert = self._strangers(tenant, window, span, cfg, window_ms)
+                if alert is not None:
+                    alerts.append(alert)
+            keep = (
+                cfg.max_wave_ms + cfg.span_ms
+            ) // window_ms + policy.tenant_spray.baseline_windows
+            self._forget_strangers(tenant, high - keep - 2)
+        return alerts
+
+    def _strangers(
+        self, tenant: str, window: int, span: int, cfg: StrangersConfig, window_ms: int
+    ) -> Alert | None:
+        """The settled ``window``: fire when its ``span`` of unredeemed sources reaches the
+        floor and ``factor`` times the baseline."""
+        slot = (tenant, window)
+        if slot in self.slow_fired:
+            return None
+        if (window - self.first_window.get(tenant, window)) * window_ms < cfg.min_history_ms:
+            return None
+        unredeemed = self._unredeemed(tenant)
+        active = max(1, cfg.active_ms // window_ms)
+        recent = sum(unredeemed(w) for w in range(window - active + 1, window + 1))
+        if recent * span < cfg.min_sources * active:
+            return None  # not at the floor's pace lately: the attack (if any) is over
+        total = sum(unredeemed(w) for w in range(window - span + 1, window + 1))
+        if total < cfg.min_sources:
+            return None
+        spray = self.policy.for_tenant(tenant).tenant_spray
+        # The baseline: the last ``baseline_windows`` windows that did not fire, looked for
+        # as far back as ``max_wave_ms`` (a patient attack is no new norm); when they all
+        # fired, the last ``baseline_windows`` are the sample (a lasting change of the norm
+        # is a wave for ``max_wave_ms`` at most).
+        oldest = max(self.first_window.get(tenant, window), window - cfg.max_wave_ms // window_ms)
+        sample = []
+        fired = self.slow_fired
+        for w in range(window - 1, oldest - 1, -1):
+            if (tenant, w) not in fired:
+                sample.append(unredeemed(w))
+                if len(sample) == spray.baseline_windows:
+                    break
+        if not sample:
+            seen = min(spray.baseline_windows, window - oldest)
+            sample = [unredeemed(w) for w in range(window - seen, window)]
+        sample.sort()
+        baseline = sample[int(spray.baseline_quantile * (len(sample) - 1))] if sample else 0
+        if total < cfg.factor * span * baseline:
+            return None
+        self.slow_fired.add(slot)
+        self.newly_slow_fired.append(slot)
+        if self.policy.for_tenant(tenant).wave.enabled:
+            first = window
+            while (tenant, first - 1) in self.slow_fired:
+                first -= 1
+            since = max(0, (first + 1) * window_ms - cfg.lead_in_ms) if cfg.lead_in_ms else -1
+            issued = (window + 1) * window_ms + cfg.redeem_ms
+            self._publish_wave(tenant, "strangers_tenant", total, issued, since)
+        if (tenant, window - 1) in self.slow_fired:
+            return None  # the same wave: one alert per wave
+        return build_alert(
+            "strangers_tenant",
+            tenant,
+            None,
+            None,
+            total,
+            total,
+            (window - span + 1) * window_ms,
+            (window + 1) * window_ms,
+            self.policy.policy_version,
+        )
+
+    def _unredeemed(self, tenant: str) -> Callable[[int], int]:
+        strangers = self.strangers.get(tenant, {})
+        redeemed = self.redeemed.get(tenant, {})
+
+        def unredeemed(window: int) -> int:
+            return max(0, strangers.get(window, 0) - redeemed.get(window, 0))
+
+        return unredeemed
+
+    def _forget_strangers(self, tenant: str, horizon: int) -> None:
+        """Drop the tenant's slow-tier windows before ``horizon`` (bounded memory)."""
+        for table in (self.strangers.get(tenant), self.redeemed.get(tenant)):
+            if table and min(table) < horizon:
+                for window in [w for w in table if w < horizon]:
+                    del table[window]
+        if not self.strangers.get(tenant):
+            self.strangers.pop(tenant, None)
+        if any(t == tenant and w < horizon for t, w in self.slow_fired):
+            self.slow_fired = {s for s in self.slow_fired if s[0] != tenant or s[1] >= horizon}
+        stale = [k for k in self.shares if k[1] == tenant and k[2] < horizon and k[0] in _SLOW]
+        for share_key in stale:
+            del self.shares[share_key]
 
     def _stuffing(self, tenant: str, window: int) -> Alert | None:
         cfg = self.policy.for_tenant(tenant).stuffing
@@ -250,3 +404,8 @@ class TenantRollup:
             del self.shares[share_key]
         self.fired = {s for s in self.fired if s[0] != tenant or s[1] >= horizon}
         return baseline
+
+
+def _issue_order(record: tuple[str, Decision]) -> tuple[int, str]:
+    decision = record[1]
+    return (datetime_to_ms(decision.issued_at), decision.rule)

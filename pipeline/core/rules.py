@@ -184,6 +184,9 @@ class TenantRules:
         self.challenge_block_ms = failures.block_ms
         self.shared_accounts = policy.familiar.shared_accounts
         self.renew_ms = policy.familiar.renew_ms
+        strangers = policy.strangers
+        self.strangers_on = strangers.enabled
+        self.strangers_redeem_ms = strangers.redeem_ms
         self.allowlist = policy.allowlist_set if policy.allowlist else None
         self._allowed: dict[str, bool] = {}
 

@@ -2,8 +2,9 @@
 and successes, successes that made an account familiar here, challenge outcomes),
 partitioned by source. Spray (rule 5), the credential-stuffing alert
 (``pipeline.core.stuffing``), the block of sources that keep failing challenges (bot
-evidence), whether a source is shared by real users, and its shares of distinct failing
-sources and of distinct unknown accounts per tenant.
+evidence), whether a source is shared by real users, its shares of distinct failing
+sources and of distinct unknown accounts per tenant, and the strangers' failing sources
+and whether a sign-in redeemed them (the wave's slow tier, ``StrangersConfig``).
 
 No decision here depends on whether an account exists: ``unknown_account`` feeds only
 alerts and the tenant's wave (an operator's signal and a challenge every untrusted
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeline.core.attempt import Attempt
+from pipeline.core.attempt import FAMILIAR, REPEAT, REPEAT_UNKNOWN, Attempt
 from pipeline.core.dedupe import DEDUPE_CAPACITY, DEDUPE_HORIZON_MS
 from pipeline.core.keys import Key
 from pipeline.core.outbox import Outbox, Shares, add_share
@@ -24,6 +25,10 @@ from pipeline.core.rules import TenantRules
 from pipeline.core.shard import Shard, restore_shares
 from pipeline.core.state import PairState, SourceState
 from pipeline.core.stuffing import stuffing_alert_due
+
+_NOT_NEW = frozenset({FAMILIAR, REPEAT, REPEAT_UNKNOWN})
+"""Forwarded failures that are not a stranger's new failure (``pipeline.core.attempt``)."""
+_UNKNOWN = frozenset({"unknown_account", REPEAT_UNKNOWN})
 
 
 class SourceShard(Shard):
@@ -57,16 +62,28 @@ class SourceShard(Shard):
         )
         # This shard's share of distinct unknown accounts per (tenant, window).
         self.unknown_shares: Shares = {}
+        # Its strangers' failing sources, and those redeemed, per (tenant, window failed in).
+        self.stranger_shares: Shares = {}
+        self.redeemed_shares: Shares = {}
 
     def meta(self) -> list[Any]:
-        unknown = [
-            [tenant, window, share] for (tenant, window), share in self.unknown_shares.items()
+        return [
+            *super().meta(),
+            _records(self.unknown_shares),
+            _records(self.stranger_shares),
+            _records(self.redeemed_shares),
         ]
-        return [*super().meta(), unknown]
 
     def restore(self, key: list[Any], value: list[Any] | None) -> None:
-        if key == ["meta"] and value is not None and len(value) > 2:
-            restore_shares(self.unknown_shares, value[2])
+        if key == ["meta"] and value is not None:
+            # Records written before stuffing_tenant have 2 fields, before strangers 3.
+            for shares, at in (
+                (self.unknown_shares, 2),
+                (self.stranger_shares, 3),
+                (self.redeemed_shares, 4),
+            ):
+                if len(value) > at:
+                    restore_shares(shares, value[at])
         super().restore(key, value)
 
     def step(self, attempt: Attempt, now_ms: int, out: Outbox, seq: int = -1) -> None:
@@ -96,6 +113,7 @@ class SourceShard(Shard):
             if not attempt.success:
                 self.metrics.counted += 1
                 self._challenge_failure(attempt, rules, src, skey, out)
+                self._stranger(attempt, rules, src, out)
         elif attempt.success:
             self._success(attempt, rules, src, out, seq)
         else:
@@ -114,10 +132,55 @@ class SourceShard(Shard):
         if src.distinct.total >= rules.spray_threshold and now >= src.spray_alerted_until_ms:
             self._spray(attempt, rules, src, skey, out)
         self._stuffing_signals(attempt, rules, src, skey, new_pair, out)
+        self._stranger(attempt, rules, src, out)
         if src.tenant_window != now // rules.tenant_window_ms:
             window = self.add_tenant_share(attempt, rules, out)
             src.tenant_window = window
             src.keep_until_ms = max(src.keep_until_ms, (window + 1) * rules.tenant_window_ms)
+
+    def _stranger(
+        self, attempt: Attempt, rules: TenantRules, src: SourceState, out: Outbox
+    ) -> None:
+        """A failure at a stranger's place (not a known place, and not at the account's own
+        familiar pair or client, which the account stage marks ``familiar``): count the
+        source in its window's stranger share, once per ``redeem_ms`` it stays pending."""
+        if not rules.strangers_on or attempt.failure_reason in _NOT_NEW:
+            return
+        now = attempt.occurred_ms
+        known = rules.familiar.mapping.get(("familiar", attempt.tenant, None, attempt.source, None))
+        if known is not None and known.blocked_until_ms > now:
+            return  # a known place: some account signed in here (the wave's step-up place)
+        if src.stranger_window >= 0 and now - src.stranger_since_ms <= rules.strangers_redeem_ms:
+            return  # already pending
+        window = now // rules.tenant_window_ms
+        src.stranger_window = window
+        src.stranger_since_ms = now
+        src.stranger_account = attempt.account
+        add_share(
+            self.stranger_shares, attempt.tenant, window, rules.shares_bound, out.stranger_shares
+        )
+        keep = now + rules.strangers_redeem_ms
+        if keep > src.keep_until_ms:
+            src.keep_until_ms = keep
+
+    def _redeem(self, attempt: Attempt, rules: TenantRules, src: SourceState, out: Outbox) -> None:
+        """A success at the source within ``redeem_ms`` of its pending stranger failure
+        redeems it when it makes the place familiar (a ``familiar`` forward: within its
+        account's ``new_per_day``) or it is the account whose failure made it pending (an
+        attacker's own account that failed here first redeems nothing of a stuffing's)."""
+        if attempt.occurred_ms - src.stranger_since_ms > rules.strangers_redeem_ms:
+            src.stranger_window = -1  # settled unredeemed: the rollup has counted it
+            return
+        if attempt.failure_reason != FAMILIAR and attempt.account != src.stranger_account:
+            return
+        add_share(
+            self.redeemed_shares,
+            attempt.tenant,
+            src.stranger_window,
+            rules.shares_bound,
+            out.redeemed_shares,
+        )
+        src.stranger_window = -1
 
     def _stuffing_signals(
         self,
@@ -134,7 +197,7 @@ class SourceShard(Shard):
         bucket = now // rules.stuffing_sub_ms
         failures, unknown = src.failures, src.unknown
         failures.add(bucket)
-        if new_pair and attempt.failure_reason == "unknown_account":
+        if new_pair and attempt.failure_reason in _UNKNOWN:
             unknown.add(bucket)
             add_share(
                 self.unknown_shares,
@@ -213,7 +276,7 @@ class SourceShard(Shard):
         source's real users). After a failure of the same account from here (a
         redemption, for that pair only) the pair stops counting as sprayed."""
         now = attempt.occurred_ms
-        if attempt.failure_reason == "familiar":
+        if attempt.failure_reason == FAMILIAR:
             period = now // rules.renew_ms
             src.vouch(period)
             self.familiar(attempt, rules, out, seq, None)  # the source is known
@@ -222,6 +285,8 @@ class SourceShard(Shard):
                 src.keep_until_ms = keep
         pkey: Key = ("pair", attempt.tenant, attempt.account, attempt.source, None)
         pair = rules.pairs.mapping.get(pkey)
+        if src.stranger_window >= 0:
+            self._redeem(attempt, rules, src, out)
         if pair is not None and pair.bucket >= 0:
             src.distinct.remove(pair.bucket)
             pair.bucket = -1
@@ -309,3 +374,8 @@ class SourceShard(Shard):
             )
         )
         self.metrics.alerts += 1
+
+
+def _records(shares: Shares) -> list[list[Any]]:
+    """A shard's shares as ``[tenant, window, share]`` records (its meta)."""
+    return [[tenant, window, share] for (tenant, window), share in shares.items()]

@@ -95,7 +95,10 @@ class SourceState:
     per-source stuffing block). ``challenges`` counts the source's failed challenges
     (bot evidence); ``vouch_*`` count the accounts that became familiar at the source in
     the current and the previous renew period (``vouch_period``): a source with enough of
-    them is shared by real users.
+    them is shared by real users. ``stranger_window`` is the rule-8 window of the source's
+    pending stranger failure (-1: none; ``StrangersConfig``), ``stranger_since_ms`` its
+    time and ``stranger_account`` its account: a sign-in there within ``redeem_ms`` of it
+    by that account (or one that makes the place familiar) redeems it.
     """
 
     __slots__ = (
@@ -109,6 +112,9 @@ class SourceState:
         "redeemed_until_ms",
         "seq",
         "spray_alerted_until_ms",
+        "stranger_account",
+        "stranger_since_ms",
+        "stranger_window",
         "stuffing_alerted_until_ms",
         "successes",
         "tenant_window",
@@ -136,6 +142,9 @@ class SourceState:
         self.vouch_period = -1
         self.vouch_count = 0
         self.vouch_prev = 0
+        self.stranger_window = -1
+        self.stranger_since_ms = 0
+        self.stranger_account = ""
 
     def shared(self, period: int, accounts: int) -> bool:
         """Whether at least ``accounts`` accounts became familiar here in the renew
@@ -171,6 +180,9 @@ class SourceState:
             self.vouch_period,
             self.vouch_count,
             self.vouch_prev,
+            self.stranger_window,
+            self.stranger_since_ms,
+            self.stranger_account,
         ]
 
     @classmethod
@@ -194,6 +206,11 @@ class SourceState:
             if len(data) >= 17:  # records written before challenges and vouches have 13
                 state.challenges = Ring.load(data[13])  # type: ignore[arg-type]
                 state.vouch_period, state.vouch_count, state.vouch_prev = data[14:17]  # type: ignore[assignment]
+            if len(data) >= 20:  # records written before the strangers tier have 17
+                pending = data[17:20]
+                state.stranger_window = pending[0]  # type: ignore[assignment]
+                state.stranger_since_ms = pending[1]  # type: ignore[assignment]
+                state.stranger_account = pending[2]  # type: ignore[assignment]
         elif state.blocked_until_ms:
             state.block_rule = "source"
         return state

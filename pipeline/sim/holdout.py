@@ -20,6 +20,10 @@ Attackers (role ``attacker``; cohort ``attacker`` unless named):
   ``BURST_S`` seconds at ``STUFFING_PER_S`` attempts/s, each followed by a pause of
   ``PAUSE_S`` seconds, until it has sent as many attempts as ``stuffing_pool_once``
   (from 5 % to 95 % of the run, so fewer in a short one);
+* ``stuffing_paced``: the same pool and combo list, each exit used once, paced at
+  ``PACED_PER_S`` attempts/s (a third of rule 8's paced sum, 40 accounts a minute) from
+  10 % to 90 % of the run for at most ``PACED_LONGEST_MS``: under every per-window count,
+  so only the strangers tier (exits nobody signs in from after) answers it;
 * ``spray_pool``: 300 exits, 1,500 harvested accounts (15 % unknown), two passwords, each
   exit trying each account at most once; 1.2 % of the real accounts per pass have the
   sprayed password (``success``, not tried again);
@@ -77,6 +81,8 @@ RESIDENTIAL_UAS = (
 LEAK_DOMAINS = ("mail.example", "post.example", "inbox.example", "webmail.example")
 
 STUFFING_PER_S = 7
+PACED_PER_S = 0.25
+PACED_LONGEST_MS = 2 * HOUR_MS
 STUFFING_LONGEST_MS = 20 * MINUTE_MS
 BURST_S = (20, 40)
 PAUSE_S = (90, 240)
@@ -229,6 +235,19 @@ def stuffing_bursts(cfg: SimConfig, rng: random.Random) -> list[Draft]:
     return out
 
 
+def stuffing_paced(cfg: SimConfig, rng: random.Random) -> list[Draft]:
+    t0, t1 = window(cfg, 0.10, 0.90, PACED_LONGEST_MS)
+    total = max(1, int((t1 - t0) * PACED_PER_S) // 1000)
+    combos = combo_list(rng, main_population(cfg.rate_per_s), total)
+    out = []
+    for t, ip, (account, reason) in zip(
+        paced(rng, t0, t1, total), residential_addresses(rng, total), combos, strict=True
+    ):
+        label = Label("stuffing_paced", "attacker", f"proxy:{ip}", "attacker")
+        out.append(Draft(t, attempt(account, ip, rng.choice(RESIDENTIAL_UAS), reason), label))
+    return out
+
+
 def spray_pool(cfg: SimConfig, rng: random.Random) -> list[Draft]:
     return _spray(cfg, rng, "spray_pool", "attacker", window(cfg, 0.25, 0.75, 30 * MINUTE_MS))
 
@@ -309,6 +328,7 @@ HOLDOUT_ATTACKS: dict[str, Callable[[SimConfig, random.Random], list[Draft]]] = 
     "stuffing_pool_once": stuffing_pool_once,
     "stuffing_pool_twice": stuffing_pool_twice,
     "stuffing_bursts": stuffing_bursts,
+    "stuffing_paced": stuffing_paced,
     "spray_pool": spray_pool,
     "stuffing_own_account": stuffing_own_account,
     "second_wave": second_wave,

@@ -7,7 +7,10 @@ alert's window. ``spray_tenant`` (and ``stuffing_tenant``) has no subject: it is
 the attacks that gave at least 10 % of the distinct failing accounts counted when it fired
 (the first ``count`` untrusted failing accounts of its window, in event order), provided
 attackers gave at least half of them; otherwise it matches no attack (ordinary failures
-tripped it: typically a cold start, when the tenant has no trailing baseline yet). Blocks of
+tripped it: typically a cold start, when the tenant has no trailing baseline yet).
+``strangers_tenant`` (the slow tier) counts sources, not accounts: it is matched the same way
+to the failing sources of its window that no sign-in followed within ``redeem_ms``, and it
+fired when its last window settled (``redeem_ms`` after the window's end). Blocks of
 the seed rules (``SEED_RULES``) that match no attack and refused nothing legitimate but by
 design are counted, not listed.
 """
@@ -23,6 +26,7 @@ from typing import Any
 from pipeline.contracts.models import datetime_to_ms
 from pipeline.core.decisions import Verdict, keys_for
 from pipeline.core.keys import Key, parse_key
+from pipeline.core.policy import DEFAULT_POLICY, Policy
 from pipeline.core.rollup import TICK_MS
 from pipeline.sim.card import AttackScore, ts
 from pipeline.sim.outputs import AlertRecord, DecisionRecord
@@ -31,7 +35,7 @@ from pipeline.sim.truth import ATTACKER, TruthEvent
 MIN_ATTACK_SHARE = 0.10
 MIN_ATTACKER_SHARE = 0.5
 SEED_RULES = frozenset({"lockout", "mfa_curve", "lifetime_bound"})
-TENANT_ALERTS = frozenset({"spray_tenant", "stuffing_tenant"})
+TENANT_ALERTS = frozenset({"spray_tenant", "stuffing_tenant", "strangers_tenant"})
 """Alerts without a subject, matched by who gave the accounts they counted."""
 
 
@@ -144,10 +148,11 @@ def score_alerts(
     events: Sequence[TruthEvent],
     attacks: AttackIndex,
     scores: dict[str, AttackScore],
+    policy: Policy = DEFAULT_POLICY,
 ) -> tuple[Counter[str], list[dict[str, Any]]]:
     by_type: Counter[str] = Counter()
     unmatched: list[dict[str, Any]] = []
-    tenant_windows = _TenantWindows(events)
+    tenant_windows = _TenantWindows(events, policy)
     for rec in records:
         alert = rec.alert
         by_type[alert.type] += 1
@@ -183,7 +188,11 @@ def _match_alert(
     alert = rec.alert
     start_ms, end_ms = datetime_to_ms(alert.window_start), datetime_to_ms(alert.window_end)
     known_ms = events[rec.after - 1].occurred_ms if rec.after else None
-    if alert.type in TENANT_ALERTS:
+    if alert.type == "strangers_tenant":
+        redeem_ms = tenant_windows.redeem_ms(alert.tenant)
+        shares = tenant_windows.stranger_sources(alert.tenant, start_ms, end_ms, redeem_ms)
+        at_ms = end_ms + redeem_ms  # the span's last window settled then
+    elif alert.type in TENANT_ALERTS:
         at_ms, shares = tenant_windows.contributions(
             alert.tenant,
             start_ms,
@@ -194,6 +203,7 @@ def _match_alert(
         # Both are evaluated at second boundaries of event time: each fired at the first
         # one after its window's ``count``-th account failed, however the outputs were read.
         at_ms = at_ms - at_ms % TICK_MS + TICK_MS
+    if alert.type in TENANT_ALERTS:
         attacker_share = sum(v for k, v in shares.items() if k is not None)
         if attacker_share < MIN_ATTACKER_SHARE:
             return (
@@ -219,9 +229,86 @@ class _TenantWindows:
     the attack (or None) whose failure first counted each: what rule 8 sums (and, with
     ``unknown_only``, the ``unknown_account`` ones ``stuffing_tenant`` sums)."""
 
-    def __init__(self, events: Sequence[TruthEvent]) -> None:
+    def __init__(self, events: Sequence[TruthEvent], policy: Policy = DEFAULT_POLICY) -> None:
         self.events = events
+        self.policy = policy
         self._cache: dict[tuple[str, int, int, bool], list[tuple[int, str | None]]] = {}
+        self._successes: dict[tuple[str, str], list[int]] | None = None
+        self._strangers: dict[str, list[tuple[int, str, str | None]]] = {}
+
+    def redeem_ms(self, tenant: str) -> int:
+        return self.policy.for_tenant(tenant).strangers.redeem_ms
+
+    def stranger_sources(
+        self, tenant: str, start_ms: int, end_ms: int, redeem_ms: int
+    ) -> dict[str | None, float]:
+        """Who gave the sources the slow tier counted in the window, as the truth sees it
+        (roughly): untrusted password failures at no known place (no success there within
+        ``familiar.memory_ms``), of an account that had not succeeded there or with that
+        client, nor failed so within ``tenant_spray.recount_ms``, that no success at the
+        source followed within ``redeem_ms``: the attack (or None) of each source's first."""
+        successes = self._success_times()
+        rules = self.policy.for_tenant(tenant)
+        memory_ms = rules.familiar.memory_ms
+        seen: set[str] = set()
+        tally: Counter[str | None] = Counter()
+        for t, source, name in self._stranger_failures(tenant, rules.tenant_spray.recount_ms):
+            if t < start_ms or t >= end_ms or source in seen:
+                continue
+            seen.add(source)
+            times = successes.get((tenant, source), [])
+            i = bisect.bisect_left(times, t)
+            if i < len(times) and times[i] <= t + redeem_ms:
+                continue  # redeemed
+            if i > 0 and times[i - 1] > t - memory_ms:
+                continue  # a known place: somebody signed in here before
+            tally[name] += 1
+        total = sum(tally.values())
+        return {name: n / total for name, n in tally.items()} if total else {}
+
+    def _success_times(self) -> dict[tuple[str, str], list[int]]:
+        if self._successes is None:
+            self._successes = defaultdict(list)
+            for e in self.events:
+                if e.attempt.success:
+                    self._successes[(e.attempt.tenant, e.attempt.source)].append(e.occurred_ms)
+        return self._successes
+
+    def _stranger_failures(self, tenant: str, recount_ms: int) -> list[tuple[int, str, str | None]]:
+        """(time, source, attack or None) of the tenant's unfamiliar untrusted password
+        failures whose account had none in the ``recount_ms`` before, in event order."""
+        cached = self._strangers.get(tenant)
+        if cached is not None:
+            return cached
+        memory_ms = self.policy.for_tenant(tenant).familiar.memory_ms
+        last_ok: dict[tuple[str, str | None, str | None], int] = {}
+        last_failed: dict[str, int] = {}
+        out: list[tuple[int, str, str | None]] = []
+        for e in self.events:
+            a = e.attempt
+            if a.tenant != tenant:
+                continue
+            t = a.occurred_ms
+            if a.success:
+                last_ok[(a.account, a.source, None)] = t
+                if a.device is not None:
+                    last_ok[(a.account, None, a.device)] = t
+                continue
+            if not a.untrusted_password_failure:
+                continue
+            pair = last_ok.get((a.account, a.source, None), -memory_ms) > t - memory_ms
+            client = a.device is not None and (
+                last_ok.get((a.account, None, a.device), -memory_ms) > t - memory_ms
+            )
+            if pair or client:
+                continue
+            before = last_failed.get(a.account)
+            last_failed[a.account] = t
+            if before is not None and t - before <= recount_ms:
+                continue
+            out.append((t, a.source, e.scenario if e.role == ATTACKER else None))
+        self._strangers[tenant] = out
+        return out
 
     def _accounts(
         self, tenant: str, start_ms: int, end_ms: int, unknown_only: bool

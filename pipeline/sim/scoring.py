@@ -49,7 +49,7 @@ def score(
     attacks = AttackIndex.build(events)
     scores = {name: new_score(name, evs) for name, evs in sorted(attacks.events.items())}
     decision_stats = score_decisions(outputs.decisions, attacks, scores, events, verdicts, design)
-    alerts_by_type, unmatched_alerts = score_alerts(outputs.alerts, events, attacks, scores)
+    alerts_by_type, unmatched_alerts = score_alerts(outputs.alerts, events, attacks, scores, policy)
     legit_attempts: Counter[str] = Counter()
     legit_refused: Counter[str] = Counter()
     legit_challenged: Counter[str] = Counter()

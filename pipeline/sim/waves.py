@@ -71,11 +71,19 @@ def near_margins_ms(policy: Policy, tenant: str) -> tuple[int, int]:
     attempt and after its last: the lead-in and the first detector window before (the
     session review reaches back ``wave.lead_in_ms`` from the end of the first firing
     window), the paced sum's ``slow_windows`` windows and ``wave.hold_ms`` after (a paced
-    sum still fires while the attack's last windows are in it; the hold follows)."""
+    sum still fires while the attack's last windows are in it; the hold follows). With the
+    strangers tier on, its reach too: its lead-in and first window before, and after, the
+    ``redeem_ms`` it waits for a window to settle and its ``active_ms``, then the hold."""
     rules = policy.for_tenant(tenant)
     window_ms = rules.tenant_spray.window_ms
     before = rules.wave.lead_in_ms + window_ms
     after = window_ms * rules.tenant_spray.slow_windows + rules.wave.hold_ms
+    strangers = rules.strangers
+    if strangers.enabled and rules.wave.lead_in_ms:
+        before = max(before, strangers.lead_in_ms + window_ms)
+    if strangers.enabled:
+        reach = strangers.redeem_ms + strangers.active_ms + window_ms + rules.wave.hold_ms
+        after = max(after, reach)
     return before, after
 
 

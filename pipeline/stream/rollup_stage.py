@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from pipeline.contracts.codec import dumps, encode, loads
-from pipeline.core.outbox import ACCOUNT_SHARE, UNKNOWN_SHARE
+from pipeline.core.outbox import ACCOUNT_SHARE, SOURCE_KINDS, STRANGER_SHARE, UNKNOWN_SHARE
 from pipeline.core.policy import Policy
 from pipeline.core.rollup import TenantRollup
 from pipeline.core.sequence import Sequencer
@@ -63,6 +63,8 @@ class RollupStage(InputPosition):
                 # have no kind (rule 8's).
                 if key[4:] == [UNKNOWN_SHARE]:
                     rollup.stuffing.fired[(key[2], key[3])] = loads(raw_value)
+                elif key[4:] == [STRANGER_SHARE]:
+                    rollup.slow_fired.add((key[2], key[3]))
                 else:
                     rollup.fired.add((key[2], key[3]))
             elif key[1] == "held":  # a changelog written before hold_from
@@ -104,7 +106,7 @@ class RollupStage(InputPosition):
             if share[0] is None:
                 sequencer.mark(upstream, share[1])
             else:
-                position = 2 * share[7] + (share[2] == UNKNOWN_SHARE)
+                position = _position(share)
                 sequencer.rehold(share[5], share[6], upstream, position, share[:5], offset)
         self.advance(partition, offset)
         result = StageOutput()
@@ -129,9 +131,7 @@ class RollupStage(InputPosition):
                 sequencer.mark(upstream, share[1])
             elif share[5] >= sequencer.released_ms or share[4] > rollup.recorded(*share[:4]):
                 # (an older share re-sent after an upstream's restart carries nothing: skipped)
-                # One source row may change its source and its unknown-account share under one upstream
-                # position: the held row's position tells them apart.
-                position = 2 * share[7] + (share[2] == UNKNOWN_SHARE)
+                position = _position(share)
                 if share[5] < sequencer.released_ms:
                     result.note_late(upstream, position, share[5], sequencer.released_ms)
                 sequencer.push(share[5], share[6], upstream, position, share[:5], origin)
@@ -157,6 +157,11 @@ class RollupStage(InputPosition):
         for tenant, window in rollup.newly_fired:  # rule 8's, alerted or not
             result.changelog.append((dumps([partition, "fired", tenant, window]), b"1"))
         rollup.newly_fired.clear()
+        for tenant, window in rollup.newly_slow_fired:  # the slow tier's
+            result.changelog.append(
+                (dumps([partition, "fired", tenant, window, STRANGER_SHARE]), b"1")
+            )
+        rollup.newly_slow_fired.clear()
         stale = sequencer.take_stale()  # the commit record last: _Stage._finish
         result.held_records = len(stale)
         for upstream, position in stale:
@@ -174,6 +179,14 @@ class RollupStage(InputPosition):
             result.changelog.append((commit_key(partition), commit_record(offset + 1, sequencer)))
         result.held = len(sequencer)
         return result
+
+
+def _position(share: list[Any]) -> int:
+    """A held share's position under its upstream: one source row may change its source,
+    unknown-account, stranger and redeemed shares, so each kind has its own slot."""
+    kind: str = share[2]
+    seq: int = share[7]
+    return 4 * seq + (SOURCE_KINDS.index(kind) if kind != ACCOUNT_SHARE else 0)
 
 
 def _window(alert: Any) -> int:

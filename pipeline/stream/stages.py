@@ -38,7 +38,14 @@ from pipeline.contracts.codec import dumps, loads
 from pipeline.core.account import AccountShard
 from pipeline.core.attempt import Attempt
 from pipeline.core.dedupe import DEDUPE_CAPACITY, DEDUPE_HORIZON_MS
-from pipeline.core.outbox import ACCOUNT_SHARE, SOURCE_SHARE, UNKNOWN_SHARE, Outbox
+from pipeline.core.outbox import (
+    ACCOUNT_SHARE,
+    REDEEMED_SHARE,
+    SOURCE_SHARE,
+    STRANGER_SHARE,
+    UNKNOWN_SHARE,
+    Outbox,
+)
 from pipeline.core.policy import Policy, TenantPolicy
 from pipeline.core.sequence import NO_MARK, Sequencer
 from pipeline.core.source import SourceShard
@@ -58,8 +65,13 @@ def _share_rows(
     out: Outbox, kind: str, partition: int, seq: int, attempt: Attempt, result: StageOutput
 ) -> None:
     """The shares one released row changed, stamped with its event time and order."""
-    # ``kind`` names the stage's tenant shares; unknown-account shares are the source stage's.
-    for shares, share_kind in ((out.tenant_shares, kind), (out.unknown_shares, UNKNOWN_SHARE)):
+    # ``kind`` names the stage's tenant shares; the others are the source stage's.
+    for shares, share_kind in (
+        (out.tenant_shares, kind),
+        (out.unknown_shares, UNKNOWN_SHARE),
+        (out.stranger_shares, STRANGER_SHARE),
+        (out.redeemed_shares, REDEEMED_SHARE),
+    ):
         for (tenant, window), share in shares.items():
             result.shares.append(
                 [
@@ -394,7 +406,12 @@ class SourceStage(_Stage):
             if occurred_ms > watermark:
                 watermark = occurred_ms
             shard.step(attempt, watermark, out, seq)
-            if out.tenant_shares or out.unknown_shares:
+            if (
+                out.tenant_shares
+                or out.unknown_shares
+                or out.stranger_shares
+                or out.redeemed_shares
+            ):
                 _share_rows(out, SOURCE_SHARE, partition, seq, attempt, result)
             result.counted += 1
         self._finish(partition, offset, shard, out, result)

@@ -236,6 +236,7 @@ HOLDOUT_ATTACKS = (
     "spray_pool",
     "stuffing_bursts",
     "stuffing_own_account",
+    "stuffing_paced",
     "stuffing_pool_once",
     "stuffing_pool_twice",
 )
@@ -254,7 +255,12 @@ def test_holdout_through_the_worker_scores_as_the_engine_does(
     engine's on the same events (per attack: status, takeovers, challenged; legitimate
     refused, challenged during waves, sessions stepped up after sign-in); no stuffing,
     spray or own-account takeover (a wave's lead-in included: those sessions are stepped
-    up), no legitimate refusal, no office colleague challenged."""
+    up), no legitimate refusal, no office colleague challenged. The strangers tier learns
+    for 10 minutes here, not an hour: the compressed run's paced stuffer starts about 16
+    minutes after the first event."""
+    policy = tmp_path / "policy.toml"
+    policy.write_text("[defaults.strangers]\nmin_history_ms = 600000\n")
+    worker_env = {**worker_env, "AUTHPIPE_POLICY_PATH": str(policy)}
     env = {**worker_env, "AUTHPIPE_LOG_LEVEL": "warning"}
     worker = start_worker(workers, worker_env, tmp_path).wait_ready()
     truth = tmp_path / "truth.jsonl"

@@ -136,8 +136,8 @@ def test_the_demo_scenario_stops_stuffing_within_50_attempts(tmp_path: Path) -> 
     history, then the mixed hour at 25 logins/s, as ``authpipe demo`` plays it) through
     the core: stuffing stopped with 0 takeovers, answered by ``stuffing_tenant`` 3.918 s
     after its first attempt with none of them through, spray and low-and-slow spray
-    alerted, 0 legitimate attempts refused, 290 of 7,436 legitimate untrusted attempts
-    during waves challenged (3.9 %) and none while no attack ran."""
+    alerted, 0 legitimate attempts refused, 298 of 7,948 legitimate untrusted attempts
+    during waves challenged (3.7 %) and none while no attack ran."""
     day_ms, hour_ms = 86_400_000, 3_600_000
     truth = tmp_path / "truth.jsonl"
     parts = []
@@ -163,19 +163,23 @@ def test_the_demo_scenario_stops_stuffing_within_50_attempts(tmp_path: Path) -> 
         3_918,
     )
     assert "spray_source" in by_name["spray"].alerts
-    # The small tenant's slow spray is seen by rule 8's paced sum (six 10 s windows) and
-    # refused by seed 002's lock, never by a source block.
+    # The small tenant's slow spray is seen by rule 8's paced sum (six 10 s windows) and the
+    # strangers tier (its exits nobody signs in from), and refused by seed 002's lock,
+    # never by a source block.
     slow = by_name["low_and_slow_spray"]
-    assert (dict(slow.alerts), set(slow.blocks)) == ({"spray_tenant": 1}, {"lockout"})
+    assert (dict(slow.alerts), set(slow.blocks)) == (
+        {"spray_tenant": 1, "strangers_tenant": 8},
+        {"lockout"},
+    )
     assert card.takeovers == 0
     assert card.legit_refused_total == 0
     # The hour of history makes people's places familiar: cold, 2,725 were challenged.
-    assert (card.legit_untrusted_in_wave, card.legit_challenged_in_wave) == (7436, 290)
+    assert (card.legit_untrusted_in_wave, card.legit_challenged_in_wave) == (7948, 298)
     assert (card.legit_challenged_outside_attacks, card.legit_challenged_away_from_attacks) == (
         0,
         0,
     )
     assert (card.legit_stepped_up_after_sign_in, card.legit_stepped_up_away_from_attacks) == (
-        218,
+        281,
         0,
     )

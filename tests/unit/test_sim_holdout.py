@@ -63,9 +63,9 @@ def by_actor(events: list[SimEvent]) -> dict[str, list[SimEvent]]:
 
 
 def test_holdout_group_names_the_new_scenarios_and_mixed_is_unchanged() -> None:
-    """'holdout' selects the 12 new scenarios, none of them in 'mixed'; groups combine with names."""
+    """'holdout' selects the 13 new scenarios, none of them in 'mixed'; groups combine with names."""
     assert parse_scenarios("holdout") == HOLDOUT_SCENARIOS
-    assert len(HOLDOUT_SCENARIOS) == 12
+    assert len(HOLDOUT_SCENARIOS) == 13
     assert set(HOLDOUT_SCENARIOS).isdisjoint(parse_scenarios("mixed"))
     assert parse_scenarios("mixed") == MIXED_SCENARIOS
     assert parse_scenarios("library, baseline") == ("baseline", "library")
@@ -82,9 +82,9 @@ def test_same_seed_gives_identical_events_another_seed_others() -> None:
 
 
 def test_every_event_decodes_is_labelled_and_in_range() -> None:
-    """40,308 events in an hour; each decodes as login_attempt, is labelled, none is refused."""
+    """41,028 events in an hour; each decodes as login_attempt, is labelled, none is refused."""
     events = run()
-    assert len(events) == 40_308
+    assert len(events) == 41_028
     assert [e.occurred_ms for e in events] == sorted(e.occurred_ms for e in events)
     assert events[0].occurred_ms >= T0 and events[-1].occurred_ms < T0 + HOUR_MS
     for e in events:

@@ -19,7 +19,8 @@ from pipeline.stream.rollup_stage import RollupStage
 from pipeline.wiring import build_normaliser
 from tests.unit.test_stream_memory import NOW_MS, records
 
-# Low thresholds so a short stream trips every kind of rule, rule 8 and spray included.
+# Low thresholds so a short stream trips every kind of rule, rule 8, its strangers tier and
+# spray included.
 POLICY = policy_from_toml("""
 policy_version = "order-1"
 [defaults.source]
@@ -31,6 +32,13 @@ window_ms = 60000
 baseline_windows = 8
 factor = 5.0
 min_history_windows = 0
+recount_ms = 0
+[defaults.strangers]
+redeem_ms = 60000
+span_ms = 300000
+active_ms = 60000
+min_sources = 4
+min_history_ms = 0
 """)
 RECORDS = records(3000, seed=9)
 
@@ -73,7 +81,8 @@ def twin_outputs(
 
 
 def test_the_reference_stream_trips_every_kind_of_output() -> None:
-    """The policy and traffic above give account and source decisions, spray, tenant and ceiling alerts."""
+    """The policy and traffic above give account and source decisions, spray, tenant (rule 8
+    and the strangers tier) and ceiling alerts."""
     decisions, alerts = EXPECTED
     assert {b'"rule":"account_source"', b'"rule":"source"'} <= {
         part
@@ -84,10 +93,11 @@ def test_the_reference_stream_trips_every_kind_of_output() -> None:
     kinds = {
         t
         for a in alerts
-        for t in (b"spray_source", b"spray_tenant", b"account_under_attack")
+        for t in (b"spray_source", b"spray_tenant", b"strangers_tenant", b"account_under_attack")
         if t in a
     }
-    assert kinds == {b"spray_source", b"spray_tenant", b"account_under_attack"}
+    assert kinds == {b"spray_source", b"spray_tenant", b"strangers_tenant", b"account_under_attack"}
+    assert sum(b'"rule":"strangers_tenant"' in d for d in decisions) == 1
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -212,7 +222,8 @@ def test_a_share_below_the_released_watermark_is_reported_late_with_its_coordina
     first = stage.process(0, [[None, 2_000, "a", 0], [None, 2_000, "s", 0]], offset=0)
     assert (first.late, first.first_late) == (0, None)
     late = stage.process(0, [["acme", 7, "s", 0, 1, 1_500, "e1", 3]], offset=1)
-    assert (late.late, late.first_late) == (1, [1, 6, 1_500, 2_000])
+    # position: four slots per source row (source, unknown, stranger, redeemed shares)
+    assert (late.late, late.first_late) == (1, [1, 12, 1_500, 2_000])
     assert stage.sequencers[0].late == 1
 
 

@@ -1,0 +1,179 @@
+"""The wave's slow tier (``StrangersConfig``): strangers' failures nobody then signs in from."""
+
+from __future__ import annotations
+
+from itertools import pairwise
+
+from pipeline.contracts.models import Decision, datetime_to_ms
+from pipeline.core.attempt import Attempt
+from pipeline.core.decisions import keys_for
+from pipeline.core.engine import Engine
+from pipeline.core.policy import DEFAULT_POLICY, Policy, policy_from_toml
+from tests.unit.test_core_support import MIN, SEC, T0, att
+
+HISTORY_MS = 61 * MIN  # past min_history_ms (1 h) of the tenant
+PACE_MS = 4 * SEC  # 0.25 attempts a second: a sixth of rule 8's paced sum
+WINDOW_MS = 10 * SEC
+REDEEM_MS = 5 * MIN
+
+
+def _history() -> list[Attempt]:
+    """An hour of people mistyping once at a new place and signing in there 20 s later."""
+    out = []
+    for i in range(HISTORY_MS // (30 * SEC)):
+        account, home, t = f"{i:030x}pp", f"198.51.{i // 250}.{i % 250}", i * 30 * SEC
+        out += [att(t, account, home), att(t + 20 * SEC, account, home, success=True)]
+    return out
+
+
+def _stuffer(count: int, reason: str = "bad_password", start_ms: int = HISTORY_MS) -> list[Attempt]:
+    """A proxy pool used once per exit, one attempt every 4 s, each a new account."""
+    return [
+        att(start_ms + i * PACE_MS, f"{i:030x}ss", f"240.0.{i // 250}.{i % 250}", reason=reason)
+        for i in range(count)
+    ]
+
+
+def _run(attempts: list[Attempt], policy: Policy = DEFAULT_POLICY) -> Engine:
+    engine = Engine(policy)
+    engine.run(sorted(attempts, key=lambda a: (a.occurred_ms, a.event_id)))
+    return engine
+
+
+def _waves(engine: Engine) -> list[Decision]:
+    return [d for _, d in engine.out.decisions if d is not None and d.scope == "tenant"]
+
+
+def _first_firing() -> tuple[int, int]:
+    """Where the default tier first fires on ``_stuffer``: the settled window holding its
+    40th exit (every exit before it unredeemed), and how many exits that window closes."""
+    windows = [(T0 + HISTORY_MS + i * PACE_MS) // WINDOW_MS for i in range(40)]
+    window = windows[-1]
+    return window, sum(
+        1 for i in range(60) if (T0 + HISTORY_MS + i * PACE_MS) // WINDOW_MS <= window
+    )
+
+
+def test_a_paced_stuffer_under_rule_8_is_challenged_once_its_exits_settle() -> None:
+    """0.25 attempts/s from exits used once (under rule 8's 40 a minute): when the window
+    holding the 40th unredeemed exit has waited redeem_ms, the tier alerts strangers_tenant
+    and challenges the tenant's untrusted strangers for the hold; its lead-in reaches back
+    5 minutes before that window's end."""
+    engine = _run([*_history(), *_stuffer(200)])
+    window, count = _first_firing()
+    alerts = [a for a in engine.out.alerts if a.type == "strangers_tenant"]
+    assert [(a.count, datetime_to_ms(a.window_end)) for a in alerts] == [
+        (count, (window + 1) * WINDOW_MS)
+    ]
+    assert not [a for a in engine.out.alerts if a.type == "spray_tenant"]
+    first = _waves(engine)[0]
+    issued = (window + 1) * WINDOW_MS + REDEEM_MS
+    assert (first.rule, first.action, first.challenge) == (
+        "strangers_tenant",
+        "challenge",
+        "captcha",
+    )
+    assert (datetime_to_ms(first.issued_at), datetime_to_ms(first.expires_at)) == (
+        issued,
+        issued + MIN,
+    )
+    assert first.window_ms == issued - ((window + 1) * WINDOW_MS - 5 * MIN)
+    # It holds while exits keep coming at the floor's pace: one wave, no gap.
+    spans = [(datetime_to_ms(d.issued_at), datetime_to_ms(d.expires_at)) for d in _waves(engine)]
+    assert all(later[0] <= earlier[1] for earlier, later in pairwise(spans))
+    # The next stranger meets a captcha; the owner's trusted laptop does not.
+    stranger = att(issued - T0 + SEC, "f" * 32, "240.9.9.9")
+    owner = att(issued - T0 + SEC, "e" * 32, "240.9.9.9", device="laptop", trusted=True)
+    index = engine.accounts.index
+    assert index.check(keys_for(stranger), stranger.occurred_ms).challenge == "captcha"
+    assert index.check(keys_for(owner), owner.occurred_ms).challenge is None
+
+
+def test_the_wave_ends_about_redeem_ms_after_the_last_exit_and_never_before_an_hours_history() -> (
+    None
+):
+    """The wave's last record is issued within redeem_ms + active_ms (and a window) of the
+    stuffer's last attempt; the same stuffer with no history behind it raises nothing."""
+    engine = _run([*_history(), *_stuffer(200)])
+    last_attempt = T0 + HISTORY_MS + 199 * PACE_MS
+    last_issued = max(datetime_to_ms(d.issued_at) for d in _waves(engine))
+    assert last_attempt < last_issued <= last_attempt + REDEEM_MS + MIN + WINDOW_MS
+    cold = _run(_stuffer(200, start_ms=0))
+    assert _waves(cold) == []
+    assert [a for a in cold.out.alerts if a.type == "strangers_tenant"] == []
+
+
+def test_people_who_fail_at_a_new_place_then_sign_in_there_raise_nothing() -> None:
+    """600 people in 40 minutes (0.25 a second, like the stuffer): each tries one or two
+    identifiers that do not exist, or a wrong password five times then a mailbox reset
+    4 minutes later, then signs in from the same place: no alert, no wave."""
+    people = []
+    for i in range(600):
+        t, home = HISTORY_MS + i * PACE_MS, f"203.0.{i // 250}.{i % 250}"
+        account = f"{i:030x}rr"
+        if i % 3:
+            people += [
+                att(t, f"{i:030x}u1", home, reason="unknown_account"),
+                att(t + 8 * SEC, f"{i:030x}u2", home, reason="unknown_account"),
+                att(t + 20 * SEC, account, home, success=True),
+            ]
+        else:
+            people += [att(t + k * 15 * SEC, account, home) for k in range(5)]
+            people.append(att(t + 4 * MIN, account, home, success=True, flow="reset"))
+    engine = _run([*_history(), *people])
+    assert _waves(engine) == []
+    assert [a for a in engine.out.alerts if a.type == "strangers_tenant"] == []
+
+
+def test_one_account_failing_from_a_thousand_addresses_counts_once_per_recount() -> None:
+    """A guesser rotating 1,000 addresses on one account (the lock's job, seed 002): the
+    account counts once per tenant_spray.recount_ms, so the tier never fires."""
+    guesses = [
+        att(HISTORY_MS + i * 3 * SEC, "d" * 32, f"240.1.{i // 250}.{i % 250}") for i in range(1000)
+    ]
+    engine = _run([*_history(), *guesses])
+    assert [a for a in engine.out.alerts if a.type == "strangers_tenant"] == []
+
+
+def test_an_attackers_own_account_redeems_no_exit_beyond_its_quota() -> None:
+    """After each stuffing failure the attacker fails, then signs in, on its own account
+    from the same exit (issue 24's 'redemption'): only the account whose failure made the
+    exit pending redeems it, and the own account makes 20 exits familiar a day; the tier
+    fires at the window holding the 60th exit (40 unredeemed past the 20 made known)."""
+    own = "0" * 31 + "o"
+    stuffer = _stuffer(200)
+    tricks = []
+    for a in stuffer:
+        tricks += [
+            a._replace(event_id=a.event_id + "-f", account=own, occurred_ms=a.occurred_ms + 500),
+            a._replace(
+                event_id=a.event_id + "-s",
+                account=own,
+                occurred_ms=a.occurred_ms + 1000,
+                success=True,
+                failure_reason=None,
+            ),
+        ]
+    engine = _run([*_history(), *stuffer, *tricks])
+    alerts = [a for a in engine.out.alerts if a.type == "strangers_tenant"]
+    windows = [(T0 + HISTORY_MS + i * PACE_MS) // WINDOW_MS for i in range(60)]
+    assert [datetime_to_ms(a.window_end) for a in alerts] == [(windows[-1] + 1) * WINDOW_MS]
+
+
+def test_it_is_existence_blind_and_has_an_observe_mode_and_an_off_switch() -> None:
+    """The same exits on absent identifiers give byte-identical wave records; observe mode
+    publishes them as observe; enabled = false raises nothing."""
+    real = _run([*_history(), *_stuffer(200)])
+    absent = _run([*_history(), *_stuffer(200, reason="unknown_account")])
+    assert [d.model_dump_json() for d in _waves(real)] == [
+        d.model_dump_json() for d in _waves(absent)
+    ]
+    observe = _run(
+        [*_history(), *_stuffer(200)], policy_from_toml('[defaults.wave]\nmode = "observe"\n')
+    )
+    assert {d.action for d in _waves(observe)} == {"observe"}
+    off = _run(
+        [*_history(), *_stuffer(200)], policy_from_toml("[defaults.strangers]\nenabled = false\n")
+    )
+    assert _waves(off) == []
+    assert [a for a in off.out.alerts if a.type == "strangers_tenant"] == []
