@@ -358,16 +358,17 @@ class StrangersConfig(_Frozen):
 
     The rollup sums, per tenant and rule-8 window, the sources counted less those
     redeemed, once a window is ``redeem_ms`` old (settled), and fires when the last
-    ``span_ms`` of settled windows reach ``max(min_sources, factor x span x baseline)``,
-    where ``baseline`` is the ``tenant_spray.baseline_quantile`` of the last
-    ``tenant_spray.baseline_windows`` settled windows that did not fire, looked for as
-    far back as ``max_wave_ms`` (a patient attack does not become the norm after an hour,
-    as rule 8's would; a lasting change of the norm is a wave for ``max_wave_ms`` at
-    most), and while the last
-    ``active_ms`` of settled windows keep the floor's pace (``min_sources x active_ms /
-    span_ms``, 4 a minute by default: the attack goes on; the wave ends about
+    ``span_ms`` of settled windows reach ``max(min_sources, factor x baseline)``, where
+    ``baseline`` is the ``tenant_spray.baseline_quantile`` of the same sums ending at the
+    last ``tenant_spray.baseline_windows`` settled windows that did not fire (sums: most
+    windows hold none, and only a sum shows a steady level such as a cold start's),
+    looked for as far back as ``max_wave_ms`` (a patient attack does not become the norm
+    after an hour, as rule 8's would; a lasting change of the norm is a wave for
+    ``max_wave_ms`` at most), and while the last
+    ``active_ms`` of settled windows keep that threshold's pace (at least ``min_sources x
+    active_ms / span_ms``, 4 a minute by default: the attack goes on; the wave ends about
     ``redeem_ms + active_ms`` after its last stranger's failure, not when the attack has
-    left the span, and an ordinary straggler does not stretch it). It does not fire
+    left the span, and neither a straggler nor a cold tenant's own noise stretches it). It does not fire
     before it has seen ``min_history_ms`` of the tenant (a cold start learns the norm
     first). A firing raises the tenant's wave challenge (``WaveConfig``; the decision's
     rule is ``strangers_tenant``) and, when the window before did not fire, the alert

@@ -289,25 +289,10 @@ class TenantRollup:
         if total < cfg.min_sources:
             return None
         spray = self.policy.for_tenant(tenant).tenant_spray
-        # The baseline: the last ``baseline_windows`` windows that did not fire, looked for
-        # as far back as ``max_wave_ms`` (a patient attack is no new norm); when they all
-        # fired, the last ``baseline_windows`` are the sample (a lasting change of the norm
-        # is a wave for ``max_wave_ms`` at most).
-        oldest = max(self.first_window.get(tenant, window), window - cfg.max_wave_ms // window_ms)
-        sample = []
-        fired = self.slow_fired
-        for w in range(window - 1, oldest - 1, -1):
-            if (tenant, w) not in fired:
-                sample.append(unredeemed(w))
-                if len(sample) == spray.baseline_windows:
-                    break
-        if not sample:
-            seen = min(spray.baseline_windows, window - oldest)
-            sample = [unredeemed(w) for w in range(window - seen, window)]
-        sample.sort()
-        baseline = sample[int(spray.baseline_quantile * (len(sample) - 1))] if sample else 0
-        if total < cfg.factor * span * baseline:
-            return None
+        baseline = self._span_baseline(tenant, window, span, cfg, spray, window_ms)
+        threshold = max(cfg.min_sources, cfg.factor * baseline)
+        if total < threshold or recent * span < threshold * active:
+            return None  # under the norm, or no longer at the firing pace
         self.slow_fired.add(slot)
         self.newly_slow_fired.append(slot)
         if self.policy.for_tenant(tenant).wave.enabled:
@@ -330,6 +315,48 @@ class TenantRollup:
             (window + 1) * window_ms,
             self.policy.policy_version,
         )
+
+    def _span_baseline(
+        self,
+        tenant: str,
+        window: int,
+        span: int,
+        cfg: StrangersConfig,
+        spray: TenantSprayConfig,
+        window_ms: int,
+    ) -> int:
+        """The ``baseline_quantile`` of the span sums ending at the last
+        ``spray.baseline_windows`` windows that did not fire, looked for as far back as
+        ``max_wave_ms`` (a patient attack is no new norm; when they all fired, the last
+        ``baseline_windows`` are the sample: a lasting change of the norm is a wave for
+        ``max_wave_ms`` at most). Sums, not windows: a tenant's unredeemed sources are
+        sparse (most windows hold none), so only a sum shows a steady level, such as a
+        cold start's, where every place is new."""
+        first = self.first_window.get(tenant, window)
+        oldest = max(first, window - cfg.max_wave_ms // window_ms)
+        if oldest >= window:
+            return 0
+        unredeemed = self._unredeemed(tenant)
+        base = oldest - span  # prefix[i]: the sum of the windows in (base, base + i]
+        prefix = [0]
+        for w in range(base + 1, window):
+            prefix.append(prefix[-1] + unredeemed(w))
+
+        def span_sum(end: int) -> int:
+            return prefix[end - base] - prefix[end - span - base]
+
+        fired = self.slow_fired
+        sample = []
+        for w in range(window - 1, oldest - 1, -1):
+            if (tenant, w) not in fired:
+                sample.append(span_sum(w))
+                if len(sample) == spray.baseline_windows:
+                    break
+        if not sample:
+            seen = min(spray.baseline_windows, window - oldest)
+            sample = [span_sum(w) for w in range(window - seen, window)]
+        sample.sort()
+        return sample[int(spray.baseline_quantile * (len(sample) - 1))]
 
     def _unredeemed(self, tenant: str) -> Callable[[int], int]:
         strangers = self.strangers.get(tenant, {})

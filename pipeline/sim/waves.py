@@ -73,7 +73,9 @@ def near_margins_ms(policy: Policy, tenant: str) -> tuple[int, int]:
     window), the paced sum's ``slow_windows`` windows and ``wave.hold_ms`` after (a paced
     sum still fires while the attack's last windows are in it; the hold follows). With the
     strangers tier on, its reach too: its lead-in and first window before, and after, the
-    ``redeem_ms`` it waits for a window to settle and its ``active_ms``, then the hold."""
+    ``redeem_ms`` it waits for a window to settle, twice its ``active_ms`` (the attack's
+    last exits, then the tenant's own failures keeping the last minute at pace while those
+    exits are still in the sum) and a window, then the hold."""
     rules = policy.for_tenant(tenant)
     window_ms = rules.tenant_spray.window_ms
     before = rules.wave.lead_in_ms + window_ms
@@ -82,7 +84,7 @@ def near_margins_ms(policy: Policy, tenant: str) -> tuple[int, int]:
     if strangers.enabled and rules.wave.lead_in_ms:
         before = max(before, strangers.lead_in_ms + window_ms)
     if strangers.enabled:
-        reach = strangers.redeem_ms + strangers.active_ms + window_ms + rules.wave.hold_ms
+        reach = strangers.redeem_ms + 2 * strangers.active_ms + window_ms + rules.wave.hold_ms
         after = max(after, reach)
     return before, after
 

@@ -77,16 +77,16 @@ def test_near_attacks_widen_each_span_by_the_lead_in_and_the_tail_and_merge() ->
 
 def test_the_strangers_tier_reaches_its_lead_in_before_and_its_settling_after() -> None:
     """With the strangers tier (the default) an attack's span widens by its 5-minute lead-in
-    and a window (310 s) before, and by redeem_ms, active_ms, a window and the hold (430 s)
-    after: its wave comes redeem_ms late and holds as long."""
-    assert near_margins_ms(DEFAULT_POLICY, "t") == (310 * SEC, 430 * SEC)
+    and a window (310 s) before, and by redeem_ms, twice active_ms, a window and the hold
+    (490 s) after: its wave comes redeem_ms late and holds as long."""
+    assert near_margins_ms(DEFAULT_POLICY, "t") == (310 * SEC, 490 * SEC)
     apart = {"t": [(1000 * SEC, 1010 * SEC), (2000 * SEC, 2010 * SEC)]}
-    assert near_attacks(apart) == {"t": [(690 * SEC, 1440 * SEC), (1690 * SEC, 2440 * SEC)]}
+    assert near_attacks(apart) == {"t": [(690 * SEC, 1500 * SEC), (1690 * SEC, 2500 * SEC)]}
 
 
 def test_near_margins_follow_the_tenants_wave_and_detector_settings() -> None:
     """A tenant with a 2-minute lead-in, 5-minute hold and 20-second windows summed over 3
-    reaches 140 s before an attack and 360 s after by rule 8, 320 s and 680 s with the
+    reaches 140 s before an attack and 360 s after by rule 8, 320 s and 740 s with the
     strangers tier (its lead-in; its settling and hold); other tenants keep the defaults."""
     tenant_t = """
 [tenants.t.wave]
@@ -97,10 +97,10 @@ window_ms = 20000
 slow_windows = 3
 """
     policy = policy_from_toml(tenant_t)
-    assert near_margins_ms(policy, "t") == (320 * SEC, 680 * SEC)
-    assert near_margins_ms(policy, "other") == (310 * SEC, 430 * SEC)
+    assert near_margins_ms(policy, "t") == (320 * SEC, 740 * SEC)
+    assert near_margins_ms(policy, "other") == (310 * SEC, 490 * SEC)
     assert near_attacks({"t": [(1000 * SEC, 1010 * SEC)]}, policy) == {
-        "t": [(680 * SEC, 1690 * SEC)]
+        "t": [(680 * SEC, 1750 * SEC)]
     }
     quiet = policy_from_toml("[defaults.strangers]\nenabled = false\n" + tenant_t)
     assert near_margins_ms(quiet, "t") == (140 * SEC, 360 * SEC)
