@@ -257,8 +257,11 @@ class TenantRollup:
                 continue  # no window settled this second (most seconds)
             span = max(1, cfg.span_ms // window_ms)
             due: set[int] = set()
-            for failed in strangers:
-                if failed + span - 1 >= low and failed <= high:
+            # Only windows within a span before the settled ones reach them: look those up
+            # (one window settles at a time), not every window kept (up to max_wave_ms).
+            reach = range(low - span + 1, high + 1)
+            for failed in reach if len(reach) < len(strangers) else list(strangers):
+                if failed in strangers and failed + span - 1 >= low and failed <= high:
                     due.update(range(max(failed, low), min(failed + span - 1, high) + 1))
             for window in sorted(due):
                 alert = self._strangers(tenant, window, span, cfg, window_ms)

@@ -247,8 +247,7 @@ class Shard:
         return changes
 
     def meta(self) -> list[Any]:
-        shares = [[tenant, window, share] for (tenant, window), share in self.tenant_shares.items()]
-        return [self.watermark_ms, shares]
+        return [self.watermark_ms, share_records(self.tenant_shares)]
 
     def restore(self, key: list[Any], value: list[Any] | None) -> None:
         """Load one changelog record (the inverse of ``take_dirty``); None deletes."""
@@ -332,6 +331,12 @@ class Shard:
 
 def _action(mode: str) -> str:
     return "block" if mode == "enforce" else "observe"
+
+
+def share_records(shares: Shares) -> list[list[Any]]:
+    """A shard's shares as ``[tenant, window, share]`` records (its meta; ``restore_shares``
+    reads them back)."""
+    return [[tenant, window, share] for (tenant, window), share in shares.items()]
 
 
 def restore_shares(shares: Shares, records: list[Any]) -> None:

@@ -22,7 +22,7 @@ from pipeline.core.outbox import Outbox, Shares, add_share
 from pipeline.core.policy import DEFAULT_POLICY, Policy, RuleConfig
 from pipeline.core.records import build_alert
 from pipeline.core.rules import TenantRules
-from pipeline.core.shard import Shard, restore_shares
+from pipeline.core.shard import Shard, restore_shares, share_records
 from pipeline.core.state import PairState, SourceState
 from pipeline.core.stuffing import stuffing_alert_due
 
@@ -69,9 +69,9 @@ class SourceShard(Shard):
     def meta(self) -> list[Any]:
         return [
             *super().meta(),
-            _records(self.unknown_shares),
-            _records(self.stranger_shares),
-            _records(self.redeemed_shares),
+            share_records(self.unknown_shares),
+            share_records(self.stranger_shares),
+            share_records(self.redeemed_shares),
         ]
 
     def restore(self, key: list[Any], value: list[Any] | None) -> None:
@@ -374,8 +374,3 @@ class SourceShard(Shard):
             )
         )
         self.metrics.alerts += 1
-
-
-def _records(shares: Shares) -> list[list[Any]]:
-    """A shard's shares as ``[tenant, window, share]`` records (its meta)."""
-    return [[tenant, window, share] for (tenant, window), share in shares.items()]
