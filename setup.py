@@ -23,7 +23,8 @@ from typing import Any
 from setuptools import setup
 from setuptools.command.build_ext import build_ext
 
-# The modules on the hot path. ``policy.py`` stays Python: it defines pydantic models,
+# The modules on the hot path. ``policy.py``, ``policy_rules.py`` and ``policy_waves.py`` stay
+# Python: they define pydantic models,
 # which mypyc cannot compile (and which are read once per tenant, not per event).
 CORE_MODULES = (
     "account", "attempt", "decisions", "dedupe", "engine", "errors", "grouping", "keys",

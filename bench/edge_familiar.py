@@ -27,7 +27,7 @@ from bench.bench_edge import TENANT, Workload, decision_message
 from bench.procfs import status_kb
 from pipeline.clock import wall_ms
 from pipeline.core.keys import Key
-from pipeline.core.policy import DAY_MS
+from pipeline.core.policy_rules import DAY_MS
 from pipeline.edge.feed import settle_heap
 from pipeline.edge.view import DecisionView
 from pipeline.settings import Settings

@@ -47,7 +47,7 @@ from pipeline.core.decisions import MANUAL
 from pipeline.core.errors import InvalidAttempt
 from pipeline.core.grouping import check_block_source, within_grouping
 from pipeline.core.keys import decision_key, format_key, parse_wire_key, stable_id
-from pipeline.core.policy import MAX_BLOCK_MS
+from pipeline.core.policy_rules import MAX_BLOCK_MS
 from pipeline.errors import AuthpipeError
 from pipeline.wiring import build_normaliser, grouping_check
 

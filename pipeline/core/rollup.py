@@ -11,7 +11,8 @@ from collections.abc import Callable
 from pipeline.contracts.models import Alert, Decision, datetime_to_ms
 from pipeline.core.keys import format_key, stable_id
 from pipeline.core.outbox import ACCOUNT_SHARE, REDEEMED_SHARE, STRANGER_SHARE, UNKNOWN_SHARE
-from pipeline.core.policy import DEFAULT_POLICY, Policy, StrangersConfig, TenantSprayConfig
+from pipeline.core.policy import DEFAULT_POLICY, Policy
+from pipeline.core.policy_waves import StrangersConfig, TenantSprayConfig
 from pipeline.core.records import build_alert, build_decision
 from pipeline.core.stuffing import TenantStuffing
 

@@ -16,7 +16,8 @@ from typing import Any, TypeAlias
 from pipeline.core.keys import Key
 from pipeline.core.lockout import FOREVER_MS, StreakState
 from pipeline.core.normalise import parse_address
-from pipeline.core.policy import UNTIL_SUCCESS_MS, RuleConfig, TenantPolicy
+from pipeline.core.policy import TenantPolicy
+from pipeline.core.policy_rules import UNTIL_SUCCESS_MS, RuleConfig
 from pipeline.core.state import KeyState, PairState, SourceState
 from pipeline.core.table import BoundedTable
 from pipeline.core.window import WindowSpec

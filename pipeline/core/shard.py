@@ -17,7 +17,8 @@ from pipeline.core.dedupe import DEDUPE_CAPACITY, DEDUPE_HORIZON_MS, Deduper
 from pipeline.core.keys import Key, format_key, stable_id
 from pipeline.core.lockout import StreakState
 from pipeline.core.outbox import Metrics, Outbox, Shares, add_share
-from pipeline.core.policy import DAY_MS, DEFAULT_POLICY, Policy, RuleConfig
+from pipeline.core.policy import DEFAULT_POLICY, Policy
+from pipeline.core.policy_rules import DAY_MS, RuleConfig
 from pipeline.core.records import build_decision
 from pipeline.core.rules import Dirty, TenantRules
 from pipeline.core.state import KeyState, PairState, SourceState

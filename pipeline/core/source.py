@@ -19,7 +19,8 @@ from pipeline.core.attempt import FAMILIAR, REPEAT, REPEAT_UNKNOWN, Attempt
 from pipeline.core.dedupe import DEDUPE_CAPACITY, DEDUPE_HORIZON_MS
 from pipeline.core.keys import Key
 from pipeline.core.outbox import Outbox, Shares, add_share
-from pipeline.core.policy import DEFAULT_POLICY, Policy, RuleConfig
+from pipeline.core.policy import DEFAULT_POLICY, Policy
+from pipeline.core.policy_rules import RuleConfig
 from pipeline.core.records import build_alert
 from pipeline.core.rules import TenantRules
 from pipeline.core.shard import Shard, restore_shares, share_records

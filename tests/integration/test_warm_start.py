@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 import pytest
 
-from pipeline.core.policy import DAY_MS
+from pipeline.core.policy_rules import DAY_MS
 from tests.plugins.waiting import wait_until
 from tests.plugins.worker import StreamNames, event, produce, read_topic, start_worker
 

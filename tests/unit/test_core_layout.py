@@ -20,6 +20,8 @@ ORDER = (
     "lockout",
     "dedupe",
     "sequence",
+    "policy_rules",
+    "policy_waves",
     "policy",
     "stuffing",
     "decisions",

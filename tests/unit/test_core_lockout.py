@@ -13,7 +13,8 @@ from pipeline.core.decisions import Verdict, keys_for
 from pipeline.core.engine import Engine
 from pipeline.core.lockout import lock_ms, wait_ms
 from pipeline.core.outbox import Outbox
-from pipeline.core.policy import DEFAULT_POLICY, UNTIL_SUCCESS_MS
+from pipeline.core.policy import DEFAULT_POLICY
+from pipeline.core.policy_rules import UNTIL_SUCCESS_MS
 from tests.unit.test_core_support import ACCOUNT, HOUR, MIN, SEC, T0, alerts, att, decisions, policy
 
 LOCK_KEY = f"lock|default|{ACCOUNT}|-|-"

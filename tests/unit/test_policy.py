@@ -12,13 +12,8 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from pipeline.core.errors import PolicyError
-from pipeline.core.policy import (
-    DEFAULT_POLICY,
-    BackoffConfig,
-    TenantPolicy,
-    policy_from_mapping,
-    policy_from_toml,
-)
+from pipeline.core.policy import DEFAULT_POLICY, TenantPolicy, policy_from_mapping, policy_from_toml
+from pipeline.core.policy_rules import BackoffConfig
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "schemas" / "policy.example.toml"
 MIN = 60_000

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from itertools import pairwise
 
-from pipeline.core.policy import WaveConfig
+from pipeline.core.policy_waves import WaveConfig
 from pipeline.sim.scenarios import HOLDOUT_SCENARIOS, SimConfig, SimEvent, generate
 
 T0 = 1_789_999_200_000
