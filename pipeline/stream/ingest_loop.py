@@ -317,6 +317,10 @@ class IngestLoop:
         for rows in result.rows.values():
             for row in rows:
                 observe(row[0], row[5], now_ms, handed_ms(handed, row[0], row[1]))  # type: ignore[arg-type]
+        slow = self.marks.slow_arrivals
+        if slow:
+            self.marks.slow_arrivals = 0
+            self.metrics.ingest_slow_arrivals_total.inc(slow)
         marks, inputs = await self._marks(consumer, now_ms, not records and not undecodable)
         targets = self.rounds.targets(result.rows, marks, now_ms)
         if not records and not undecodable and not targets:

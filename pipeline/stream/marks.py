@@ -87,6 +87,9 @@ class InputMarks:
         # marks are off for idle_ms after that), and the live marks last given.
         self.slow_ms = NO_MARK
         self.live_given: dict[int, int] = {}
+        # Events handed over later than the live slack allows (each turns the live marks
+        # off for idle_ms): the shell exports the count (authpipe_ingest_slow_arrivals_total).
+        self.slow_arrivals = 0
 
     def observe(
         self,
@@ -104,6 +107,7 @@ class InputMarks:
             delay = fetched_ms - occurred_ms
             if delay > self.live_slack_max_ms:
                 self.slow_ms = wall_ms
+                self.slow_arrivals += 1
             elif delay > self.live_slack_ms:
                 delays = self.delays
                 while delays and delays[-1][1] <= delay:

@@ -98,6 +98,13 @@ class WorkerMetrics:
             "seconds ingest waited for the account stage before reading (backpressure)",
             registry=r,
         )
+        self.ingest_slow_arrivals_total = Counter(
+            "authpipe_ingest_slow_arrivals_total",
+            "events handed to ingest more than worker.input_live_slack_ms after they occurred"
+            " (each turns the live marks off for worker.input_idle_ms: the next rows wait for"
+            " the idle rule)",
+            registry=r,
+        )
         self.held_rows_deleted_total = Counter(
             "authpipe_stage_held_rows_deleted_total",
             "restores whose oldest held row's input message was past the topic's retention",

@@ -110,6 +110,7 @@ def test_an_event_handed_over_later_than_the_live_slack_turns_live_marks_off_for
         [0, 10_580],
         [1, 10_550],
     ]
+    assert marks.slow_arrivals == 1  # the shell exports it, authpipe_ingest_slow_arrivals_total
 
 
 def test_a_backfill_gets_no_live_marks() -> None:
@@ -135,7 +136,8 @@ def test_without_fetch_times_or_with_live_slack_0_there_are_no_live_marks() -> N
 
 def test_the_live_slack_grows_to_the_slowest_hand_over_of_the_last_idle_ms() -> None:
     """live_slack_max_ms 300: an event handed over 120 ms after it occurred makes the live
-    mark F - 120 for idle_ms (not off), then F - 50 again; one 301 ms late turns it off."""
+    mark F - 120 for idle_ms (not off, not a slow arrival), then F - 50 again; one 301 ms late
+    turns it off (a slow arrival)."""
     marks = InputMarks(idle_ms=500, slack_ms=1000, live_slack_ms=50, live_slack_max_ms=300)
     marks.observe(0, 10_000, 10_020, fetched_ms=10_020)
     assert marks.marks([0, 1], [1], 10_030, {1: 10_030}) == [[0, 10_000], [1, 9_980]]
@@ -149,6 +151,7 @@ def test_the_live_slack_grows_to_the_slowest_hand_over_of_the_last_idle_ms() -> 
     marks.observe(0, 10_900, 11_201, fetched_ms=11_201)
     # off: partition 1 falls back to the idle rule (oldest recent event less slack_ms)
     assert marks.marks([0, 1], [1], 11_210, {1: 11_210}) == [[0, 10_900], [1, 9_700]]
+    assert marks.slow_arrivals == 1
 
 
 def test_without_a_max_the_first_slow_hand_over_turns_the_live_marks_off() -> None:
