@@ -341,24 +341,23 @@ class TenantRollup:
         if oldest >= window:
             return 0
         unredeemed = self._unredeemed(tenant)
-        base = oldest - span  # prefix[i]: the sum of the windows in (base, base + i]
-        prefix = [0]
-        for w in range(base + 1, window):
-            prefix.append(prefix[-1] + unredeemed(w))
-
-        def span_sum(end: int) -> int:
-            return prefix[end - base] - prefix[end - span - base]
-
         fired = self.slow_fired
-        sample = []
-        for w in range(window - 1, oldest - 1, -1):
-            if (tenant, w) not in fired:
-                sample.append(span_sum(w))
-                if len(sample) == spray.baseline_windows:
+        wanted = spray.baseline_windows
+        # The span sum ending at ``end`` (windows in (end - span, end]), slid back one
+        # window at a time: the work is the windows looked at, not all of max_wave_ms.
+        total = sum(unredeemed(w) for w in range(window - span, window))
+        sample: list[int] = []
+        fired_sums: list[int] = []  # the sample when every window looked at fired
+        for end in range(window - 1, oldest - 1, -1):
+            if (tenant, end) not in fired:
+                sample.append(total)
+                if len(sample) == wanted:
                     break
+            elif len(fired_sums) < wanted:
+                fired_sums.append(total)
+            total += unredeemed(end - span) - unredeemed(end)
         if not sample:
-            seen = min(spray.baseline_windows, window - oldest)
-            sample = [span_sum(w) for w in range(window - seen, window)]
+            sample = fired_sums
         sample.sort()
         return sample[int(spray.baseline_quantile * (len(sample) - 1))]
 
