@@ -68,6 +68,10 @@ class TenantRollup:
         """The settled windows the slow tier fired on (in the changelog, like ``fired``)."""
         self.newly_slow_fired: list[tuple[str, int]] = []
         """The slow tier's firings since the caller last drained this."""
+        self.waves: dict[str, list[int]] = {}
+        """Per tenant, ``[since_ms, expires_ms]`` of the last wave record published (rule 8's
+        or the slow tier's: they share the tenant's key), so a record issued while it is in
+        force keeps its lead-in (in the changelog's ``order`` record)."""
 
     def recorded(self, tenant: str, window: int, kind: str, part: int) -> int:
         """The share last recorded for a shard (0 if none): a share at or below it is old."""
@@ -213,6 +217,13 @@ class TenantRollup:
         ``window_ms`` reaches back to ``since`` (-1: no session review)."""
         cfg = self.policy.for_tenant(tenant).wave
         expires = issued + cfg.hold_ms
+        # Both tiers publish on the tenant's one key, and a record replaces the one before:
+        # while that one is in force, the new one reaches back to the earlier of both
+        # lead-ins (rule 8's minute firing inside the slow tier's wave keeps its 5 minutes).
+        before = self.waves.get(tenant)
+        if before is not None and before[1] > issued and before[0] >= 0:
+            since = before[0] if since < 0 else min(since, before[0])
+        self.waves[tenant] = [since, expires]
         lead_in_ms = max(0, issued - since) if since >= 0 and cfg.lead_in_ms else 0
         wire_key = format_key(("tenant", tenant, None, None, None))
         version = self.policy.policy_version

@@ -87,6 +87,8 @@ class RollupStage(InputPosition):
             )
             if len(meta) > 4:  # records before the wave challenge have no last share times
                 rollup.last_share_ms.update(meta[4])
+            if len(meta) > 5:  # nor, before the lead-in union, the last wave per tenant
+                rollup.waves.update(meta[5])
             sequencer.restore_meta(order)
         sequencer.finish_restore()
         self.rollups[partition] = rollup
@@ -172,6 +174,7 @@ class RollupStage(InputPosition):
             sequencer.meta(),
             [list(slot) for slot in rollup.touched_unknown],
             rollup.last_share_ms,
+            rollup.waves,
         ]
         result.changelog.append((changelog_key(partition, ["order"]), dumps(meta)))
         if offset is not None:

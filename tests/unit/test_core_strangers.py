@@ -177,3 +177,25 @@ def test_it_is_existence_blind_and_has_an_observe_mode_and_an_off_switch() -> No
     )
     assert _waves(off) == []
     assert [a for a in off.out.alerts if a.type == "strangers_tenant"] == []
+
+
+def test_rule_8_firing_inside_the_tiers_wave_keeps_the_tiers_lead_in() -> None:
+    """A burst that fires rule 8 while the slow tier's wave is in force publishes on the
+    same tenant key: its record reaches back to the tier's lead-in (5 minutes), not only
+    its own minute, so the sessions the tier's lead-in covers are still reviewed."""
+    first = _waves(_run([*_history(), *_stuffer(200)]))[0]
+    tier_since = datetime_to_ms(first.issued_at) - first.window_ms
+    burst_ms = datetime_to_ms(first.issued_at) - T0 + 20 * SEC
+    burst = [
+        att(burst_ms + i * 50, f"{i:030x}bb", f"240.7.{i // 250}.{i % 250}") for i in range(80)
+    ]
+    engine = _run([*_history(), *_stuffer(200), *burst])
+    spray = [d for d in _waves(engine) if d.rule == "spray_tenant"]
+    assert spray, "the burst fires rule 8"
+    assert {datetime_to_ms(d.issued_at) - d.window_ms for d in spray} == {tier_since}
+    # Without the tier's wave in force, rule 8 reaches back its own minute only.
+    alone = _run([*_history(), *burst])
+    (own,) = {
+        datetime_to_ms(d.issued_at) - d.window_ms for d in _waves(alone) if d.rule == "spray_tenant"
+    }
+    assert own > tier_since

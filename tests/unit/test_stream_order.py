@@ -316,3 +316,15 @@ def test_held_rows_an_older_worker_wrote_as_records_restore_and_their_records_ar
     assert (result.counted, result.held, result.held_records) == (1, 0, 1)
     assert (held_key, None) in result.changelog
     assert dict(result.changelog)[commit_key(0)] == b"[2,2]"
+
+
+def test_the_rollup_keeps_each_tenants_last_wave_across_a_rebuild() -> None:
+    """The rollup's ``order`` record carries each tenant's last wave ``[since, expires]``,
+    so a restored rollup's next wave record reaches back to the same lead-in."""
+    stage = RollupStage(POLICY, partitions=1)
+    stage.rebuild(0, [])
+    stage.rollups[0].waves["t"] = [1_000, 61_000]
+    result = stage.process(0, [[None, 2_000, "a", 0], [None, 2_000, "s", 0]], offset=3)
+    again = RollupStage(POLICY, partitions=1)
+    again.rebuild(0, [(key, value) for key, value in result.changelog if value is not None])
+    assert again.rollups[0].waves == {"t": [1_000, 61_000]}
