@@ -72,14 +72,14 @@ def handed_ms(handed: dict[int, list[tuple[int, int]]], partition: int, offset: 
 
 def ingest_consumer_options(settings: Settings) -> dict[str, Any]:
     """How ingest's consumer is built: group ``<app id>-ingest``, offsets committed by
-    ingest, fetch answers within ``worker.batch_max_wait_ms``."""
+    ingest, fetch answers within ``worker.input_fetch_wait_ms``."""
     return {
         **client_kwargs(settings.kafka),
         "group_id": f"{settings.kafka.app_id}-ingest",
         "enable_auto_commit": False,
         "auto_offset_reset": "earliest",
         "max_partition_fetch_bytes": 4 * 1024 * 1024,
-        "fetch_max_wait_ms": settings.worker.batch_max_wait_ms,
+        "fetch_max_wait_ms": settings.worker.input_fetch_wait_ms,
     }
 
 
@@ -87,13 +87,14 @@ async def gather_batch(
     getmany: GetMany, worker: WorkerSettings, stop: Callable[[], bool] = lambda: False
 ) -> dict[Any, list[Any]]:
     """Records until ``batch_max_events`` or ``batch_max_wait_ms`` after the first one, or
-    until ``stop()`` (checked after each ``getmany``).
+    until ``stop()`` (checked after each ``getmany``); nothing when no record came within
+    ``input_fetch_wait_ms`` (the loop then moves its quiet partitions' marks).
 
     ``getmany`` returns whatever the fetcher holds, a handful of records under light
     load, and every batch costs a fixed envelope per account partition downstream (and
     forwards per source partition from each): lingering keeps a trickle from turning
     into thousands of tiny envelopes a second, at a bounded cost in latency."""
-    batch = await getmany(worker.batch_max_wait_ms, worker.batch_max_events)
+    batch = await getmany(worker.input_fetch_wait_ms, worker.batch_max_events)
     count = sum(len(messages) for messages in batch.values())
     if not count or stop():
         return batch

@@ -189,3 +189,32 @@ def test_mark_rounds_with_interval_0_send_every_changed_batch_everywhere() -> No
     assert rounds.targets({}, [[0, 1_000]], 0) == {0, 1}
     assert rounds.targets({1: [row(0, 1_100)]}, [[0, 1_100]], 1) == {0, 1}
     assert rounds.targets({}, [[0, 1_100]], 2) == set()
+
+
+def test_ingest_waits_its_fetch_wait_for_a_first_record_then_lingers() -> None:
+    """A quiet input: one getmany of input_fetch_wait_ms, then the loop moves its marks; a
+    record: the batch lingers up to batch_max_wait_ms for more (the consumer's fetch wait
+    is input_fetch_wait_ms too)."""
+    import asyncio
+    from typing import Any
+
+    from pipeline.settings import load_settings
+    from pipeline.stream.ingest_loop import gather_batch, ingest_consumer_options
+
+    settings = load_settings(worker={"input_fetch_wait_ms": 5, "batch_max_wait_ms": 30})
+    asked: list[int] = []
+
+    def getmany_returning(answers: list[dict[Any, list[Any]]]) -> Any:
+        async def getmany(timeout_ms: int, max_records: int) -> dict[Any, list[Any]]:
+            asked.append(timeout_ms)
+            return answers.pop(0) if answers else {}
+
+        return getmany
+
+    assert asyncio.run(gather_batch(getmany_returning([]), settings.worker)) == {}
+    assert asked == [5]
+    asked.clear()
+    batch = asyncio.run(gather_batch(getmany_returning([{"tp": [1]}]), settings.worker))
+    assert batch == {"tp": [1]}
+    assert asked[0] == 5 and len(asked) > 1 and all(0 < t <= 30 for t in asked[1:])
+    assert ingest_consumer_options(settings)["fetch_max_wait_ms"] == 5
