@@ -126,7 +126,31 @@ class TenantRollup:
             tail = self.decisions[issued_before:]
             tail.sort(key=_issue_order)
             self.decisions[issued_before:] = tail
+        for i in range(issued_before, len(self.decisions)):
+            self.decisions[i] = self._keep_lead_in(self.decisions[i])
         return alerts
+
+    def _keep_lead_in(self, record: tuple[str, Decision]) -> tuple[str, Decision]:
+        """Both tiers publish on the tenant's one key, and a record replaces the one before:
+        while that one is in force, the new one reaches back to the earlier of both
+        lead-ins (rule 8's minute firing inside the slow tier's wave keeps its 5 minutes).
+        Applied in issue order (``advance``), so the stream, whose tick may jump seconds,
+        reaches back exactly as a replay does."""
+        wire_key, decision = record
+        tenant = decision.tenant
+        issued = datetime_to_ms(decision.issued_at)
+        since = issued - decision.window_ms if decision.window_ms > 0 else -1
+        before = self.waves.get(tenant)
+        if (
+            before is not None
+            and before[1] > issued
+            and 0 <= before[0] < (since if since >= 0 else issued)
+            and self.policy.for_tenant(tenant).wave.lead_in_ms  # 0: no session review
+        ):
+            since = before[0]
+            decision = decision.model_copy(update={"window_ms": issued - since})
+        self.waves[tenant] = [since, datetime_to_ms(decision.expires_at)]
+        return wire_key, decision
 
     def _evaluate_touched(self) -> list[Alert]:
         alerts = []
@@ -217,13 +241,6 @@ class TenantRollup:
         ``window_ms`` reaches back to ``since`` (-1: no session review)."""
         cfg = self.policy.for_tenant(tenant).wave
         expires = issued + cfg.hold_ms
-        # Both tiers publish on the tenant's one key, and a record replaces the one before:
-        # while that one is in force, the new one reaches back to the earlier of both
-        # lead-ins (rule 8's minute firing inside the slow tier's wave keeps its 5 minutes).
-        before = self.waves.get(tenant)
-        if before is not None and before[1] > issued and before[0] >= 0:
-            since = before[0] if since < 0 else min(since, before[0])
-        self.waves[tenant] = [since, expires]
         lead_in_ms = max(0, issued - since) if since >= 0 and cfg.lead_in_ms else 0
         wire_key = format_key(("tenant", tenant, None, None, None))
         version = self.policy.policy_version

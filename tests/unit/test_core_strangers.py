@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from itertools import pairwise
 
+from pipeline.contracts.codec import encode
 from pipeline.contracts.models import Decision, datetime_to_ms
 from pipeline.core.attempt import Attempt
 from pipeline.core.decisions import keys_for
@@ -199,3 +201,56 @@ def test_rule_8_firing_inside_the_tiers_wave_keeps_the_tiers_lead_in() -> None:
         datetime_to_ms(d.issued_at) - d.window_ms for d in _waves(alone) if d.rule == "spray_tenant"
     }
     assert own > tier_since
+
+
+def test_the_lead_in_union_is_the_same_when_the_rollups_tick_jumps() -> None:
+    """The stream's rollup advances as marks come, so its tick may jump seconds and both
+    tiers then issue in one evaluation; the engine's advances with every event. A burst
+    fires rule 8 one second before the tier's first record is issued: the stream's twin
+    (batches of 100 events) publishes the same wave records as the engine, lead-ins
+    included (rule 8's own minute, then the tier's 5 minutes)."""
+    import orjson
+
+    from pipeline.contracts.codec import decode_attempt
+    from pipeline.settings import Settings
+    from pipeline.stream.ingest import Record
+    from pipeline.stream.memory import MemoryPipeline
+    from pipeline.wiring import build_normaliser
+
+    tier = _waves(_run([*_history(), *_stuffer(200)]))[0]
+    settle_ms = datetime_to_ms(tier.issued_at) - T0  # a stuffer attempt falls on it
+    burst = [
+        att(settle_ms - 2 * SEC + i * 10, f"{i:030x}bb", f"240.7.{i // 250}.{i % 250}")
+        for i in range(80)
+    ]
+    attempts = sorted([*_history(), *_stuffer(200), *burst], key=lambda a: a.occurred_ms)
+
+    def body(a: Attempt) -> bytes:
+        at = datetime.fromtimestamp(a.occurred_ms / 1000, UTC).isoformat()
+        event = {"event_id": a.event_id, "occurred_at": at, "service": "web"}
+        event |= {"account": a.account, "peer_ip": a.source}
+        event |= {"outcome": "success"} if a.success else {"outcome": "failure"}
+        return orjson.dumps(event | ({} if a.success else {"failure_reason": a.failure_reason}))
+
+    recs = [
+        Record("auth.login-attempts", i % 8, i // 8, None, body(a)) for i, a in enumerate(attempts)
+    ]
+    now_ms = attempts[-1].occurred_ms + MIN
+    normaliser = build_normaliser(Settings(), DEFAULT_POLICY)
+    engine = Engine(DEFAULT_POLICY)
+    engine.run(normaliser.normalise(decode_attempt(r.value)) for r in recs)
+    twin = MemoryPipeline(Settings(), DEFAULT_POLICY)
+    for start in range(0, len(recs), 100):
+        twin.feed(recs[start : start + 100], now_ms)
+    twin.finish()
+    waves = _waves(engine)
+    spray = next(d for d in waves if d.rule == "spray_tenant")
+    assert datetime_to_ms(spray.issued_at) == T0 + settle_ms - SEC
+    assert datetime_to_ms(spray.issued_at) - spray.window_ms == T0 + settle_ms - MIN  # its own
+    twin_waves = [v for _, v in twin.out.decisions if v is not None and b'"scope":"tenant"' in v]
+    # The stream settles the tier's windows as its marks pass them; the engine's finish
+    # settles the rest at once (windows that settle after the last event).
+    last_ms = attempts[-1].occurred_ms
+    settled = [encode(d) for d in waves if datetime_to_ms(d.issued_at) <= last_ms]
+    assert len(settled) == 40
+    assert twin_waves[: len(settled)] == settled
