@@ -44,9 +44,6 @@ class IdTable:
         self.keys = array("q", bytes(8 * (self.mask + 1)))
         self.size = 0
 
-    def __contains__(self, key: int) -> bool:
-        return self.slot(key) < 0
-
     def slot(self, key: int) -> int:
         """-1 if ``key`` is held, else the empty slot it would take."""
         keys, mask = self.keys, self.mask
@@ -67,24 +64,13 @@ class IdTable:
         self.keys[slot] = key
         self.size += 1
 
-    def add(self, key: int) -> None:
-        """Hold ``key`` if it is not held yet."""
-        slot = self.slot(key)
-        if slot >= 0:
-            self.put(key, slot)
-
     def _grow(self) -> None:
         old = self.keys
         slots = 2 * (self.mask + 1)
-        keys = array("q", bytes(8 * slots))
-        mask = slots - 1
+        self.keys, self.mask = array("q", bytes(8 * slots)), slots - 1
         for key in old:
             if key != 0:
-                i = key & mask
-                while keys[i] != 0:
-                    i = (i + 1) & mask
-                keys[i] = key
-        self.keys, self.mask = keys, mask
+                self.keys[self.slot(key)] = key
 
 
 class Deduper:

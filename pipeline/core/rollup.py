@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from pipeline.contracts.models import Alert, Decision, datetime_to_ms
+from pipeline.contracts.models import Alert, Decision
 from pipeline.core.keys import format_key, stable_id
 from pipeline.core.outbox import ACCOUNT_SHARE, REDEEMED_SHARE, STRANGER_SHARE, UNKNOWN_SHARE
 from pipeline.core.policy import DEFAULT_POLICY, Policy
@@ -68,6 +68,9 @@ class TenantRollup:
         """The settled windows the slow tier fired on (in the changelog, like ``fired``)."""
         self.newly_slow_fired: list[tuple[str, int]] = []
         """The slow tier's firings since the caller last drained this."""
+        self._waves_due: list[tuple[int, str, str, int, int]] = []
+        """The wave records one evaluation issues, ``(issued, rule, tenant, count, since)``,
+        published in issue order once it is done (``advance``)."""
         self.waves: dict[str, list[int]] = {}
         """Per tenant, ``[since_ms, expires_ms]`` of the last wave record published (rule 8's
         or the slow tier's: they share the tenant's key), so a record issued while it is in
@@ -116,41 +119,17 @@ class TenantRollup:
         if boundary <= self.tick_ms:
             return []
         previous, self.tick_ms = self.tick_ms, boundary
-        issued_before = len(self.decisions)
         alerts = self._settle(previous, boundary) if self.strangers else []
         if self.touched or self.touched_unknown:
             alerts.extend(self._evaluate_touched())
-        if len(self.decisions) - issued_before > 1:
-            # Both tiers' records in the order of their issue (the engine visits every
-            # second, the stream may jump several): the last one on the key is the same.
-            tail = self.decisions[issued_before:]
-            tail.sort(key=_issue_order)
-            self.decisions[issued_before:] = tail
-        for i in range(issued_before, len(self.decisions)):
-            self.decisions[i] = self._keep_lead_in(self.decisions[i])
+        if self._waves_due:
+            # Both tiers' records in the order of their issue (then rule): the engine visits
+            # every second, the stream may jump several, and the records come out the same.
+            self._waves_due.sort(key=lambda due: (due[0], due[1]))
+            for issued, rule, tenant, count, since in self._waves_due:
+                self._publish_wave(tenant, rule, count, issued, since)
+            self._waves_due.clear()
         return alerts
-
-    def _keep_lead_in(self, record: tuple[str, Decision]) -> tuple[str, Decision]:
-        """Both tiers publish on the tenant's one key, and a record replaces the one before:
-        while that one is in force, the new one reaches back to the earlier of both
-        lead-ins (rule 8's minute firing inside the slow tier's wave keeps its 5 minutes).
-        Applied in issue order (``advance``), so the stream, whose tick may jump seconds,
-        reaches back exactly as a replay does."""
-        wire_key, decision = record
-        tenant = decision.tenant
-        issued = datetime_to_ms(decision.issued_at)
-        since = issued - decision.window_ms if decision.window_ms > 0 else -1
-        before = self.waves.get(tenant)
-        if (
-            before is not None
-            and before[1] > issued
-            and 0 <= before[0] < (since if since >= 0 else issued)
-            and self.policy.for_tenant(tenant).wave.lead_in_ms  # 0: no session review
-        ):
-            since = before[0]
-            decision = decision.model_copy(update={"window_ms": issued - since})
-        self.waves[tenant] = [since, datetime_to_ms(decision.expires_at)]
-        return wire_key, decision
 
     def _evaluate_touched(self) -> list[Alert]:
         alerts = []
@@ -234,14 +213,29 @@ class TenantRollup:
             while (tenant, first - 1) in self.fired:
                 first -= 1
             since = max(0, (first + 1) * window_ms - cfg.lead_in_ms)
-        self._publish_wave(tenant, rule, count, issued, since)
+        self._waves_due.append((issued, rule, tenant, count, since))
 
     def _publish_wave(self, tenant: str, rule: str, count: int, issued: int, since: int) -> None:
         """The wave challenge record: issued at ``issued``, held ``wave.hold_ms``; its
-        ``window_ms`` reaches back to ``since`` (-1: no session review)."""
+        ``window_ms`` reaches back to ``since`` (-1: no session review).
+
+        Both tiers publish on the tenant's one key, and a record replaces the one before:
+        while that one is in force, the new one reaches back to the earlier of both
+        lead-ins (rule 8's minute firing inside the slow tier's wave keeps its 5 minutes).
+        Called in issue order (``advance``), so the stream, whose tick may jump seconds,
+        reaches back exactly as a replay does."""
         cfg = self.policy.for_tenant(tenant).wave
         expires = issued + cfg.hold_ms
         lead_in_ms = max(0, issued - since) if since >= 0 and cfg.lead_in_ms else 0
+        before = self.waves.get(tenant)
+        if (
+            cfg.lead_in_ms
+            and before is not None
+            and before[1] > issued
+            and 0 <= before[0] < issued - lead_in_ms
+        ):
+            lead_in_ms = issued - before[0]
+        self.waves[tenant] = [issued - lead_in_ms if lead_in_ms else -1, expires]
         wire_key = format_key(("tenant", tenant, None, None, None))
         version = self.policy.policy_version
         decision = build_decision(
@@ -333,7 +327,7 @@ class TenantRollup:
                 first -= 1
             since = max(0, (first + 1) * window_ms - cfg.lead_in_ms) if cfg.lead_in_ms else -1
             issued = (window + 1) * window_ms + cfg.redeem_ms
-            self._publish_wave(tenant, "strangers_tenant", total, issued, since)
+            self._waves_due.append((issued, "strangers_tenant", tenant, total, since))
         if (tenant, window - 1) in self.slow_fired:
             return None  # the same wave: one alert per wave
         return build_alert(
@@ -462,8 +456,3 @@ class TenantRollup:
             del self.shares[share_key]
         self.fired = {s for s in self.fired if s[0] != tenant or s[1] >= horizon}
         return baseline
-
-
-def _issue_order(record: tuple[str, Decision]) -> tuple[int, str]:
-    decision = record[1]
-    return (datetime_to_ms(decision.issued_at), decision.rule)
