@@ -40,13 +40,8 @@ def bench_b1_ab(
 ) -> dict[str, Any]:
     """Every variant in turn over one pre-loaded topic, ``rounds`` times."""
     extra: dict[str, str] = {}
-    if flood:
-        names = stream.Names.fresh("b3-ab")
-        stream.create_topics(ctx.bootstrap, names, ctx.partitions)
-        messages = stream.flood_events(events, events // 10, 13, stream.wall_ms() - 60_000)
-        preload_s = stream.preload(ctx.bootstrap, names.input, messages, ctx.partitions)
-        del messages
-        policy = stream.flood_policy(ctx.workdir / "flood-policy.toml", 20_000)
+    if flood:  # B3's shape: a tenth as many sources, the tables' cap at 20,000
+        names, preload_s, policy = stream.prepare_b3(ctx, events, events // 10, 20_000)
         extra = {"AUTHPIPE_POLICY_PATH": str(policy)}
     else:
         names, preload_s = stream.prepare_b1(ctx, events)

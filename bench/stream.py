@@ -884,6 +884,18 @@ def flood_policy(path: Path, entry_cap: int) -> Path:
     return path
 
 
+def prepare_b3(
+    ctx: Context, events: int, sources: int, entry_cap: int, seed: int = 13
+) -> tuple[Names, float, Path]:
+    """Create and pre-load B3's flood topic; the policy file with its lowered table cap."""
+    names = Names.fresh("b3")
+    create_topics(ctx.bootstrap, names, ctx.partitions)
+    messages = flood_events(events, sources, seed, wall_ms() - 60_000)
+    preload_s = preload(ctx.bootstrap, names.input, messages, ctx.partitions)
+    del messages
+    return names, preload_s, flood_policy(ctx.workdir / "flood-policy.toml", entry_cap)
+
+
 def bench_b3(
     ctx: Context,
     events: int,
@@ -893,12 +905,7 @@ def bench_b3(
     timeout_s: float = 900.0,
 ) -> dict[str, Any]:
     """B3: a flood of distinct claimed accounts with a lowered table cap."""
-    names = Names.fresh("b3")
-    create_topics(ctx.bootstrap, names, ctx.partitions)
-    messages = flood_events(events, sources, seed, wall_ms() - 60_000)
-    preload_s = preload(ctx.bootstrap, names.input, messages, ctx.partitions)
-    del messages
-    policy = flood_policy(ctx.workdir / "flood-policy.toml", entry_cap)
+    names, preload_s, policy = prepare_b3(ctx, events, sources, entry_cap, seed)
     run = ctx.worker(names, "b3", AUTHPIPE_POLICY_PATH=str(policy))
     try:
         result = follow_until_done(run, events, timeout_s)
