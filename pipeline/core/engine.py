@@ -90,6 +90,8 @@ class Engine:
         rollup = self.rollup
         rollup.newly_fired.clear()  # only the stream's changelog records them
         rollup.newly_slow_fired.clear()
+        rollup.newly_quick_fired.clear()
+        rollup.newly_quick_sums.clear()
         if rollup.decisions:
             index_wave(self.accounts.index, rollup.decisions)
             self.out.decisions.extend(rollup.decisions)

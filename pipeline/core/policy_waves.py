@@ -186,7 +186,18 @@ class StrangersConfig(Frozen):
     ``strangers_tenant``; the wave's lead-in reaches back ``lead_in_ms`` before the end
     of the first settled window that fired, which covers the ``redeem_ms`` the tier
     waits. Existence-blind: the account's existence plays no part, only where failures
-    came from and whether anybody signed in there."""
+    came from and whether anybody signed in there.
+
+    The quick check answers a fast pool sooner than a window settles: ``quick_ms`` after
+    a window ends it sums the last ``quick_span_ms`` of windows as they stand then (a
+    source redeemed later still counts) and fires the same way, against
+    ``max(quick_min_sources, quick_factor x baseline)``, the baseline being the
+    ``quick_quantile`` of such sums (a high one: over a minute a tenant's own
+    unredeemed failures are a few, and their tail, not their norm, is what must not
+    fire). Most people who fail at a new place sign in within seconds (on the holdout's
+    people, half within 18 s and three quarters within a minute of the failure), so its
+    floor sits above what they leave unredeemed for ``quick_ms`` in a span.
+    ``quick_min_sources = 0`` turns it off."""
 
     enabled: bool = True
     redeem_ms: int = Field(5 * MINUTE_MS, ge=1000, le=MAX_WINDOW_MS)
@@ -197,9 +208,19 @@ class StrangersConfig(Frozen):
     max_wave_ms: int = Field(24 * HOUR_MS, ge=MINUTE_MS, le=MAX_WINDOW_MS)
     min_history_ms: int = Field(HOUR_MS, ge=0, le=MAX_WINDOW_MS)
     lead_in_ms: int = Field(5 * MINUTE_MS, ge=0, le=MAX_WINDOW_MS)
+    quick_ms: int = Field(10 * 1000, ge=0, le=MAX_WINDOW_MS)
+    quick_span_ms: int = Field(MINUTE_MS, ge=1000, le=MAX_WINDOW_MS)
+    quick_min_sources: int = Field(10, ge=0, le=1_000_000)
+    quick_factor: float = Field(2.0, ge=1.0)
+    quick_quantile: float = Field(0.99, ge=0.0, le=1.0)
 
     @model_validator(mode="after")
     def _active_within_span(self) -> StrangersConfig:
         if self.active_ms > self.span_ms:
             raise ValueError("strangers.active_ms must be <= strangers.span_ms")
+        if self.quick_ms > self.redeem_ms:
+            raise ValueError(
+                "strangers.quick_ms must be <= strangers.redeem_ms (the quick check comes "
+                "before a window settles); set quick_min_sources = 0 to turn it off"
+            )
         return self

@@ -21,6 +21,11 @@ from pipeline.stream.envelopes import (
 )
 from pipeline.stream.progress import InputPosition
 
+QUICK_FIRED = "q"
+"""The tag of the changelog records of windows the slow tier's quick check fired on."""
+QUICK_SUM = "quick"
+"""``[partition, "quick", tenant, window]``: the quick check's sum at that window."""
+
 
 class RollupStage(InputPosition):
     """Tenant shares in, ``spray_tenant`` (rule 8) and ``stuffing_tenant`` alerts out.
@@ -65,8 +70,12 @@ class RollupStage(InputPosition):
                     rollup.stuffing.fired[(key[2], key[3])] = loads(raw_value)
                 elif key[4:] == [STRANGER_SHARE]:
                     rollup.slow_fired.add((key[2], key[3]))
+                elif key[4:] == [QUICK_FIRED]:
+                    rollup.quick_fired.add((key[2], key[3]))
                 else:
                     rollup.fired.add((key[2], key[3]))
+            elif key[1] == QUICK_SUM:  # [partition, "quick", tenant, window]
+                rollup.quick_sums.setdefault(key[2], {})[key[3]] = loads(raw_value)
             elif key[1] == "held":  # a changelog written before hold_from
                 sequencer.restore((key[2], key[3]), loads(raw_value))
             elif key[1] == "order":
@@ -164,6 +173,15 @@ class RollupStage(InputPosition):
                 (dumps([partition, "fired", tenant, window, STRANGER_SHARE]), b"1")
             )
         rollup.newly_slow_fired.clear()
+        for tenant, window in rollup.newly_quick_fired:  # the slow tier's quick check
+            result.changelog.append(
+                (dumps([partition, "fired", tenant, window, QUICK_FIRED]), b"1")
+            )
+        rollup.newly_quick_fired.clear()
+        for tenant, window, total in rollup.newly_quick_sums:
+            key = dumps([partition, QUICK_SUM, tenant, window])
+            result.changelog.append((key, None if total is None else dumps(total)))
+        rollup.newly_quick_sums.clear()
         stale = sequencer.take_stale()  # the commit record last: _Stage._finish
         result.held_records = len(stale)
         for upstream, position in stale:

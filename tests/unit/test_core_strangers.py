@@ -5,11 +5,14 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from itertools import pairwise
 
+import pytest
+
 from pipeline.contracts.codec import encode
 from pipeline.contracts.models import Decision, datetime_to_ms
 from pipeline.core.attempt import Attempt
 from pipeline.core.decisions import keys_for
 from pipeline.core.engine import Engine
+from pipeline.core.errors import PolicyError
 from pipeline.core.policy import DEFAULT_POLICY, Policy, policy_from_toml
 from tests.unit.test_core_support import MIN, SEC, T0, att
 
@@ -17,6 +20,9 @@ HISTORY_MS = 61 * MIN  # past min_history_ms (1 h) of the tenant
 PACE_MS = 4 * SEC  # 0.25 attempts a second: a sixth of rule 8's paced sum
 WINDOW_MS = 10 * SEC
 REDEEM_MS = 5 * MIN
+QUICK_MS = 10 * SEC
+SETTLED_ONLY = policy_from_toml("[defaults.strangers]\nquick_min_sources = 0\n")
+"""The settled check alone (the quick check off)."""
 
 
 def _history() -> list[Attempt]:
@@ -60,8 +66,8 @@ def test_a_paced_stuffer_under_rule_8_is_challenged_once_its_exits_settle() -> N
     """0.25 attempts/s from exits used once (under rule 8's 40 a minute): when the window
     holding the 40th unredeemed exit has waited redeem_ms, the tier alerts strangers_tenant
     and challenges the tenant's untrusted strangers for the hold; its lead-in reaches back
-    5 minutes before that window's end."""
-    engine = _run([*_history(), *_stuffer(200)])
+    5 minutes before that window's end (the settled check alone)."""
+    engine = _run([*_history(), *_stuffer(200)], SETTLED_ONLY)
     window, count = _first_firing()
     alerts = [a for a in engine.out.alerts if a.type == "strangers_tenant"]
     assert [(a.count, datetime_to_ms(a.window_end)) for a in alerts] == [
@@ -105,6 +111,47 @@ def test_the_wave_ends_about_redeem_ms_after_the_last_exit_and_never_before_an_h
     assert [a for a in cold.out.alerts if a.type == "strangers_tenant"] == []
 
 
+def test_the_quick_check_answers_a_paced_stuffer_within_a_minute() -> None:
+    """The same stuffer: quick_ms (10 s) after the window holding its 10th exit ends, the
+    last minute of windows as they stand then holds 10 unredeemed exits (the floor; the
+    people before it all signed in within 20 s): strangers_tenant is alerted and the
+    wave challenge issued, under a minute after the first exit, its lead-in 5 minutes
+    before that window's end; the settled check alone answers 5 minutes later."""
+    engine = _run([*_history(), *_stuffer(200)])
+    start = T0 + HISTORY_MS
+    window = (start + 9 * PACE_MS) // WINDOW_MS
+    closed = sum(1 for i in range(60) if (start + i * PACE_MS) // WINDOW_MS <= window)
+    alerts = [a for a in engine.out.alerts if a.type == "strangers_tenant"]
+    assert [(a.count, datetime_to_ms(a.window_end)) for a in alerts] == [
+        (closed, (window + 1) * WINDOW_MS)
+    ]
+    first = _waves(engine)[0]
+    issued = (window + 1) * WINDOW_MS + QUICK_MS
+    assert (first.rule, first.action) == ("strangers_tenant", "challenge")
+    assert datetime_to_ms(first.issued_at) == issued
+    assert issued - start <= MIN
+    assert first.window_ms == issued - ((window + 1) * WINDOW_MS - 5 * MIN)
+    settled = _waves(_run([*_history(), *_stuffer(200)], SETTLED_ONLY))[0]
+    assert datetime_to_ms(settled.issued_at) - issued >= REDEEM_MS
+    # One wave from the quick check on: no gap while the exits keep the pace.
+    spans = [(datetime_to_ms(d.issued_at), datetime_to_ms(d.expires_at)) for d in _waves(engine)]
+    assert all(later[0] <= earlier[1] for earlier, later in pairwise(spans))
+
+
+def test_the_quick_check_stays_over_a_tenants_own_slow_sign_ins() -> None:
+    """A tenant whose people fail at a new place 12 times a minute and sign in 70 s later:
+    every quick-check minute holds 12-13 of them unredeemed, over the floor (10), but the
+    baseline (the 0.99 quantile of the minute sums, the latest ones still unredeemed)
+    is as high, so they raise nothing, quick or settled."""
+    slow = []
+    for i in range(2 * HISTORY_MS // (5 * SEC)):
+        account, home, t = f"{i:030x}bp", f"198.52.{i // 250}.{i % 250}", i * 5 * SEC
+        slow += [att(t, account, home), att(t + 70 * SEC, account, home, success=True)]
+    engine = _run(slow)
+    assert [a for a in engine.out.alerts if a.type == "strangers_tenant"] == []
+    assert _waves(engine) == []
+
+
 def test_people_who_fail_at_a_new_place_then_sign_in_there_raise_nothing() -> None:
     """600 people in 40 minutes (0.25 a second, like the stuffer): each tries one or two
     identifiers that do not exist, or a wrong password five times then a mailbox reset
@@ -140,8 +187,9 @@ def test_one_account_failing_from_a_thousand_addresses_counts_once_per_recount()
 def test_an_attackers_own_account_redeems_no_exit_beyond_its_quota() -> None:
     """After each stuffing failure the attacker fails, then signs in, on its own account
     from the same exit (issue 24's 'redemption'): only the account whose failure made the
-    exit pending redeems it, and the own account makes 20 exits familiar a day; the tier
-    fires at the window holding the 60th exit (40 unredeemed past the 20 made known)."""
+    exit pending redeems it, and the own account makes 20 exits familiar a day; the
+    settled check fires at the window holding the 60th exit (40 unredeemed past the 20
+    made known), the quick one at the window holding the 30th (10 past the 20)."""
     own = "0" * 31 + "o"
     stuffer = _stuffer(200)
     tricks = []
@@ -156,10 +204,13 @@ def test_an_attackers_own_account_redeems_no_exit_beyond_its_quota() -> None:
                 failure_reason=None,
             ),
         ]
-    engine = _run([*_history(), *stuffer, *tricks])
-    alerts = [a for a in engine.out.alerts if a.type == "strangers_tenant"]
     windows = [(T0 + HISTORY_MS + i * PACE_MS) // WINDOW_MS for i in range(60)]
-    assert [datetime_to_ms(a.window_end) for a in alerts] == [(windows[-1] + 1) * WINDOW_MS]
+    for policy, exits in ((SETTLED_ONLY, 60), (DEFAULT_POLICY, 30)):
+        engine = _run([*_history(), *stuffer, *tricks], policy)
+        alerts = [a for a in engine.out.alerts if a.type == "strangers_tenant"]
+        assert [datetime_to_ms(a.window_end) for a in alerts] == [
+            (windows[exits - 1] + 1) * WINDOW_MS
+        ]
 
 
 def test_it_is_existence_blind_and_has_an_observe_mode_and_an_off_switch() -> None:
@@ -173,6 +224,8 @@ def test_it_is_existence_blind_and_has_an_observe_mode_and_an_off_switch() -> No
     observe = _run(
         [*_history(), *_stuffer(200)], policy_from_toml('[defaults.wave]\nmode = "observe"\n')
     )
+    with pytest.raises(PolicyError, match=r"strangers\.quick_ms must be"):
+        policy_from_toml("[defaults.strangers]\nquick_ms = 300001\n")
     assert {d.action for d in _waves(observe)} == {"observe"}
     off = _run(
         [*_history(), *_stuffer(200)], policy_from_toml("[defaults.strangers]\nenabled = false\n")
@@ -252,5 +305,5 @@ def test_the_lead_in_union_is_the_same_when_the_rollups_tick_jumps() -> None:
     # settles the rest at once (windows that settle after the last event).
     last_ms = attempts[-1].occurred_ms
     settled = [encode(d) for d in waves if datetime_to_ms(d.issued_at) <= last_ms]
-    assert len(settled) == 40
+    assert len(settled) == 126  # the quick check issues from 50 s after the first exit
     assert twin_waves[: len(settled)] == settled

@@ -8,7 +8,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline.contracts.codec import decode_attempt, encode
+from pipeline.contracts.codec import decode_attempt, dumps, encode
 from pipeline.core.engine import Engine, replay_order
 from pipeline.core.policy import policy_from_toml
 from pipeline.core.sequence import Sequencer
@@ -19,8 +19,8 @@ from pipeline.stream.rollup_stage import RollupStage
 from pipeline.wiring import build_normaliser
 from tests.unit.test_stream_memory import NOW_MS, records
 
-# Low thresholds so a short stream trips every kind of rule, rule 8, its strangers tier and
-# spray included.
+# Low thresholds so a short stream trips every kind of rule, rule 8, its strangers tier (its
+# quick check and its settled one) and spray included.
 POLICY = policy_from_toml("""
 policy_version = "order-1"
 [defaults.source]
@@ -39,6 +39,9 @@ span_ms = 300000
 active_ms = 60000
 min_sources = 4
 min_history_ms = 0
+quick_ms = 10000
+quick_span_ms = 120000
+quick_min_sources = 3
 """)
 RECORDS = records(3000, seed=9)
 
@@ -82,7 +85,8 @@ def twin_outputs(
 
 def test_the_reference_stream_trips_every_kind_of_output() -> None:
     """The policy and traffic above give account and source decisions, spray, tenant (rule 8
-    and the strangers tier) and ceiling alerts."""
+    and the strangers tier, its quick check at 00:01:10 then its settled one) and ceiling
+    alerts."""
     decisions, alerts = EXPECTED
     assert {b'"rule":"account_source"', b'"rule":"source"'} <= {
         part
@@ -97,7 +101,8 @@ def test_the_reference_stream_trips_every_kind_of_output() -> None:
         if t in a
     }
     assert kinds == {b"spray_source", b"spray_tenant", b"strangers_tenant", b"account_under_attack"}
-    assert sum(b'"rule":"strangers_tenant"' in d for d in decisions) == 1
+    tier = [d for d in decisions if b'"rule":"strangers_tenant"' in d]
+    assert [d.split(b'"issued_at":"')[1][11:19] for d in tier] == [b"00:01:10", b"00:02:00"]
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -328,3 +333,23 @@ def test_the_rollup_keeps_each_tenants_last_wave_across_a_rebuild() -> None:
     again = RollupStage(POLICY, partitions=1)
     again.rebuild(0, [(key, value) for key, value in result.changelog if value is not None])
     assert again.rollups[0].waves == {"t": [1_000, 61_000]}
+
+
+def test_the_rollup_keeps_the_quick_checks_sums_and_firings_across_a_rebuild() -> None:
+    """The quick check's sums (its baseline sample) and fired windows are changelog records;
+    a forgotten sum is a tombstone, so a restored rollup holds exactly the live one's."""
+    stage = RollupStage(POLICY, partitions=1)
+    stage.rebuild(0, [])
+    rollup = stage.rollups[0]
+    rollup.quick_sums["t"] = {7: 3, 8: 5}
+    rollup.newly_quick_sums.extend([("t", 7, 3), ("t", 8, 5), ("t", 6, None)])
+    rollup.quick_fired.add(("t", 8))
+    rollup.newly_quick_fired.append(("t", 8))
+    result = stage.process(0, [[None, 2_000, "a", 0], [None, 2_000, "s", 0]], offset=3)
+    assert (dumps([0, "quick", "t", 6]), None) in result.changelog
+    again = RollupStage(POLICY, partitions=1)
+    again.rebuild(0, [(key, value) for key, value in result.changelog if value is not None])
+    assert (again.rollups[0].quick_sums, again.rollups[0].quick_fired) == (
+        {"t": {7: 3, 8: 5}},
+        {("t", 8)},
+    )
