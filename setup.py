@@ -29,7 +29,7 @@ from setuptools.command.build_ext import build_ext
 CORE_MODULES = (
     "account", "attempt", "decisions", "dedupe", "engine", "errors", "grouping", "keys",
     "lockout", "normalise", "outbox", "records", "review", "rollup", "rules", "sequence",
-    "shard", "source", "state", "streaks", "stuffing", "table", "window",
+    "shard", "source", "state", "strangers_tier", "streaks", "stuffing", "table", "window",
 )  # fmt: skip
 
 

@@ -44,6 +44,7 @@ COMPILED_CORE_MODULES = (
     "shard",
     "source",
     "state",
+    "strangers_tier",
     "streaks",
     "stuffing",
     "table",

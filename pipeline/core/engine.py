@@ -89,9 +89,9 @@ class Engine:
         checks, like the gateway's view)."""
         rollup = self.rollup
         rollup.newly_fired.clear()  # only the stream's changelog records them
-        rollup.newly_slow_fired.clear()
-        rollup.newly_quick_fired.clear()
-        rollup.newly_quick_sums.clear()
+        rollup.tier.newly_slow_fired.clear()
+        rollup.tier.newly_quick_fired.clear()
+        rollup.tier.newly_quick_sums.clear()
         if rollup.decisions:
             index_wave(self.accounts.index, rollup.decisions)
             self.out.decisions.extend(rollup.decisions)

@@ -6,17 +6,14 @@ the order the shares arrived in.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from pipeline.contracts.models import Alert, Decision
 from pipeline.core.keys import format_key, stable_id
-from pipeline.core.outbox import ACCOUNT_SHARE, REDEEMED_SHARE, STRANGER_SHARE, UNKNOWN_SHARE
+from pipeline.core.outbox import ACCOUNT_SHARE, UNKNOWN_SHARE
 from pipeline.core.policy import DEFAULT_POLICY, Policy
-from pipeline.core.policy_waves import StrangersConfig, TenantSprayConfig
+from pipeline.core.policy_waves import TenantSprayConfig
 from pipeline.core.records import build_alert, build_decision
+from pipeline.core.strangers_tier import SLOW_SHARES, StrangersTier
 from pipeline.core.stuffing import TenantStuffing
-
-_SLOW = (STRANGER_SHARE, REDEEMED_SHARE)
 
 TICK_MS = 1000
 """Rule 8 is evaluated at each second boundary of event time (see ``TenantRollup``)."""
@@ -60,25 +57,6 @@ class TenantRollup:
         self.newly_fired: list[tuple[str, int]] = []
         """Rule 8's windows that fired since the caller last drained this (a firing
         window of a wave already alerted raises no alert, but is recorded)."""
-        self.strangers: dict[str, dict[int, int]] = {}
-        """Per tenant and rule-8 window, the strangers' failing sources (``StrangersConfig``)."""
-        self.redeemed: dict[str, dict[int, int]] = {}
-        """Per tenant and window, those of them a sign-in redeemed."""
-        self.slow_fired: set[tuple[str, int]] = set()
-        """The settled windows the slow tier fired on (in the changelog, like ``fired``)."""
-        self.newly_slow_fired: list[tuple[str, int]] = []
-        """The slow tier's firings since the caller last drained this."""
-        self.quick_fired: set[tuple[str, int]] = set()
-        """The windows the slow tier's quick check fired on (in the changelog too): the
-        settled check still evaluates them, so a wave lasts as long as without it."""
-        self.newly_quick_fired: list[tuple[str, int]] = []
-        """The quick check's firings since the caller last drained this."""
-        self.quick_sums: dict[str, dict[int, int]] = {}
-        """Per tenant and window, the quick check's sum at the window's quick time (when
-        not 0): its baseline is taken from them (in the changelog too)."""
-        self.newly_quick_sums: list[tuple[str, int, int | None]] = []
-        """``(tenant, window, sum)`` recorded since the caller last drained this; None:
-        forgotten (a tombstone)."""
         self._waves_due: list[tuple[int, str, str, int, int]] = []
         """The wave records one evaluation issues, ``(issued, rule, tenant, count, since)``,
         published in issue order once it is done (``advance``)."""
@@ -86,6 +64,8 @@ class TenantRollup:
         """Per tenant, ``[since_ms, expires_ms]`` of the last wave record published (rule 8's
         or the slow tier's: they share the tenant's key), so a record issued while it is in
         force keeps its lead-in (in the changelog's ``order`` record)."""
+        self.tier = StrangersTier(policy, self.shares, self.first_window, self._waves_due)
+        """Rule 8's slow tier (``strangers_tenant``), fed the ``x`` and ``r`` shares."""
 
     def recorded(self, tenant: str, window: int, kind: str, part: int) -> int:
         """The share last recorded for a shard (0 if none): a share at or below it is old."""
@@ -112,11 +92,8 @@ class TenantRollup:
         if share <= old:
             return
         self.shares[share_key] = share
-        if kind in _SLOW:
-            by_window = (self.strangers if kind == STRANGER_SHARE else self.redeemed).setdefault(
-                tenant, {}
-            )
-            by_window[window] = by_window.get(window, 0) + share - old
+        if kind in SLOW_SHARES:
+            self.tier.record(tenant, window, kind, share - old)
             return
         slot = (tenant, window)
         totals = self.accounts if kind == ACCOUNT_SHARE else self.sources
@@ -130,7 +107,7 @@ class TenantRollup:
         if boundary <= self.tick_ms:
             return []
         previous, self.tick_ms = self.tick_ms, boundary
-        alerts = self._settle(previous, boundary) if self.strangers else []
+        alerts = self.tier.settle(previous, boundary) if self.tier.strangers else []
         if self.touched or self.touched_unknown:
             alerts.extend(self._evaluate_touched())
         if self._waves_due:
@@ -270,246 +247,6 @@ class TenantRollup:
             challenge=cfg.challenge,
         )
         self.decisions.append((wire_key, decision))
-
-    # -- the slow tier: strangers' failures nobody signed in after (StrangersConfig) --------
-
-    def _settle(self, previous: int, boundary: int) -> list[Alert]:
-        """Evaluate each tenant's windows due since ``previous``, in the order they fell
-        due: window ``w`` is settled at ``(w + 1) x window + redeem_ms``, when no later
-        sign-in can redeem its sources, and checked early at ``(w + 1) x window +
-        quick_ms`` (``StrangersConfig``). Every share before a due time is recorded when it
-        is evaluated and none after (``advance``), so an evaluation is the same whenever
-        the tick reaches it, one second at a time or in a jump."""
-        alerts = []
-        for tenant in sorted(self.strangers):
-            policy = self.policy.for_tenant(tenant)
-            cfg, window_ms = policy.strangers, policy.tenant_spray.window_ms
-            if not cfg.enabled:
-                continue
-            strangers = self.strangers[tenant]
-            due = self._due(strangers, previous, boundary, cfg.redeem_ms, cfg.span_ms, window_ms)
-            if cfg.quick_min_sources:
-                quick = self._due(
-                    strangers, previous, boundary, cfg.quick_ms, cfg.quick_span_ms, window_ms
-                )
-                due.extend((at, 0, window) for at, _, window in quick)
-            for at, settled, window in sorted(due):
-                alert = self._strangers(tenant, window, at, settled == 1, cfg, window_ms)
-                if alert is not None:
-                    alerts.append(alert)
-            high = (boundary - cfg.redeem_ms) // window_ms - 1
-            if high >= (previous - cfg.redeem_ms) // window_ms:  # a window settled
-                keep = (
-                    cfg.max_wave_ms + cfg.span_ms
-                ) // window_ms + policy.tenant_spray.baseline_windows
-                self._forget_strangers(tenant, high - keep - 2)
-        return alerts
-
-    @staticmethod
-    def _due(
-        strangers: dict[int, int],
-        previous: int,
-        boundary: int,
-        after_ms: int,
-        span_ms: int,
-        window_ms: int,
-    ) -> list[tuple[int, int, int]]:
-        """``(due_ms, 1, window)`` for each window due in ``(previous, boundary]`` (at
-        ``(w + 1) x window_ms + after_ms``) whose ``span_ms`` holds a stranger's source."""
-        low = (previous - after_ms) // window_ms if previous >= 0 else min(strangers)
-        high = (boundary - after_ms) // window_ms - 1
-        if high < low:
-            return []
-        span = max(1, span_ms // window_ms)
-        due: set[int] = set()
-        # Only windows within a span before the due ones reach them: look those up (one
-        # window falls due at a time), not every window kept (up to max_wave_ms).
-        reach = range(low - span + 1, high + 1)
-        for failed in reach if len(reach) < len(strangers) else list(strangers):
-            if failed in strangers and failed + span - 1 >= low and failed <= high:
-                due.update(range(max(failed, low), min(failed + span - 1, high) + 1))
-        return [((w + 1) * window_ms + after_ms, 1, w) for w in due]
-
-    def _strangers(
-        self,
-        tenant: str,
-        window: int,
-        due_ms: int,
-        settled: bool,
-        cfg: StrangersConfig,
-        window_ms: int,
-    ) -> Alert | None:
-        """``window``, due at ``due_ms`` (its wave record's issue time): fire when its
-        ``span_ms`` of unredeemed sources reach ``floor`` and ``factor`` times the
-        ``quantile`` of such sums, and its last ``active_ms`` keep that pace: the settled
-        check's ``span_ms``, ``min_sources``, ``factor`` and
-        ``tenant_spray.baseline_quantile``, or the quick check's. Each check fires a
-        window once; one alert per wave, whichever check fired its windows."""
-        spray = self.policy.for_tenant(tenant).tenant_spray
-        if settled:
-            span_ms, floor = cfg.span_ms, cfg.min_sources
-            factor, quantile = cfg.factor, spray.baseline_quantile
-            fired, newly = self.slow_fired, self.newly_slow_fired
-        else:
-            span_ms, floor = cfg.quick_span_ms, cfg.quick_min_sources
-            factor, quantile = cfg.quick_factor, cfg.quick_quantile
-            fired, newly = self.quick_fired, self.newly_quick_fired
-        slot = (tenant, window)
-        if slot in fired:
-            return None
-        span = max(1, span_ms // window_ms)
-        unredeemed = self._unredeemed(tenant)
-        total = sum(unredeemed(w) for w in range(window - span + 1, window + 1))
-        if not settled and total:  # the quick check's baseline sample, before anything
-            self.quick_sums.setdefault(tenant, {})[window] = total
-            self.newly_quick_sums.append((tenant, window, total))
-        if (window - self.first_window.get(tenant, window)) * window_ms < cfg.min_history_ms:
-            return None
-        active = min(span, max(1, cfg.active_ms // window_ms))
-        recent = sum(unredeemed(w) for w in range(window - active + 1, window + 1))
-        if recent * span < floor * active:
-            return None  # not at the floor's pace lately: the attack (if any) is over
-        if total < floor:
-            return None
-        baseline = (
-            self._span_baseline(tenant, window, span, quantile, cfg, spray, window_ms)
-            if settled
-            else self._quick_baseline(tenant, window, quantile, cfg, spray, window_ms)
-        )
-        threshold = max(floor, factor * baseline)
-        if total < threshold or recent * span < threshold * active:
-            return None  # under the norm, or no longer at the firing pace
-        fired.add(slot)
-        newly.append(slot)
-        either = self._slow_or_quick
-        if self.policy.for_tenant(tenant).wave.enabled:
-            first = window
-            while either((tenant, first - 1)):
-                first -= 1
-            since = max(0, (first + 1) * window_ms - cfg.lead_in_ms) if cfg.lead_in_ms else -1
-            self._waves_due.append((due_ms, "strangers_tenant", tenant, total, since))
-        if either((tenant, window - 1)) or (settled and slot in self.quick_fired):
-            return None  # the same wave: one alert per wave
-        return build_alert(
-            "strangers_tenant",
-            tenant,
-            None,
-            None,
-            total,
-            total,
-            (window - span + 1) * window_ms,
-            (window + 1) * window_ms,
-            self.policy.policy_version,
-        )
-
-    def _span_baseline(
-        self,
-        tenant: str,
-        window: int,
-        span: int,
-        quantile: float,
-        cfg: StrangersConfig,
-        spray: TenantSprayConfig,
-        window_ms: int,
-    ) -> int:
-        """The ``quantile`` of the span sums ending at the last
-        ``spray.baseline_windows`` windows that did not fire, looked for as far back as
-        ``max_wave_ms`` (a patient attack is no new norm; when they all fired, the last
-        ``baseline_windows`` are the sample: a lasting change of the norm is a wave for
-        ``max_wave_ms`` at most). Sums, not windows: a tenant's unredeemed sources are
-        sparse (most windows hold none), so only a sum shows a steady level, such as a
-        cold start's, where every place is new."""
-        first = self.first_window.get(tenant, window)
-        oldest = max(first, window - cfg.max_wave_ms // window_ms)
-        if oldest >= window:
-            return 0
-        unredeemed = self._unredeemed(tenant)
-        fired = self._slow_or_quick
-        wanted = spray.baseline_windows
-        # The span sum ending at ``end`` (windows in (end - span, end]), slid back one
-        # window at a time: the work is the windows looked at, not all of max_wave_ms.
-        total = sum(unredeemed(w) for w in range(window - span, window))
-        sample: list[int] = []
-        fired_sums: list[int] = []  # the sample when every window looked at fired
-        for end in range(window - 1, oldest - 1, -1):
-            if not fired((tenant, end)):
-                sample.append(total)
-                if len(sample) == wanted:
-                    break
-            elif len(fired_sums) < wanted:
-                fired_sums.append(total)
-            total += unredeemed(end - span) - unredeemed(end)
-        if not sample:
-            sample = fired_sums
-        sample.sort()
-        return sample[int(quantile * (len(sample) - 1))]
-
-    def _quick_baseline(
-        self,
-        tenant: str,
-        window: int,
-        quantile: float,
-        cfg: StrangersConfig,
-        spray: TenantSprayConfig,
-        window_ms: int,
-    ) -> int:
-        """The ``quantile`` of the quick check's sums, each as it stood at its own quick
-        time, at the last ``spray.baseline_windows`` windows that did not fire (looked
-        for as far back as ``max_wave_ms``, as the settled check's are): later sign-ins
-        lower a window's count, so today's counts of old windows would understate what
-        the tenant's own people leave unredeemed ``quick_ms`` after a window."""
-        sums = self.quick_sums.get(tenant, {})
-        oldest = max(self.first_window.get(tenant, window), window - cfg.max_wave_ms // window_ms)
-        wanted = spray.baseline_windows
-        sample: list[int] = []
-        fired_sums: list[int] = []  # the sample when every window looked at fired
-        for end in range(window - 1, oldest - 1, -1):
-            if not self._slow_or_quick((tenant, end)):
-                sample.append(sums.get(end, 0))
-                if len(sample) == wanted:
-                    break
-            elif len(fired_sums) < wanted:
-                fired_sums.append(sums.get(end, 0))
-        if not sample:
-            sample = fired_sums
-        if not sample:
-            return 0
-        sample.sort()
-        return sample[int(quantile * (len(sample) - 1))]
-
-    def _slow_or_quick(self, slot: tuple[str, int]) -> bool:
-        """Whether either check of the slow tier fired on the (tenant, window)."""
-        return slot in self.slow_fired or slot in self.quick_fired
-
-    def _unredeemed(self, tenant: str) -> Callable[[int], int]:
-        strangers = self.strangers.get(tenant, {})
-        redeemed = self.redeemed.get(tenant, {})
-
-        def unredeemed(window: int) -> int:
-            return max(0, strangers.get(window, 0) - redeemed.get(window, 0))
-
-        return unredeemed
-
-    def _forget_strangers(self, tenant: str, horizon: int) -> None:
-        """Drop the tenant's slow-tier windows before ``horizon`` (bounded memory)."""
-        for table in (self.strangers.get(tenant), self.redeemed.get(tenant)):
-            if table and min(table) < horizon:
-                for window in [w for w in table if w < horizon]:
-                    del table[window]
-        if not self.strangers.get(tenant):
-            self.strangers.pop(tenant, None)
-        if any(t == tenant and w < horizon for t, w in self.slow_fired):
-            self.slow_fired = {s for s in self.slow_fired if s[0] != tenant or s[1] >= horizon}
-        if any(t == tenant and w < horizon for t, w in self.quick_fired):
-            self.quick_fired = {s for s in self.quick_fired if s[0] != tenant or s[1] >= horizon}
-        sums = self.quick_sums.get(tenant)
-        if sums and min(sums) < horizon:
-            for window in [w for w in sums if w < horizon]:
-                del sums[window]
-                self.newly_quick_sums.append((tenant, window, None))
-        stale = [k for k in self.shares if k[1] == tenant and k[2] < horizon and k[0] in _SLOW]
-        for share_key in stale:
-            del self.shares[share_key]
 
     def _stuffing(self, tenant: str, window: int) -> Alert | None:
         cfg = self.policy.for_tenant(tenant).stuffing

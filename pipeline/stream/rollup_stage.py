@@ -69,13 +69,13 @@ class RollupStage(InputPosition):
                 if key[4:] == [UNKNOWN_SHARE]:
                     rollup.stuffing.fired[(key[2], key[3])] = loads(raw_value)
                 elif key[4:] == [STRANGER_SHARE]:
-                    rollup.slow_fired.add((key[2], key[3]))
+                    rollup.tier.slow_fired.add((key[2], key[3]))
                 elif key[4:] == [QUICK_FIRED]:
-                    rollup.quick_fired.add((key[2], key[3]))
+                    rollup.tier.quick_fired.add((key[2], key[3]))
                 else:
                     rollup.fired.add((key[2], key[3]))
             elif key[1] == QUICK_SUM:  # [partition, "quick", tenant, window]
-                rollup.quick_sums.setdefault(key[2], {})[key[3]] = loads(raw_value)
+                rollup.tier.quick_sums.setdefault(key[2], {})[key[3]] = loads(raw_value)
             elif key[1] == "held":  # a changelog written before hold_from
                 sequencer.restore((key[2], key[3]), loads(raw_value))
             elif key[1] == "order":
@@ -168,20 +168,20 @@ class RollupStage(InputPosition):
         for tenant, window in rollup.newly_fired:  # rule 8's, alerted or not
             result.changelog.append((dumps([partition, "fired", tenant, window]), b"1"))
         rollup.newly_fired.clear()
-        for tenant, window in rollup.newly_slow_fired:  # the slow tier's
+        for tenant, window in rollup.tier.newly_slow_fired:  # the slow tier's
             result.changelog.append(
                 (dumps([partition, "fired", tenant, window, STRANGER_SHARE]), b"1")
             )
-        rollup.newly_slow_fired.clear()
-        for tenant, window in rollup.newly_quick_fired:  # the slow tier's quick check
+        rollup.tier.newly_slow_fired.clear()
+        for tenant, window in rollup.tier.newly_quick_fired:  # the slow tier's quick check
             result.changelog.append(
                 (dumps([partition, "fired", tenant, window, QUICK_FIRED]), b"1")
             )
-        rollup.newly_quick_fired.clear()
-        for tenant, window, total in rollup.newly_quick_sums:
+        rollup.tier.newly_quick_fired.clear()
+        for tenant, window, total in rollup.tier.newly_quick_sums:
             key = dumps([partition, QUICK_SUM, tenant, window])
             result.changelog.append((key, None if total is None else dumps(total)))
-        rollup.newly_quick_sums.clear()
+        rollup.tier.newly_quick_sums.clear()
         stale = sequencer.take_stale()  # the commit record last: _Stage._finish
         result.held_records = len(stale)
         for upstream, position in stale:

@@ -33,6 +33,7 @@ ORDER = (
     "streaks",
     "account",
     "source",
+    "strangers_tier",
     "rollup",
     "engine",
 )

@@ -340,16 +340,16 @@ def test_the_rollup_keeps_the_quick_checks_sums_and_firings_across_a_rebuild() -
     a forgotten sum is a tombstone, so a restored rollup holds exactly the live one's."""
     stage = RollupStage(POLICY, partitions=1)
     stage.rebuild(0, [])
-    rollup = stage.rollups[0]
-    rollup.quick_sums["t"] = {7: 3, 8: 5}
-    rollup.newly_quick_sums.extend([("t", 7, 3), ("t", 8, 5), ("t", 6, None)])
-    rollup.quick_fired.add(("t", 8))
-    rollup.newly_quick_fired.append(("t", 8))
+    tier = stage.rollups[0].tier
+    tier.quick_sums["t"] = {7: 3, 8: 5}
+    tier.newly_quick_sums.extend([("t", 7, 3), ("t", 8, 5), ("t", 6, None)])
+    tier.quick_fired.add(("t", 8))
+    tier.newly_quick_fired.append(("t", 8))
     result = stage.process(0, [[None, 2_000, "a", 0], [None, 2_000, "s", 0]], offset=3)
     assert (dumps([0, "quick", "t", 6]), None) in result.changelog
     again = RollupStage(POLICY, partitions=1)
     again.rebuild(0, [(key, value) for key, value in result.changelog if value is not None])
-    assert (again.rollups[0].quick_sums, again.rollups[0].quick_fired) == (
+    assert (again.rollups[0].tier.quick_sums, again.rollups[0].tier.quick_fired) == (
         {"t": {7: 3, 8: 5}},
         {("t", 8)},
     )
