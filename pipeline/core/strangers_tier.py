@@ -55,6 +55,21 @@ class StrangersTier:
         self.newly_quick_sums: list[tuple[str, int, int | None]] = []
         """``(tenant, window, sum)`` recorded since the caller last drained this; None:
         forgotten (a tombstone)."""
+        self.last_fired_ms: dict[str, int] = {}
+        """Per tenant, when the tier last fired (either check; derived from the fired
+        windows after a restore, ``restored``): a firing within ``wave.hold_ms`` of it is
+        the same wave and raises no alert."""
+
+    def restored(self) -> None:
+        """After the fired windows were loaded: when each tenant's tier last fired."""
+        self.last_fired_ms.clear()
+        for fired, settled in ((self.slow_fired, True), (self.quick_fired, False)):
+            for tenant, window in fired:
+                policy = self.policy.for_tenant(tenant)
+                cfg, window_ms = policy.strangers, policy.tenant_spray.window_ms
+                due = (window + 1) * window_ms + (cfg.redeem_ms if settled else cfg.quick_ms)
+                if due > self.last_fired_ms.get(tenant, -1):
+                    self.last_fired_ms[tenant] = due
 
     def record(self, tenant: str, window: int, kind: str, delta: int) -> None:
         """``delta`` more strangers' sources (``STRANGER_SHARE``) or redeemed ones in the
@@ -173,14 +188,21 @@ class StrangersTier:
         fired.add(slot)
         newly.append(slot)
         either = self._slow_or_quick
-        if self.policy.for_tenant(tenant).wave.enabled:
+        last = self.last_fired_ms.get(tenant, -1)
+        self.last_fired_ms[tenant] = due_ms
+        wave = self.policy.for_tenant(tenant).wave
+        if wave.enabled:
             first = window
             while either((tenant, first - 1)):
                 first -= 1
             since = max(0, (first + 1) * window_ms - cfg.lead_in_ms) if cfg.lead_in_ms else -1
             self.waves_due.append((due_ms, "strangers_tenant", tenant, total, since))
-        if either((tenant, window - 1)) or (settled and slot in self.quick_fired):
-            return None  # the same wave: one alert per wave
+        if (
+            either((tenant, window - 1))
+            or (settled and slot in self.quick_fired)
+            or (last >= 0 and due_ms - last <= wave.hold_ms)
+        ):
+            return None  # the same wave (its record still in force): one alert per wave
         return build_alert(
             "strangers_tenant",
             tenant,

@@ -82,6 +82,7 @@ class RollupStage(InputPosition):
                 meta = loads(raw_value)
             elif key[1] == "next":
                 next_envelope, hold_from = commit_value(loads(raw_value))
+        rollup.tier.restored()
         for tenant, window, kind, part, share in shares:
             rollup.update(tenant, window, kind, part, share)
         rollup.touched.clear()

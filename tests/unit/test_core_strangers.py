@@ -138,6 +138,30 @@ def test_the_quick_check_answers_a_paced_stuffer_within_a_minute() -> None:
     assert all(later[0] <= earlier[1] for earlier, later in pairwise(spans))
 
 
+def test_one_alert_per_wave_whichever_check_fires_it() -> None:
+    """A stuffer pausing 40 s after every 30 exits: the quick check's minute drops under
+    its floor in each pause and fires again after it, while the wave's record (held a
+    minute) is still in force: one alert. A second stuffer 30 minutes later is a new
+    wave: a second alert."""
+    paused = [
+        a._replace(occurred_ms=a.occurred_ms + (i // 30) * 40 * SEC)
+        for i, a in enumerate(_stuffer(90))
+    ]
+    second = [
+        a._replace(event_id=a.event_id + "-2", account=a.account[:-2] + "s2")
+        for a in _stuffer(45, start_ms=HISTORY_MS + 30 * MIN)
+    ]
+    engine = _run([*_history(), *paused, *second])
+    issued = [datetime_to_ms(d.issued_at) for d in _waves(engine)]
+    quick = [t for t in issued if (t - QUICK_MS) % WINDOW_MS == 0 and t < T0 + HISTORY_MS + 8 * MIN]
+    assert any(later - earlier > WINDOW_MS for earlier, later in pairwise(quick)), "a pause"
+    alerts = [a for a in engine.out.alerts if a.type == "strangers_tenant"]
+    assert [datetime_to_ms(a.window_end) - (T0 + HISTORY_MS) < 30 * MIN for a in alerts] == [
+        True,
+        False,
+    ]
+
+
 def test_the_quick_check_stays_over_a_tenants_own_slow_sign_ins() -> None:
     """A tenant whose people fail at a new place 12 times a minute and sign in 70 s later:
     every quick-check minute holds 12-13 of them unredeemed, over the floor (10), but the

@@ -168,7 +168,7 @@ def test_the_demo_scenario_stops_stuffing_within_50_attempts(tmp_path: Path) -> 
     # never by a source block.
     slow = by_name["low_and_slow_spray"]
     assert (dict(slow.alerts), set(slow.blocks)) == (
-        {"spray_tenant": 1, "strangers_tenant": 15},
+        {"spray_tenant": 1, "strangers_tenant": 5},
         {"lockout"},
     )
     assert card.takeovers == 0
