@@ -112,8 +112,12 @@ class TenantSprayConfig(Frozen):
     and a busy tenant's ordinary typos pass ``min_accounts``. Short windows (10 s) answer
     a wave within seconds. A paced wave (a spray from hundreds of addresses at a couple of
     attempts a second) fires on the sum of the last ``slow_windows`` windows when it
-    reaches ``max(min_accounts, slow_min_accounts, slow_factor * slow_windows * baseline)``
-    from at least ``min_sources`` sources (``slow_windows = 1`` turns that off). ``spray_tenant`` is
+    reaches ``max(min_accounts, slow_min_accounts, slow_factor * slow_windows * slow)``
+    from at least ``min_sources`` sources (``slow_windows = 1`` turns that off), ``slow``
+    being the ``slow_quantile`` (the median) of the same sample: a sum of windows is near
+    their mean times their number, and twice a low quantile is no margin above that once a
+    window holds a few accounts (a tenant of 100 attempts a second started cold fired it
+    on ordinary traffic for its first 15 minutes). ``spray_tenant`` is
     alerted when a wave starts (the window before did not fire), and every firing window
     extends the wave challenge.
     Existence-blind: unknown and real accounts count alike. Only unfamiliar failures
@@ -136,6 +140,7 @@ class TenantSprayConfig(Frozen):
     slow_windows: int = Field(6, ge=1, le=1440)
     slow_factor: float = Field(2.0, ge=1.0)
     slow_min_accounts: int = Field(40, ge=1)
+    slow_quantile: float = Field(0.5, ge=0.0, le=1.0)
     recount_ms: int = Field(
         5 * MINUTE_MS,
         ge=0,

@@ -42,6 +42,9 @@ class TenantRollup:
         self.accounts: dict[tuple[str, int], int] = {}
         self.sources: dict[tuple[str, int], int] = {}
         self.baselines: dict[tuple[str, int], float] = {}
+        self.slow_baselines: dict[tuple[str, int], float] = {}
+        """Per (tenant, window), the paced check's baseline (``slow_quantile``), taken
+        with ``baselines``."""
         self.fired: set[tuple[str, int]] = set()
         self.first_window: dict[str, int] = {}
         self.touched: dict[tuple[str, int], None] = {}
@@ -153,7 +156,8 @@ class TenantRollup:
                 return None
             span = range(window - n + 1, window + 1)
             accounts = sum(self.accounts.get((tenant, w), 0) for w in span)
-            if accounts < max(floor, cfg.slow_min_accounts, cfg.slow_factor * n * baseline):
+            slow = self.slow_baselines[slot]
+            if accounts < max(floor, cfg.slow_min_accounts, cfg.slow_factor * n * slow):
                 return None
             if sum(self.sources.get((tenant, w), 0) for w in span) < cfg.min_sources:
                 return None
@@ -287,11 +291,19 @@ class TenantRollup:
         sample = sorted(accounts.get(slot, 0) for slot in slots if slot not in fired)
         if not sample:  # nothing but waves: the waves are all there is to go on
             sample = sorted(accounts.get(slot, 0) for slot in slots)
-        baseline = float(sample[int(cfg.baseline_quantile * (len(sample) - 1))]) if sample else 0.0
+        last = len(sample) - 1
+        baseline = float(sample[int(cfg.baseline_quantile * last)]) if sample else 0.0
         self.baselines[(tenant, window)] = baseline
+        # The paced check's own quantile (the median): its sum of ``slow_windows`` windows
+        # is near ``slow_windows`` times the mean, which twice a low quantile of single
+        # windows does not clear once windows hold a few accounts each (a busy tenant, or
+        # any tenant cold, where every place is new).
+        self.slow_baselines[(tenant, window)] = (
+            float(sample[int(cfg.slow_quantile * last)]) if sample else 0.0
+        )
         # Forget windows older than the baseline needs (bounded memory).
         horizon = window - cfg.baseline_windows - 2
-        for table in (self.accounts, self.sources, self.baselines):
+        for table in (self.accounts, self.sources, self.baselines, self.slow_baselines):
             for slot in [s for s in table if s[0] == tenant and s[1] < horizon]:
                 del table[slot]
         for share_key in [k for k in self.shares if k[1] == tenant and k[2] < horizon]:

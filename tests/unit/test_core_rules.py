@@ -671,3 +671,23 @@ def test_spray_tenant_waits_for_history_when_asked() -> None:
     rollup.update("t", 6, "a", 0, 500)
     (alert,) = rollup.advance(6 * 15 * MIN + 1000)
     assert (alert.count, alert.tenant) == (500, "t")
+
+
+def test_spray_tenant_paced_sum_clears_twice_the_median_not_twice_a_low_quantile() -> None:
+    """A busy tenant's windows hold 4-8 accounts each (median 6, 0.1 quantile 4): six of
+    them at 8 (48: the floor is 40 and 2 x 6 x 4 is 48) are ordinary and do not fire;
+    six at 12 (72 = 2 x 6 x 6) do, once."""
+    rollup = TenantRollup(window_rules())
+    for window in range(60):
+        rollup.update("t", window, "a", 0, 4 + 2 * (window % 3))  # 4, 6, 8, ...
+        rollup.update("t", window, "s", 0, 20)
+    assert rollup.advance(61 * 10_000) == []
+    for window in range(60, 66):
+        rollup.update("t", window, "a", 0, 8)
+        rollup.update("t", window, "s", 0, 20)
+        assert rollup.advance((window + 1) * 10_000 + 1000) == []
+    for window in range(66, 72):
+        rollup.update("t", window, "a", 0, 12)
+        rollup.update("t", window, "s", 0, 20)
+        alerts = rollup.advance((window + 1) * 10_000 + 1000)
+        assert [a.count for a in alerts] == ([72] if window == 71 else []), window
