@@ -167,10 +167,12 @@ def test_mixed_run_through_the_worker_catches_every_attack_and_refuses_nobody(
         # Stuffing and spray are answered by the tenant's wave challenge (issue 24); the
         # seed 002 lock refuses what guesses one account.
         "spray": statuses["spray"],
-        # Paced under every per-source threshold (spray stays signal-only, seed 001), but
-        # rule 8 counts its accounts once each among few unfamiliar failures: its paced
-        # sum fires the wave, which challenges part of it (the engine says the same).
-        "low_and_slow_spray": "slowed",
+        # Paced under every per-source threshold (spray stays signal-only, seed 001). In
+        # this cold 5-minute run it is most of acme's traffic from acme's first window, so
+        # it is the median rule 8's paced sum compares with: alerted (stuffing_tenant),
+        # not challenged; the engine says the same, and with history (the demo's hour)
+        # rule 8 answers it.
+        "low_and_slow_spray": "detected_only",
         "credential_stuffing": statuses["credential_stuffing"],
     }, done.stdout
     attacks = {a["attack"]: a for a in card["attacks"]}
