@@ -169,10 +169,11 @@ def test_mixed_run_through_the_worker_catches_every_attack_and_refuses_nobody(
         "spray": statuses["spray"],
         # Paced under every per-source threshold (spray stays signal-only, seed 001). In
         # this cold 5-minute run it is most of acme's traffic from acme's first window, so
-        # it is the median rule 8's paced sum compares with: alerted (stuffing_tenant),
-        # not challenged; the engine says the same, and with history (the demo's hour)
-        # rule 8 answers it.
-        "low_and_slow_spray": "detected_only",
+        # it is near the median rule 8's paced sum compares with: depending on where the
+        # run's 10-second windows fall, the wave comes about a minute in ("slowed") or not
+        # at all ("detected_only", alerted by stuffing_tenant); with history (the demo's
+        # hour) rule 8 answers it.
+        "low_and_slow_spray": statuses["low_and_slow_spray"],
         "credential_stuffing": statuses["credential_stuffing"],
     }, done.stdout
     attacks = {a["attack"]: a for a in card["attacks"]}
@@ -189,6 +190,9 @@ def test_mixed_run_through_the_worker_catches_every_attack_and_refuses_nobody(
     assert statuses["spray"] in ("stopped", "slowed")
     assert attacks["spray"]["account_takeovers"] == 0
     assert attacks["spray"]["challenged"] > 0
+    assert statuses["low_and_slow_spray"] in ("slowed", "detected_only")
+    assert attacks["low_and_slow_spray"]["account_takeovers"] == 0
+    assert "stuffing_tenant" in attacks["low_and_slow_spray"]["alerts"]
     # No source is blocked for stuffing or spray: only the seed 002 lock refuses.
     for name in ("credential_stuffing", "low_and_slow_spray", "spray"):
         assert set(attacks[name]["blocks"]) <= {"lockout", "account_source", "account"}, name
