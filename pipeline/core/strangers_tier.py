@@ -6,7 +6,7 @@ failing sources and those a sign-in redeemed (the ``x`` and ``r`` shares), check
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Final
 
 from pipeline.contracts.models import Alert
@@ -232,30 +232,18 @@ class StrangersTier:
         ``max_wave_ms`` at most). Sums, not windows: a tenant's unredeemed sources are
         sparse (most windows hold none), so only a sum shows a steady level, such as a
         cold start's, where every place is new."""
-        first = self.first_window.get(tenant, window)
-        oldest = max(first, window - cfg.max_wave_ms // window_ms)
-        if oldest >= window:
-            return 0
+        oldest = max(self.first_window.get(tenant, window), window - cfg.max_wave_ms // window_ms)
         unredeemed = self._unredeemed(tenant)
-        fired = self._slow_or_quick
-        wanted = spray.baseline_windows
-        # The span sum ending at ``end`` (windows in (end - span, end]), slid back one
-        # window at a time: the work is the windows looked at, not all of max_wave_ms.
-        total = sum(unredeemed(w) for w in range(window - span, window))
-        sample: list[int] = []
-        fired_sums: list[int] = []  # the sample when every window looked at fired
-        for end in range(window - 1, oldest - 1, -1):
-            if not fired((tenant, end)):
-                sample.append(total)
-                if len(sample) == wanted:
-                    break
-            elif len(fired_sums) < wanted:
-                fired_sums.append(total)
-            total += unredeemed(end - span) - unredeemed(end)
-        if not sample:
-            sample = fired_sums
-        sample.sort()
-        return sample[int(quantile * (len(sample) - 1))]
+
+        def sums() -> Iterator[int]:
+            # The span sum ending at ``end`` (windows in (end - span, end]), slid back one
+            # window at a time: the work is the windows looked at, not all of max_wave_ms.
+            total = sum(unredeemed(w) for w in range(window - span, window))
+            for end in range(window - 1, oldest - 1, -1):
+                yield total
+                total += unredeemed(end - span) - unredeemed(end)
+
+        return self._calm_quantile(tenant, window, sums(), spray.baseline_windows, quantile)
 
     def _quick_baseline(
         self,
@@ -273,16 +261,27 @@ class StrangersTier:
         the tenant's own people leave unredeemed ``quick_ms`` after a window."""
         sums = self.quick_sums.get(tenant, {})
         oldest = max(self.first_window.get(tenant, window), window - cfg.max_wave_ms // window_ms)
-        wanted = spray.baseline_windows
+        values = (sums.get(end, 0) for end in range(window - 1, oldest - 1, -1))
+        return self._calm_quantile(tenant, window, values, spray.baseline_windows, quantile)
+
+    def _calm_quantile(
+        self, tenant: str, window: int, values: Iterator[int], wanted: int, quantile: float
+    ) -> int:
+        """The ``quantile`` of ``values`` (one per window from ``window - 1`` back) at the
+        first ``wanted`` windows that did not fire; when every window looked at fired, of
+        the first ``wanted`` of those (a lasting change of the norm is a wave for
+        ``max_wave_ms`` at most); 0 with none."""
         sample: list[int] = []
-        fired_sums: list[int] = []  # the sample when every window looked at fired
-        for end in range(window - 1, oldest - 1, -1):
+        fired_sums: list[int] = []
+        end = window - 1
+        for value in values:
             if not self._slow_or_quick((tenant, end)):
-                sample.append(sums.get(end, 0))
+                sample.append(value)
                 if len(sample) == wanted:
                     break
             elif len(fired_sums) < wanted:
-                fired_sums.append(sums.get(end, 0))
+                fired_sums.append(value)
+            end -= 1
         if not sample:
             sample = fired_sums
         if not sample:
