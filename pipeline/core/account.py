@@ -17,6 +17,7 @@ from pipeline.core.decisions import (
     lock_key,
     mfa_account_key,
     mfa_key,
+    reset_key,
     uia_device_key,
     uia_key,
 )
@@ -104,6 +105,8 @@ class AccountShard(Shard):
         # Each success resets its own counter; most find none (a dict miss, no call).
         flow = attempt.flow
         if flow in PASSWORD_FLOWS:
+            if flow == "recovery":
+                self.owner_proved(attempt, rules, out, seq)  # a new password follows
             trusted = attempt.trusted and attempt.device is not None
             if self.familiar(attempt, rules, out, seq, attempt.account):
                 # One more account of the source's real users (the source stage).
@@ -157,8 +160,9 @@ class AccountShard(Shard):
         """A password reset proven through the mailbox (``flow = "reset"``): the owner
         chose a new password, so every guess at the old one is moot. It ends the run (the
         lock and the lifetime bound, the second factor's account bound, rule 7's streak),
-        clears the pair's counter and the ceiling's decision, and makes the pair familiar.
-        Nothing refuses it but an operator (``pipeline.core.decisions``)."""
+        clears the pair's counter and the ceiling's decision, makes the pair familiar, and
+        leaves the account's failures out of the wave's counts for
+        ``familiar.after_reset_ms`` (its owner's stale clients). Nothing refuses it but an operator (``pipeline.core.decisions``)."""
         tenant, account = attempt.tenant, attempt.account
         for key in (lock_key(tenant, account), mfa_account_key(tenant, account)):
             streak = rules.streaks.mapping.get(key)
@@ -175,6 +179,7 @@ class AccountShard(Shard):
                     entry.streak = 0
                     entry.lifetime_alerted = False
                 self._clear(rule, key, entry, out, seq)
+        self.owner_proved(attempt, rules, out, seq)
         if self.familiar(attempt, rules, out, seq, attempt.account):
             out.forwards.append(attempt._replace(failure_reason=FAMILIAR))
 
@@ -308,16 +313,19 @@ class AccountShard(Shard):
     @staticmethod
     def _familiar_here(attempt: Attempt, rules: TenantRules) -> bool:
         """The account succeeded from this source, or with this device cookie, within
-        ``familiar.memory_ms``: its failure here is the owner's typo or the owner's app,
-        not a wave's (rule 8 counts the others)."""
+        ``familiar.memory_ms``, or got a new password within ``familiar.after_reset_ms``:
+        its failure here is the owner's typo or the owner's app, not a wave's (rule 8
+        and the strangers tier count the others)."""
         mapping, now = rules.familiar.mapping, attempt.occurred_ms
         tenant, account = attempt.tenant, attempt.account
         entry = mapping.get(("familiar", tenant, account, attempt.source, None))
         if entry is not None and entry.blocked_until_ms > now:
             return True
-        if attempt.device is None:
-            return False
-        entry = mapping.get(("familiar", tenant, account, None, attempt.device))
+        if attempt.device is not None:
+            entry = mapping.get(("familiar", tenant, account, None, attempt.device))
+            if entry is not None and entry.blocked_until_ms > now:
+                return True
+        entry = mapping.get(reset_key(tenant, account))  # its owner's stale clients
         return entry is not None and entry.blocked_until_ms > now
 
     def _tenant_share(

@@ -80,6 +80,12 @@ def familiar_key(tenant: str, account: str, source: str) -> Key:
     return ("familiar", tenant, account, source, None)
 
 
+def reset_key(tenant: str, account: str) -> Key:
+    """The account's new password (``FamiliarConfig.after_reset_ms``): an entry of the
+    familiar table that is never published, so no decision has this key."""
+    return ("familiar", tenant, account, None, None)
+
+
 def mfa_account_key(tenant: str, account: str) -> Key:
     """The account's consecutive second-factor bound, over every device and session."""
     return ("mfa", tenant, account, None, None)

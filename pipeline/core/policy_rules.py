@@ -157,7 +157,15 @@ class FamiliarConfig(Frozen):
     signing in to an account of its own from every exit of a proxy pool would otherwise
     fill the ``entry_cap``-bounded tables and evict the owners' places, and with them
     their exemptions. A success past the quota is a success like any other; only its
-    place or client is not published (``authpipe_familiar_quota_reached``). The familiar
+    place or client is not published (``authpipe_familiar_quota_reached``).
+
+    For ``after_reset_ms`` after a new password was set (a ``reset`` proven through the
+    mailbox, or a ``recovery`` success), the account's failures anywhere are its owner's
+    other clients still holding the old password (a phone's mail app retrying from
+    carrier addresses): the wave's counts (rule 8, the strangers tier) leave them out,
+    as they leave out a failure at a familiar place. Nothing is published for it and
+    every other count (the lock, the pair, the source's rules) goes on; the password an
+    attacker holds from a breach is the old one, so it gains nothing (0: off). The familiar
     tables have their own cap, ``entry_cap`` (1,000,000 per tenant): a tenant's people
     make places familiar faster than the other tables fill (phones on carrier NATs sign in
     from a new address every few logins), and an entry evicted at the cap is an owner who
@@ -168,6 +176,7 @@ class FamiliarConfig(Frozen):
     renew_ms: int = Field(DAY_MS, ge=1000, le=MAX_BLOCK_MS)
     shared_accounts: int = Field(3, ge=1, le=1_000_000)
     new_per_day: int = Field(20, ge=0, le=1_000_000)
+    after_reset_ms: int = Field(DAY_MS, ge=0, le=MAX_BLOCK_MS)
     entry_cap: int = Field(1_000_000, ge=10, le=100_000_000)
     """Entries per ``familiar`` table and tenant (the tenant's ``entry_cap`` bounds the
     others): successes, not attackers' identifiers, fill it (``new_per_day`` bounds what

@@ -211,7 +211,7 @@ class StrangersConfig(Frozen):
     factor: float = Field(3.0, ge=1.0)
     active_ms: int = Field(MINUTE_MS, ge=1000, le=MAX_WINDOW_MS)
     max_wave_ms: int = Field(24 * HOUR_MS, ge=MINUTE_MS, le=MAX_WINDOW_MS)
-    min_history_ms: int = Field(HOUR_MS, ge=0, le=MAX_WINDOW_MS)
+    min_history_ms: int = Field(20 * MINUTE_MS, ge=0, le=MAX_WINDOW_MS)
     lead_in_ms: int = Field(5 * MINUTE_MS, ge=0, le=MAX_WINDOW_MS)
     quick_ms: int = Field(10 * 1000, ge=0, le=MAX_WINDOW_MS)
     quick_span_ms: int = Field(MINUTE_MS, ge=1000, le=MAX_WINDOW_MS)

@@ -110,9 +110,11 @@ class TenantRollup:
         if boundary <= self.tick_ms:
             return []
         previous, self.tick_ms = self.tick_ms, boundary
-        alerts = self.tier.settle(previous, boundary) if self.tier.strangers else []
-        if self.touched or self.touched_unknown:
-            alerts.extend(self._evaluate_touched())
+        # Rule 8 first: the slow tier's baselines leave out the windows it fired on, and
+        # a window's last evaluation by rule 8 falls due before the tier looks at it.
+        alerts = self._evaluate_touched() if self.touched or self.touched_unknown else []
+        if self.tier.strangers:
+            alerts.extend(self.tier.settle(previous, boundary))
         if self._waves_due:
             # Both tiers' records in the order of their issue (then rule): the engine visits
             # every second, the stream may jump several, and the records come out the same.
@@ -164,6 +166,7 @@ class TenantRollup:
         if window - self.first_window[tenant] < cfg.min_history_windows:
             return None  # still learning the tenant's norm
         self.fired.add(slot)
+        self.tier.rule8_fired.add(slot)
         self.newly_fired.append(slot)
         self._wave(tenant, "spray_tenant", accounts, window, cfg.window_ms)
         if (tenant, window - 1) in self.fired:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from pipeline.core.attempt import Attempt
-from pipeline.core.decisions import Active, DecisionIndex
+from pipeline.core.decisions import Active, DecisionIndex, reset_key
 from pipeline.core.dedupe import DEDUPE_CAPACITY, DEDUPE_HORIZON_MS, Deduper
 from pipeline.core.keys import Key, format_key, stable_id
 from pipeline.core.lockout import StreakState
@@ -166,6 +166,33 @@ class Shard:
             self.dirty[("familiar", key)] = None
         return True
 
+    def owner_proved(self, attempt: Attempt, rules: TenantRules, out: Outbox, seq: int) -> None:
+        """A new password was set (``FamiliarConfig.after_reset_ms``): until then the
+        account's failures are its owner's old clients (``reset_key``'s entry, never
+        published; kept as long as a familiar entry, so the table stays in deadline
+        order)."""
+        after_ms = rules.familiar_after_reset_ms
+        if not after_ms:
+            return
+        key = reset_key(attempt.tenant, attempt.account)
+        table = rules.familiar
+        entry = table.mapping.get(key)
+        if entry is None:
+            entry = table.create(key, StreakState)
+            if table.evicted:
+                self.lift_evicted(out, table)
+        else:
+            table.mapping.move_to_end(key)
+            if seq >= 0 and entry.seq >= seq:
+                return
+        now = attempt.occurred_ms
+        entry.blocked_until_ms = max(entry.blocked_until_ms, now + after_ms)
+        entry.keep_until_ms = max(entry.keep_until_ms, now + rules.familiar_memory_ms)
+        if seq > entry.seq:
+            entry.seq = seq
+        if self.track_changes:
+            self.dirty[("familiar", key)] = None
+
     def _new_familiar(self, attempt: Attempt, rules: TenantRules, account: str) -> bool:
         """Whether ``account`` may make one more place or client familiar today (UTC day of
         event time, ``familiar.new_per_day``); counts it when so. One success may count
@@ -291,7 +318,10 @@ class Shard:
             if familiar.evicted:
                 # A restore into a smaller cap (lowered, or fewer shards' worth) evicted
                 # entries whose exempts are still published: lift them (not indexed yet).
-                gone = dict.fromkeys(k for k in familiar.evicted if k not in familiar)
+                # (A new password's entry, ``reset_key``, was never published.)
+                gone = dict.fromkeys(
+                    k for k in familiar.evicted if k not in familiar and (k[3] or k[4])
+                )
                 out.decisions.extend((format_key(key), None) for key in gone)
                 self.metrics.lifts += len(gone)
                 familiar.evicted.clear()

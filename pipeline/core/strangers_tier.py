@@ -55,6 +55,11 @@ class StrangersTier:
         self.newly_quick_sums: list[tuple[str, int, int | None]] = []
         """``(tenant, window, sum)`` recorded since the caller last drained this; None:
         forgotten (a tombstone)."""
+        self.rule8_fired: set[tuple[str, int]] = set()
+        """Rule 8's fired windows (``TenantRollup`` adds them), kept as long as the tier's
+        own: a window in a wave is no calm window for the tier's baselines either, or an
+        attack the tier did not fire on (while it learned, or under another wave) would
+        raise its norm and mask the next."""
         self.last_fired_ms: dict[str, int] = {}
         """Per tenant, when the tier last fired (either check; derived from the fired
         windows after a restore, ``restored``): a firing within ``wave.hold_ms`` of it is
@@ -231,8 +236,10 @@ class StrangersTier:
         ``baseline_windows`` are the sample: a lasting change of the norm is a wave for
         ``max_wave_ms`` at most). Sums, not windows: a tenant's unredeemed sources are
         sparse (most windows hold none), so only a sum shows a steady level, such as a
-        cold start's, where every place is new."""
-        oldest = max(self.first_window.get(tenant, window), window - cfg.max_wave_ms // window_ms)
+        cold start's, where every place is new. Only whole spans: a sum reaching back
+        before the tenant's first window would understate its norm."""
+        first = self.first_window.get(tenant, window) + span - 1
+        oldest = max(first, window - cfg.max_wave_ms // window_ms)
         unredeemed = self._unredeemed(tenant)
 
         def sums() -> Iterator[int]:
@@ -258,9 +265,11 @@ class StrangersTier:
         time, at the last ``spray.baseline_windows`` windows that did not fire (looked
         for as far back as ``max_wave_ms``, as the settled check's are): later sign-ins
         lower a window's count, so today's counts of old windows would understate what
-        the tenant's own people leave unredeemed ``quick_ms`` after a window."""
+        the tenant's own people leave unredeemed ``quick_ms`` after a window. Only whole
+        spans, as the settled check's."""
         sums = self.quick_sums.get(tenant, {})
-        oldest = max(self.first_window.get(tenant, window), window - cfg.max_wave_ms // window_ms)
+        first = self.first_window.get(tenant, window) + max(1, cfg.quick_span_ms // window_ms) - 1
+        oldest = max(first, window - cfg.max_wave_ms // window_ms)
         values = (sums.get(end, 0) for end in range(window - 1, oldest - 1, -1))
         return self._calm_quantile(tenant, window, values, spray.baseline_windows, quantile)
 
@@ -268,14 +277,16 @@ class StrangersTier:
         self, tenant: str, window: int, values: Iterator[int], wanted: int, quantile: float
     ) -> int:
         """The ``quantile`` of ``values`` (one per window from ``window - 1`` back) at the
-        first ``wanted`` windows that did not fire; when every window looked at fired, of
-        the first ``wanted`` of those (a lasting change of the norm is a wave for
-        ``max_wave_ms`` at most); 0 with none."""
+        first ``wanted`` windows that neither the tier nor rule 8 fired on; when every
+        window looked at fired, of the first ``wanted`` of those (a lasting change of the
+        norm is a wave for ``max_wave_ms`` at most); 0 with none."""
         sample: list[int] = []
         fired_sums: list[int] = []
         end = window - 1
+        rule8 = self.rule8_fired
         for value in values:
-            if not self._slow_or_quick((tenant, end)):
+            slot = (tenant, end)
+            if not self._slow_or_quick(slot) and slot not in rule8:
                 sample.append(value)
                 if len(sample) == wanted:
                     break
@@ -314,6 +325,8 @@ class StrangersTier:
             self.slow_fired = {s for s in self.slow_fired if s[0] != tenant or s[1] >= horizon}
         if any(t == tenant and w < horizon for t, w in self.quick_fired):
             self.quick_fired = {s for s in self.quick_fired if s[0] != tenant or s[1] >= horizon}
+        if any(t == tenant and w < horizon for t, w in self.rule8_fired):
+            self.rule8_fired = {s for s in self.rule8_fired if s[0] != tenant or s[1] >= horizon}
         sums = self.quick_sums.get(tenant)
         if sums and min(sums) < horizon:
             for window in [w for w in sums if w < horizon]:

@@ -74,6 +74,7 @@ class RollupStage(InputPosition):
                     rollup.tier.quick_fired.add((key[2], key[3]))
                 else:
                     rollup.fired.add((key[2], key[3]))
+                    rollup.tier.rule8_fired.add((key[2], key[3]))
             elif key[1] == QUICK_SUM:  # [partition, "quick", tenant, window]
                 rollup.tier.quick_sums.setdefault(key[2], {})[key[3]] = loads(raw_value)
             elif key[1] == "held":  # a changelog written before hold_from

@@ -16,7 +16,7 @@ from pipeline.core.errors import PolicyError
 from pipeline.core.policy import DEFAULT_POLICY, Policy, policy_from_toml
 from tests.unit.test_core_support import MIN, SEC, T0, att
 
-HISTORY_MS = 61 * MIN  # past min_history_ms (1 h) of the tenant
+HISTORY_MS = 61 * MIN  # past min_history_ms (20 min) of the tenant
 PACE_MS = 4 * SEC  # 0.25 attempts a second: a sixth of rule 8's paced sum
 WINDOW_MS = 10 * SEC
 REDEEM_MS = 5 * MIN
@@ -97,11 +97,10 @@ def test_a_paced_stuffer_under_rule_8_is_challenged_once_its_exits_settle() -> N
     assert index.check(keys_for(owner), owner.occurred_ms).challenge is None
 
 
-def test_the_wave_ends_about_redeem_ms_after_the_last_exit_and_never_before_an_hours_history() -> (
-    None
-):
+def test_the_wave_ends_about_redeem_ms_after_the_last_exit_and_never_before_min_history() -> None:
     """The wave's last record is issued within redeem_ms + active_ms (and a window) of the
-    stuffer's last attempt; the same stuffer with no history behind it raises nothing."""
+    stuffer's last attempt; the same stuffer with no history behind it (its last window
+    settles 18 min in, before min_history_ms) raises nothing."""
     engine = _run([*_history(), *_stuffer(200)])
     last_attempt = T0 + HISTORY_MS + 199 * PACE_MS
     last_issued = max(datetime_to_ms(d.issued_at) for d in _waves(engine))
