@@ -162,7 +162,8 @@ class AccountShard(Shard):
         lock and the lifetime bound, the second factor's account bound, rule 7's streak),
         clears the pair's counter and the ceiling's decision, makes the pair familiar, and
         leaves the account's failures out of the wave's counts for
-        ``familiar.after_reset_ms`` (its owner's stale clients). Nothing refuses it but an operator (``pipeline.core.decisions``)."""
+        ``familiar.after_reset_ms`` (its owner's stale clients). Nothing refuses it but an
+        operator (``pipeline.core.decisions``)."""
         tenant, account = attempt.tenant, attempt.account
         for key in (lock_key(tenant, account), mfa_account_key(tenant, account)):
             streak = rules.streaks.mapping.get(key)
