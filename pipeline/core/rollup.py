@@ -312,4 +312,5 @@ class TenantRollup:
         for share_key in [k for k in self.shares if k[1] == tenant and k[2] < horizon]:
             del self.shares[share_key]
         self.fired = {s for s in self.fired if s[0] != tenant or s[1] >= horizon}
+        self.tier.forget_rule8(tenant, window)
         return baseline

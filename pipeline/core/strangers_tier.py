@@ -110,10 +110,7 @@ class StrangersTier:
                     alerts.append(alert)
             high = (boundary - cfg.redeem_ms) // window_ms - 1
             if high >= (previous - cfg.redeem_ms) // window_ms:  # a window settled
-                keep = (
-                    cfg.max_wave_ms + cfg.span_ms
-                ) // window_ms + policy.tenant_spray.baseline_windows
-                self._forget(tenant, high - keep - 2)
+                self._forget(tenant, high - self.keep_windows(tenant) - 2)
         return alerts
 
     @staticmethod
@@ -312,6 +309,20 @@ class StrangersTier:
             return max(0, strangers.get(window, 0) - redeemed.get(window, 0))
 
         return unredeemed
+
+    def keep_windows(self, tenant: str) -> int:
+        """How many windows back the tier looks: ``max_wave_ms`` plus a span for its
+        sums, then ``baseline_windows`` for a baseline's sample."""
+        policy = self.policy.for_tenant(tenant)
+        cfg, spray = policy.strangers, policy.tenant_spray
+        return (cfg.max_wave_ms + cfg.span_ms) // spray.window_ms + spray.baseline_windows
+
+    def forget_rule8(self, tenant: str, window: int) -> None:
+        """Rule 8 reached ``window``: drop its firings the tier no longer looks at (bounded
+        memory also for a tenant with no strangers, whose windows ``settle`` never sees)."""
+        horizon = window - self.keep_windows(tenant) - 2
+        if any(t == tenant and w < horizon for t, w in self.rule8_fired):
+            self.rule8_fired = {s for s in self.rule8_fired if s[0] != tenant or s[1] >= horizon}
 
     def _forget(self, tenant: str, horizon: int) -> None:
         """Drop the tenant's slow-tier windows before ``horizon`` (bounded memory)."""

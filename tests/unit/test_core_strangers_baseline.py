@@ -6,6 +6,7 @@ from __future__ import annotations
 from pipeline.core.engine import Engine
 from pipeline.core.outbox import STRANGER_SHARE
 from pipeline.core.policy import DEFAULT_POLICY
+from pipeline.core.rollup import TenantRollup
 from pipeline.core.strangers_tier import StrangersTier
 from tests.unit.test_core_strangers import HISTORY_MS, _history
 from tests.unit.test_core_support import att
@@ -71,3 +72,15 @@ def test_the_tier_forgets_rule_8s_firings_with_its_windows() -> None:
     tier.rule8_fired.update({(TENANT, 3), (TENANT, 50), ("other", 3)})
     tier._forget(TENANT, 10)
     assert tier.rule8_fired == {(TENANT, 50), ("other", 3)}
+
+
+def test_rule_8s_firings_are_forgotten_in_a_tenant_without_strangers() -> None:
+    """A tenant whose rule 8 fires but which has no strangers (its tier never settles a
+    window) still forgets them, once rule 8's windows are further on than the tier looks
+    back (max_wave_ms, a span and baseline_windows: 9,060 windows)."""
+    rollup = TenantRollup(DEFAULT_POLICY)
+    keep = rollup.tier.keep_windows(TENANT)
+    assert keep == 9_060
+    rollup.tier.rule8_fired.update({(TENANT, 0), (TENANT, 10)})
+    rollup._new_window(TENANT, keep + 5, SPRAY)
+    assert rollup.tier.rule8_fired == {(TENANT, 10)}
