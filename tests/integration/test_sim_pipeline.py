@@ -263,8 +263,8 @@ def test_holdout_through_the_worker_scores_as_the_engine_does(
     no stuffing,
     spray or own-account takeover (a wave's lead-in included: those sessions are stepped
     up), no legitimate refusal, no office colleague challenged. The strangers tier learns
-    for 10 minutes here, not an hour: the compressed run's paced stuffer starts about 16
-    minutes after the first event."""
+    for 10 minutes here, not the default 20: the compressed run's paced stuffer starts
+    about 16 minutes after the first event."""
     policy = tmp_path / "policy.toml"
     policy.write_text("[defaults.strangers]\nmin_history_ms = 600000\n")
     worker_env = {**worker_env, "AUTHPIPE_POLICY_PATH": str(policy)}
