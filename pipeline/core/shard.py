@@ -134,9 +134,7 @@ class Shard:
             if account is not None and not self._new_familiar(attempt, rules, account):
                 self.metrics.familiar_quota_reached += 1
                 return False
-            entry = table.create(key, StreakState)
-            if table.evicted:
-                self.lift_evicted(out, table)
+            entry = self._new_familiar_entry(table, key, out)
         else:
             table.mapping.move_to_end(key)
             if now < entry.notice_until_ms or (seq >= 0 and entry.seq >= seq):
@@ -160,10 +158,7 @@ class Shard:
             expires,
             action="exempt",
         )
-        if seq > entry.seq:
-            entry.seq = seq
-        if self.track_changes:
-            self.dirty[("familiar", key)] = None
+        self._mark_familiar(key, entry, seq)
         return True
 
     def owner_proved(self, attempt: Attempt, rules: TenantRules, out: Outbox, seq: int) -> None:
@@ -178,9 +173,7 @@ class Shard:
         table = rules.familiar
         entry = table.mapping.get(key)
         if entry is None:
-            entry = table.create(key, StreakState)
-            if table.evicted:
-                self.lift_evicted(out, table)
+            entry = self._new_familiar_entry(table, key, out)
         else:
             table.mapping.move_to_end(key)
             if seq >= 0 and entry.seq >= seq:
@@ -188,6 +181,20 @@ class Shard:
         now = attempt.occurred_ms
         entry.blocked_until_ms = max(entry.blocked_until_ms, now + after_ms)
         entry.keep_until_ms = max(entry.keep_until_ms, now + rules.familiar_memory_ms)
+        self._mark_familiar(key, entry, seq)
+
+    def _new_familiar_entry(
+        self, table: BoundedTable[StreakState], key: Key, out: Outbox
+    ) -> StreakState:
+        """A new entry of a familiar table; the exempts of entries its cap evicted are
+        lifted."""
+        entry = table.create(key, StreakState)
+        if table.evicted:
+            self.lift_evicted(out, table)
+        return entry
+
+    def _mark_familiar(self, key: Key, entry: StreakState, seq: int) -> None:
+        """The familiar entry changed: its sequence, and its changelog record."""
         if seq > entry.seq:
             entry.seq = seq
         if self.track_changes:

@@ -182,7 +182,7 @@ class StrangersTier:
         baseline = (
             self._span_baseline(tenant, window, span, quantile, cfg, spray, window_ms)
             if settled
-            else self._quick_baseline(tenant, window, quantile, cfg, spray, window_ms)
+            else self._quick_baseline(tenant, window, span, quantile, cfg, spray, window_ms)
         )
         threshold = max(floor, factor * baseline)
         if total < threshold or recent * span < threshold * active:
@@ -235,8 +235,7 @@ class StrangersTier:
         sparse (most windows hold none), so only a sum shows a steady level, such as a
         cold start's, where every place is new. Only whole spans: a sum reaching back
         before the tenant's first window would understate its norm."""
-        first = self.first_window.get(tenant, window) + span - 1
-        oldest = max(first, window - cfg.max_wave_ms // window_ms)
+        oldest = self._oldest(tenant, window, span, cfg, window_ms)
         unredeemed = self._unredeemed(tenant)
 
         def sums() -> Iterator[int]:
@@ -253,6 +252,7 @@ class StrangersTier:
         self,
         tenant: str,
         window: int,
+        span: int,
         quantile: float,
         cfg: StrangersConfig,
         spray: TenantSprayConfig,
@@ -265,10 +265,17 @@ class StrangersTier:
         the tenant's own people leave unredeemed ``quick_ms`` after a window. Only whole
         spans, as the settled check's."""
         sums = self.quick_sums.get(tenant, {})
-        first = self.first_window.get(tenant, window) + max(1, cfg.quick_span_ms // window_ms) - 1
-        oldest = max(first, window - cfg.max_wave_ms // window_ms)
+        oldest = self._oldest(tenant, window, span, cfg, window_ms)
         values = (sums.get(end, 0) for end in range(window - 1, oldest - 1, -1))
         return self._calm_quantile(tenant, window, values, spray.baseline_windows, quantile)
+
+    def _oldest(
+        self, tenant: str, window: int, span: int, cfg: StrangersConfig, window_ms: int
+    ) -> int:
+        """The oldest window a baseline's sample ends at: within ``max_wave_ms``, and the
+        first whose ``span`` lies wholly after the tenant's first window."""
+        first = self.first_window.get(tenant, window) + span - 1
+        return max(first, window - cfg.max_wave_ms // window_ms)
 
     def _calm_quantile(
         self, tenant: str, window: int, values: Iterator[int], wanted: int, quantile: float
@@ -321,8 +328,7 @@ class StrangersTier:
         """Rule 8 reached ``window``: drop its firings the tier no longer looks at (bounded
         memory also for a tenant with no strangers, whose windows ``settle`` never sees)."""
         horizon = window - self.keep_windows(tenant) - 2
-        if any(t == tenant and w < horizon for t, w in self.rule8_fired):
-            self.rule8_fired = {s for s in self.rule8_fired if s[0] != tenant or s[1] >= horizon}
+        self.rule8_fired = _without_before(self.rule8_fired, tenant, horizon)
 
     def _forget(self, tenant: str, horizon: int) -> None:
         """Drop the tenant's slow-tier windows before ``horizon`` (bounded memory)."""
@@ -332,12 +338,9 @@ class StrangersTier:
                     del table[window]
         if not self.strangers.get(tenant):
             self.strangers.pop(tenant, None)
-        if any(t == tenant and w < horizon for t, w in self.slow_fired):
-            self.slow_fired = {s for s in self.slow_fired if s[0] != tenant or s[1] >= horizon}
-        if any(t == tenant and w < horizon for t, w in self.quick_fired):
-            self.quick_fired = {s for s in self.quick_fired if s[0] != tenant or s[1] >= horizon}
-        if any(t == tenant and w < horizon for t, w in self.rule8_fired):
-            self.rule8_fired = {s for s in self.rule8_fired if s[0] != tenant or s[1] >= horizon}
+        self.slow_fired = _without_before(self.slow_fired, tenant, horizon)
+        self.quick_fired = _without_before(self.quick_fired, tenant, horizon)
+        self.rule8_fired = _without_before(self.rule8_fired, tenant, horizon)
         sums = self.quick_sums.get(tenant)
         if sums and min(sums) < horizon:
             for window in [w for w in sums if w < horizon]:
@@ -348,3 +351,11 @@ class StrangersTier:
         ]
         for share_key in stale:
             del self.shares[share_key]
+
+
+def _without_before(slots: set[tuple[str, int]], tenant: str, horizon: int) -> set[tuple[str, int]]:
+    """``slots`` without the tenant's windows before ``horizon`` (the same set when it
+    holds none: no copy per call)."""
+    if any(t == tenant and w < horizon for t, w in slots):
+        return {s for s in slots if s[0] != tenant or s[1] >= horizon}
+    return slots

@@ -41,7 +41,7 @@ def test_the_quick_baseline_takes_whole_spans_only() -> None:
     the tenant) are not in the quick check's sample."""
     tier = _tier({})
     tier.quick_sums[TENANT] = {w: (1 if w < QUICK_SPAN - 1 else 10) for w in range(20)}
-    assert tier._quick_baseline(TENANT, 20, 0.0, CFG, SPRAY, WINDOW_MS) == 10
+    assert tier._quick_baseline(TENANT, 20, QUICK_SPAN, 0.0, CFG, SPRAY, WINDOW_MS) == 10
 
 
 def test_the_calm_sample_leaves_out_the_windows_rule_8_fired_on() -> None:
