@@ -92,6 +92,8 @@ class Engine:
         rollup.tier.newly_slow_fired.clear()
         rollup.tier.newly_quick_fired.clear()
         rollup.tier.newly_quick_sums.clear()
+        rollup.forgotten_shares.clear()
+        rollup.forgotten_fired.clear()
         if rollup.decisions:
             index_wave(self.accounts.index, rollup.decisions)
             self.out.decisions.extend(rollup.decisions)

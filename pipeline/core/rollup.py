@@ -46,12 +46,21 @@ class TenantRollup:
         """Per (tenant, window), the paced check's baseline (``slow_quantile``), taken
         with ``baselines``."""
         self.fired: set[tuple[str, int]] = set()
+        self.forgotten_shares: list[tuple[str, str, int, int]] = []
+        """``(kind, tenant, window, part)`` of the shares forgotten since the caller last
+        drained this (part ``EVERY_PART``: that kind's shares of the window from every
+        part): nothing looks at them again, so their changelog records can go."""
+        self.forgotten_fired: list[tuple[str, str, int]] = []
+        """``(tag, tenant, window)`` of the fired windows forgotten since the caller last
+        drained this: rule 8's (tag ``""``, once the slow tier no longer looks at them
+        either), the slow tier's checks' (``STRANGER_SHARE``, ``QUICK_FIRED``) and
+        ``stuffing_tenant``'s (``UNKNOWN_SHARE``)."""
         self.first_window: dict[str, int] = {}
         self.touched: dict[tuple[str, int], None] = {}
         self.touched_unknown: dict[tuple[str, int], None] = {}
         self.tick_ms = -1
         self._configs: dict[str, TenantSprayConfig] = {}
-        self.stuffing = TenantStuffing()
+        self.stuffing = TenantStuffing(self.forgotten_shares, self.forgotten_fired)
         self.decisions: list[tuple[str, Decision]] = []
         self.last_share_ms: dict[str, int] = {}
         """Per tenant, the event time of the newest share recorded: a wave decision is
@@ -67,7 +76,14 @@ class TenantRollup:
         """Per tenant, ``[since_ms, expires_ms]`` of the last wave record published (rule 8's
         or the slow tier's: they share the tenant's key), so a record issued while it is in
         force keeps its lead-in (in the changelog's ``order`` record)."""
-        self.tier = StrangersTier(policy, self.shares, self.first_window, self._waves_due)
+        self.tier = StrangersTier(
+            policy,
+            self.shares,
+            self.first_window,
+            self._waves_due,
+            self.forgotten_shares,
+            self.forgotten_fired,
+        )
         """Rule 8's slow tier (``strangers_tenant``), fed the ``x`` and ``r`` shares."""
 
     def recorded(self, tenant: str, window: int, kind: str, part: int) -> int:
@@ -311,6 +327,10 @@ class TenantRollup:
                 del table[slot]
         for share_key in [k for k in self.shares if k[1] == tenant and k[2] < horizon]:
             del self.shares[share_key]
+            if share_key[0] not in SLOW_SHARES:  # the tier's go with its windows
+                self.forgotten_shares.append(share_key)
+        # (rule 8's fired windows are forgotten for good, their records too, once the
+        # slow tier, which looks further back, forgets them: forget_rule8)
         self.fired = {s for s in self.fired if s[0] != tenant or s[1] >= horizon}
         self.tier.forget_rule8(tenant, window)
         return baseline

@@ -17,13 +17,20 @@ from pipeline.core.records import build_alert
 
 SLOW_SHARES: Final = (STRANGER_SHARE, REDEEMED_SHARE)
 """The share kinds the tier sums."""
+QUICK_FIRED: Final = "q"
+"""The tag of the quick check's fired windows (``StrangersTier.quick_fired``); the slow
+check's are tagged ``STRANGER_SHARE``, rule 8's ``""``."""
+EVERY_PART: Final = -1
+"""A forgotten share's part: the shares of that kind and window from every part."""
 
 
 class StrangersTier:
     """The slow tier's state and checks. ``shares``, ``first_window`` and ``waves_due`` are
     the rollup's own (the shards' latest shares, each tenant's first window, and the wave
     records an evaluation issues), shared so that forgetting a window here drops its
-    shares there and a firing here is published with rule 8's, in issue order."""
+    shares there and a firing here is published with rule 8's, in issue order.
+    ``forgotten_shares`` and ``forgotten_fired`` are the rollup's lists of what it no
+    longer looks at (``TenantRollup``): the tier adds the windows it forgets."""
 
     def __init__(
         self,
@@ -31,11 +38,19 @@ class StrangersTier:
         shares: dict[tuple[str, str, int, int], int],
         first_window: dict[str, int],
         waves_due: list[tuple[int, str, str, int, int]],
+        forgotten_shares: list[tuple[str, str, int, int]] | None = None,
+        forgotten_fired: list[tuple[str, str, int]] | None = None,
     ) -> None:
         self.policy = policy
         self.shares = shares
         self.first_window = first_window
         self.waves_due = waves_due
+        self.forgotten_shares: list[tuple[str, str, int, int]] = (
+            [] if forgotten_shares is None else forgotten_shares
+        )
+        self.forgotten_fired: list[tuple[str, str, int]] = (
+            [] if forgotten_fired is None else forgotten_fired
+        )
         self.strangers: dict[str, dict[int, int]] = {}
         """Per tenant and rule-8 window, the strangers' failing sources (``StrangersConfig``)."""
         self.redeemed: dict[str, dict[int, int]] = {}
@@ -328,19 +343,27 @@ class StrangersTier:
         """Rule 8 reached ``window``: drop its firings the tier no longer looks at (bounded
         memory also for a tenant with no strangers, whose windows ``settle`` never sees)."""
         horizon = window - self.keep_windows(tenant) - 2
-        self.rule8_fired = _without_before(self.rule8_fired, tenant, horizon)
+        self.rule8_fired = self._without_before(self.rule8_fired, tenant, horizon, "")
 
     def _forget(self, tenant: str, horizon: int) -> None:
-        """Drop the tenant's slow-tier windows before ``horizon`` (bounded memory)."""
+        """Drop the tenant's slow-tier windows before ``horizon`` (bounded memory), and
+        say so (``forgotten_shares``, ``forgotten_fired``): their changelog records go."""
+        windows: set[int] = set()
         for table in (self.strangers.get(tenant), self.redeemed.get(tenant)):
             if table and min(table) < horizon:
                 for window in [w for w in table if w < horizon]:
                     del table[window]
+                    windows.add(window)
+        for window in sorted(windows):
+            for kind in SLOW_SHARES:
+                self.forgotten_shares.append((kind, tenant, window, EVERY_PART))
         if not self.strangers.get(tenant):
             self.strangers.pop(tenant, None)
-        self.slow_fired = _without_before(self.slow_fired, tenant, horizon)
-        self.quick_fired = _without_before(self.quick_fired, tenant, horizon)
-        self.rule8_fired = _without_before(self.rule8_fired, tenant, horizon)
+        if not self.redeemed.get(tenant):
+            self.redeemed.pop(tenant, None)
+        self.slow_fired = self._without_before(self.slow_fired, tenant, horizon, STRANGER_SHARE)
+        self.quick_fired = self._without_before(self.quick_fired, tenant, horizon, QUICK_FIRED)
+        self.rule8_fired = self._without_before(self.rule8_fired, tenant, horizon, "")
         sums = self.quick_sums.get(tenant)
         if sums and min(sums) < horizon:
             for window in [w for w in sums if w < horizon]:
@@ -352,10 +375,14 @@ class StrangersTier:
         for share_key in stale:
             del self.shares[share_key]
 
-
-def _without_before(slots: set[tuple[str, int]], tenant: str, horizon: int) -> set[tuple[str, int]]:
-    """``slots`` without the tenant's windows before ``horizon`` (the same set when it
-    holds none: no copy per call)."""
-    if any(t == tenant and w < horizon for t, w in slots):
+    def _without_before(
+        self, slots: set[tuple[str, int]], tenant: str, horizon: int, tag: str
+    ) -> set[tuple[str, int]]:
+        """``slots`` without the tenant's windows before ``horizon`` (the same set when it
+        holds none: no copy per call); those dropped go to ``forgotten_fired`` with
+        ``tag``."""
+        dropped = sorted(w for t, w in slots if t == tenant and w < horizon)
+        if not dropped:
+            return slots
+        self.forgotten_fired.extend((tag, tenant, window) for window in dropped)
         return {s for s in slots if s[0] != tenant or s[1] >= horizon}
-    return slots

@@ -14,6 +14,8 @@ Pure functions of counts: the engine keeps the counts (``SourceState``).
 
 from __future__ import annotations
 
+from pipeline.core.outbox import UNKNOWN_SHARE
+
 
 def stuffing_alert_due(
     failures: int, unknown: int, min_attempts: int, unknown_ratio: float
@@ -41,7 +43,20 @@ class TenantStuffing:
     windows older than the baseline needs are forgotten.
     """
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        forgotten_shares: list[tuple[str, str, int, int]] | None = None,
+        forgotten_fired: list[tuple[str, str, int]] | None = None,
+    ) -> None:
+        self.forgotten_shares: list[tuple[str, str, int, int]] = (
+            [] if forgotten_shares is None else forgotten_shares
+        )
+        """``(UNKNOWN_SHARE, tenant, window, part)`` of the shares forgotten (the rollup's
+        list, ``TenantRollup.forgotten_shares``)."""
+        self.forgotten_fired: list[tuple[str, str, int]] = (
+            [] if forgotten_fired is None else forgotten_fired
+        )
+        """``(UNKNOWN_SHARE, tenant, window)`` of the fired windows forgotten."""
         self.shares: dict[tuple[str, int, int], int] = {}
         self.totals: dict[tuple[str, int], int] = {}
         self.baselines: dict[tuple[str, int], float] = {}
@@ -93,5 +108,9 @@ class TenantStuffing:
                 del table[slot]
         for share_key in [k for k in self.shares if k[0] == tenant and k[1] < horizon]:
             del self.shares[share_key]
-        self.fired = {s: v for s, v in self.fired.items() if s[0] != tenant or s[1] >= horizon}
+            self.forgotten_shares.append((UNKNOWN_SHARE, tenant, share_key[1], share_key[2]))
+        dropped = sorted(w for t, w in self.fired if t == tenant and w < horizon)
+        if dropped:
+            self.forgotten_fired.extend((UNKNOWN_SHARE, tenant, w) for w in dropped)
+            self.fired = {s: v for s, v in self.fired.items() if s[0] != tenant or s[1] >= horizon}
         return baseline

@@ -12,6 +12,7 @@ from pipeline.core.outbox import ACCOUNT_SHARE, SOURCE_KINDS, STRANGER_SHARE, UN
 from pipeline.core.policy import Policy
 from pipeline.core.rollup import TenantRollup
 from pipeline.core.sequence import Sequencer
+from pipeline.core.strangers_tier import EVERY_PART, QUICK_FIRED
 from pipeline.stream.envelopes import (
     StageOutput,
     changelog_key,
@@ -21,8 +22,6 @@ from pipeline.stream.envelopes import (
 )
 from pipeline.stream.progress import InputPosition
 
-QUICK_FIRED = "q"
-"""The tag of the changelog records of windows the slow tier's quick check fired on."""
 QUICK_SUM = "quick"
 """``[partition, "quick", tenant, window]``: the quick check's sum at that window."""
 
@@ -148,42 +147,17 @@ class RollupStage(InputPosition):
                 if share[5] < sequencer.released_ms:
                     result.note_late(upstream, position, share[5], sequencer.released_ms)
                 sequencer.push(share[5], share[6], upstream, position, share[:5], origin)
-        alerts: list[Any] = []
         for _seq, time_ms, (tenant, window, kind, part, share) in sequencer.release():
-            alerts.extend(rollup.advance(time_ms))
+            tick_ms = rollup.tick_ms
+            alerts = rollup.advance(time_ms)
+            if rollup.tick_ms != tick_ms:  # an evaluation: its records before this share's
+                self._records(partition, rollup, alerts, result)
             rollup.update(tenant, window, kind, part, share, time_ms)
             result.changelog.append((dumps([partition, tenant, window, kind, part]), dumps(share)))
-        alerts.extend(rollup.advance(sequencer.released_ms))
+        self._records(partition, rollup, rollup.advance(sequencer.released_ms), result)
         for wire_key, decision in rollup.decisions:  # wave challenges (never tombstoned)
             result.decisions.append((wire_key.encode(), encode(decision)))
         rollup.decisions.clear()
-        for alert in alerts:
-            result.alerts.append(encode(alert))
-            if (
-                alert.type == "stuffing_tenant"
-            ):  # what TenantStuffing.fired holds (it may fire once more)
-                window = _window(alert)
-                state = rollup.stuffing.fired[(alert.tenant, window)]
-                result.changelog.append(
-                    (dumps([partition, "fired", alert.tenant, window, UNKNOWN_SHARE]), dumps(state))
-                )
-        for tenant, window in rollup.newly_fired:  # rule 8's, alerted or not
-            result.changelog.append((dumps([partition, "fired", tenant, window]), b"1"))
-        rollup.newly_fired.clear()
-        for tenant, window in rollup.tier.newly_slow_fired:  # the slow tier's
-            result.changelog.append(
-                (dumps([partition, "fired", tenant, window, STRANGER_SHARE]), b"1")
-            )
-        rollup.tier.newly_slow_fired.clear()
-        for tenant, window in rollup.tier.newly_quick_fired:  # the slow tier's quick check
-            result.changelog.append(
-                (dumps([partition, "fired", tenant, window, QUICK_FIRED]), b"1")
-            )
-        rollup.tier.newly_quick_fired.clear()
-        for tenant, window, total in rollup.tier.newly_quick_sums:
-            key = dumps([partition, QUICK_SUM, tenant, window])
-            result.changelog.append((key, None if total is None else dumps(total)))
-        rollup.tier.newly_quick_sums.clear()
         stale = sequencer.take_stale()  # the commit record last: _Stage._finish
         result.held_records = len(stale)
         for upstream, position in stale:
@@ -202,6 +176,52 @@ class RollupStage(InputPosition):
             result.changelog.append((commit_key(partition), commit_record(offset + 1, sequencer)))
         result.held = len(sequencer)
         return result
+
+    def _records(
+        self, partition: int, rollup: TenantRollup, alerts: list[Any], result: StageOutput
+    ) -> None:
+        """An evaluation's alerts, and its changelog records in the order it made them:
+        what fired, then tombstones for the shares and fired windows it forgot (its
+        changelog holds no more than its memory: a window is recorded until nothing looks
+        at it, and a window that fired and was forgotten in one batch ends deleted)."""
+        for alert in alerts:
+            result.alerts.append(encode(alert))
+            if alert.type != "stuffing_tenant":
+                continue
+            # What TenantStuffing.fired holds (it may fire once more); a window forgotten
+            # since (in the same evaluation) has its tombstone below.
+            window = _window(alert)
+            state = rollup.stuffing.fired.get((alert.tenant, window))
+            if state is not None:
+                result.changelog.append(
+                    (dumps([partition, "fired", alert.tenant, window, UNKNOWN_SHARE]), dumps(state))
+                )
+        for tenant, window in rollup.newly_fired:  # rule 8's, alerted or not
+            result.changelog.append((dumps([partition, "fired", tenant, window]), b"1"))
+        rollup.newly_fired.clear()
+        tier = rollup.tier
+        for tenant, window in tier.newly_slow_fired:  # the slow tier's
+            result.changelog.append(
+                (dumps([partition, "fired", tenant, window, STRANGER_SHARE]), b"1")
+            )
+        tier.newly_slow_fired.clear()
+        for tenant, window in tier.newly_quick_fired:  # the slow tier's quick check
+            result.changelog.append(
+                (dumps([partition, "fired", tenant, window, QUICK_FIRED]), b"1")
+            )
+        tier.newly_quick_fired.clear()
+        for tenant, window, total in tier.newly_quick_sums:
+            key = dumps([partition, QUICK_SUM, tenant, window])
+            result.changelog.append((key, None if total is None else dumps(total)))
+        tier.newly_quick_sums.clear()
+        for kind, tenant, window, part in rollup.forgotten_shares:
+            for each in range(self.partitions) if part == EVERY_PART else (part,):
+                result.changelog.append((dumps([partition, tenant, window, kind, each]), None))
+        rollup.forgotten_shares.clear()
+        for tag, tenant, window in rollup.forgotten_fired:
+            fired = [partition, "fired", tenant, window]
+            result.changelog.append((dumps([*fired, tag] if tag else fired), None))
+        rollup.forgotten_fired.clear()
 
 
 def _position(share: list[Any]) -> int:

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from pipeline.contracts.codec import decode_attempt, dumps, encode
 from pipeline.core.engine import Engine, replay_order
-from pipeline.core.policy import policy_from_toml
+from pipeline.core.policy import Policy, policy_from_toml
 from pipeline.core.sequence import Sequencer
 from pipeline.settings import Settings
 from pipeline.stream.ingest import Record
@@ -50,12 +50,12 @@ def outputs(decisions: list[bytes], alerts: list[bytes]) -> tuple[list[bytes], l
     return sorted(decisions), sorted(alerts)
 
 
-def engine_outputs(recs: list[Record]) -> tuple[list[bytes], list[bytes]]:
-    normaliser = build_normaliser(Settings(), POLICY)
+def engine_outputs(recs: list[Record], policy: Policy = POLICY) -> tuple[list[bytes], list[bytes]]:
+    normaliser = build_normaliser(Settings(), policy)
     attempts = sorted(
         (normaliser.normalise(decode_attempt(r.value)) for r in recs), key=replay_order
     )
-    engine = Engine(POLICY)
+    engine = Engine(policy)
     engine.run(attempts)
     return outputs(
         [encode(d) for _, d in [*engine.out.decisions, *engine.out.exempts] if d is not None],
