@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -18,6 +19,81 @@ from tests.plugins.waiting import wait_until
 from tests.plugins.worker import StreamNames, WorkerProcess, start_worker
 
 pytestmark = pytest.mark.integration
+
+
+def killed_a_third_in(
+    kafka_bootstrap: str,
+    stream_names: StreamNames,
+    worker_env: dict[str, str],
+    workers: list[WorkerProcess],
+    tmp_path: Path,
+) -> tuple[WorkerProcess, Path]:
+    """The mixed scenario (2 simulated minutes, unpaced) through a worker SIGKILLed a third
+    of the way and restarted from its changelogs, until its outputs settle: the worker
+    now running, and the run's truth file."""
+    env = {**worker_env, "AUTHPIPE_LOG_LEVEL": "warning"}
+    worker = start_worker(workers, worker_env, tmp_path).wait_ready()
+    truth = tmp_path / "truth.jsonl"
+    done = cli(env, *mixed_stream_args(120, 0, truth))
+    assert done.returncode == 0, done.stderr
+    produced = len(truth.read_bytes().splitlines())
+    assert produced > 15_000
+    wait_until(
+        lambda: worker.metric("authpipe_events_total") >= produced // 3,
+        INGEST_TIMEOUT_S,
+        interval_s=0.2,
+        description="a third of the events ingested",
+    )
+    worker.kill()
+    restarted = start_worker(workers, worker_env, tmp_path).wait_ready()
+
+    # faust's commits skip holes its rebalance left, so committed offsets alone can say
+    # "no lag" while a stage still has messages to apply: ask the worker itself too.
+    # Held rows too: rows still waiting for a later mark are not applied yet.
+    def caught_up() -> bool:
+        return all(
+            restarted.metric(name) == 0
+            for name in (
+                "authpipe_stage_behind_messages",
+                "authpipe_ingest_lag_messages",
+                "authpipe_reorder_held_rows",
+            )
+        )
+
+    wait_for_outputs(
+        kafka_bootstrap,
+        stream_names,
+        [stream_names.decisions, stream_names.alerts],
+        "the worker caught up, no internal lag, decisions and alerts settled",
+        caught_up,
+    )
+    return restarted, truth
+
+
+def live_equals_replay(
+    env: dict[str, str], tmp_path: Path, truth: Path
+) -> tuple[dict[str, Any], Path]:
+    """The run's decisions and alerts read from the topics against ``backtest``'s replay of
+    the same events: asserts that none differs; the diff, and where the live ones were
+    saved."""
+    live = tmp_path / "live"
+    done = cli(
+        env,
+        "scorecard",
+        "--truth",
+        str(truth),
+        "--decisions-from-topic",
+        "--save-outputs",
+        str(live),
+    )
+    assert done.returncode == 0, done.stderr
+    diff, report = live_vs_replay(env, tmp_path, truth, live)
+    parity = diff["live_vs_replay"]
+    print(report)
+    assert (parity["decisions"]["only_live"], parity["decisions"]["only_replay"]) == ([], [])
+    assert (parity["alerts"]["only_live"], parity["alerts"]["only_replay"]) == ([], [])
+    assert "live vs replay: 0 decisions differ" in report
+    return diff, live
 
 
 @pytest.mark.timeout(900)
@@ -37,69 +113,19 @@ def test_the_demo_scenario_live_equals_its_replay(
     # late (docs/stream.md, "The bound"): give it the 2 s a user would give such a producer.
     worker_env = {**worker_env, "AUTHPIPE_WORKER_INPUT_IDLE_MS": "2000"}
     env = {**worker_env, "AUTHPIPE_LOG_LEVEL": "warning"}
-    worker = start_worker(workers, worker_env, tmp_path).wait_ready()
-    truth = tmp_path / "truth.jsonl"
-    done = cli(env, *mixed_stream_args(120, 0, truth))
-    assert done.returncode == 0, done.stderr
-    produced = len(truth.read_bytes().splitlines())
-    assert produced > 15_000
-    wait_until(
-        lambda: worker.metric("authpipe_events_total") >= produced // 3,
-        INGEST_TIMEOUT_S,
-        interval_s=0.2,
-        description="a third of the events ingested",
-    )
-    worker.kill()
-    worker = start_worker(workers, worker_env, tmp_path).wait_ready()
-    outputs = [stream_names.decisions, stream_names.alerts]
-
-    # faust's commits skip holes its rebalance left, so committed offsets alone can say
-    # "no lag" while a stage still has messages to apply: ask the worker itself too.
-    # Held rows too: rows still waiting for a later mark are not applied yet.
-    def caught_up() -> bool:
-        return all(
-            worker.metric(name) == 0
-            for name in (
-                "authpipe_stage_behind_messages",
-                "authpipe_ingest_lag_messages",
-                "authpipe_reorder_held_rows",
-            )
-        )
-
-    wait_for_outputs(
-        kafka_bootstrap,
-        stream_names,
-        outputs,
-        "the worker caught up, no internal lag, decisions and alerts settled",
-        caught_up,
-    )
-    live = tmp_path / "live"
-    done = cli(
-        env,
-        "scorecard",
-        "--truth",
-        str(truth),
-        "--decisions-from-topic",
-        "--save-outputs",
-        str(live),
-    )
-    assert done.returncode == 0, done.stderr
+    worker, truth = killed_a_third_in(kafka_bootstrap, stream_names, worker_env, workers, tmp_path)
     engine = tmp_path / "engine"
     done = cli(env, "scorecard", "--truth", str(truth), "--engine", "--save-outputs", str(engine))
     assert done.returncode == 0, done.stderr
-    diff, report = live_vs_replay(env, tmp_path, truth, live)
+    diff, live = live_equals_replay(env, tmp_path, truth)
     parity = diff["live_vs_replay"]
-    print(report)
+    assert parity["decisions"]["live"] >= 5 and parity["alerts"]["live"] >= 50
     reorder = {
         (name, stage): worker.metric(f'authpipe_reorder_{name}_rows{{stage="{stage}"}}')
         for name in ("late", "forced", "held")
         for stage in ("account", "source", "rollup")
     }
     print("reorder", reorder)
-    assert (parity["decisions"]["only_live"], parity["decisions"]["only_replay"]) == ([], [])
-    assert (parity["alerts"]["only_live"], parity["alerts"]["only_replay"]) == ([], [])
-    assert parity["decisions"]["live"] >= 5 and parity["alerts"]["live"] >= 50
-    assert "live vs replay: 0 decisions differ" in report
     # Nothing held or forced. Late rows: a producer stall longer than the quiet window can
     # still make a row of one millisecond late (logged as stream_rows_late); the outputs
     # above must stay equal whatever happens, and such rows stay this rare.
