@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import orjson
 import pytest
@@ -11,7 +10,7 @@ import pytest
 from tests.integration.test_sim_pipeline import (
     INGEST_TIMEOUT_S,
     cli,
-    live_vs_replay,
+    live_equals_replay,
     mixed_stream_args,
 )
 from tests.plugins.settling import wait_for_outputs
@@ -70,32 +69,6 @@ def killed_a_third_in(
     return restarted, truth
 
 
-def live_equals_replay(
-    env: dict[str, str], tmp_path: Path, truth: Path
-) -> tuple[dict[str, Any], Path]:
-    """The run's decisions and alerts read from the topics against ``backtest``'s replay of
-    the same events: asserts that none differs; the diff, and where the live ones were
-    saved."""
-    live = tmp_path / "live"
-    done = cli(
-        env,
-        "scorecard",
-        "--truth",
-        str(truth),
-        "--decisions-from-topic",
-        "--save-outputs",
-        str(live),
-    )
-    assert done.returncode == 0, done.stderr
-    diff, report = live_vs_replay(env, tmp_path, truth, live)
-    parity = diff["live_vs_replay"]
-    print(report)
-    assert (parity["decisions"]["only_live"], parity["decisions"]["only_replay"]) == ([], [])
-    assert (parity["alerts"]["only_live"], parity["alerts"]["only_replay"]) == ([], [])
-    assert "live vs replay: 0 decisions differ" in report
-    return diff, live
-
-
 @pytest.mark.timeout(900)
 def test_the_demo_scenario_live_equals_its_replay(
     kafka_bootstrap: str,
@@ -117,7 +90,9 @@ def test_the_demo_scenario_live_equals_its_replay(
     engine = tmp_path / "engine"
     done = cli(env, "scorecard", "--truth", str(truth), "--engine", "--save-outputs", str(engine))
     assert done.returncode == 0, done.stderr
-    diff, live = live_equals_replay(env, tmp_path, truth)
+    diff, live, report = live_equals_replay(env, tmp_path, truth)
+    print(report)
+    assert "live vs replay: 0 decisions differ" in report
     parity = diff["live_vs_replay"]
     assert parity["decisions"]["live"] >= 5 and parity["alerts"]["live"] >= 50
     reorder = {

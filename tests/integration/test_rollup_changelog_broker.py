@@ -8,7 +8,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from tests.integration.test_replay_parity import killed_a_third_in, live_equals_replay
+from tests.integration.test_replay_parity import killed_a_third_in
+from tests.integration.test_sim_pipeline import live_equals_replay
 from tests.plugins.worker import StreamNames, WorkerProcess, read_topic
 
 pytestmark = pytest.mark.integration
@@ -57,7 +58,7 @@ def test_the_rollups_tombstoned_changelog_restores_to_the_replays_outputs(
     }
     env = {**worker_env, "AUTHPIPE_LOG_LEVEL": "warning"}
     _, truth = killed_a_third_in(kafka_bootstrap, stream_names, worker_env, workers, tmp_path)
-    diff, _ = live_equals_replay(env, tmp_path, truth)
+    diff, _, _ = live_equals_replay(env, tmp_path, truth)
     parity = diff["live_vs_replay"]
     assert parity["decisions"]["live"] >= 5 and parity["alerts"]["live"] >= 1
 

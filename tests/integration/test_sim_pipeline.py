@@ -82,6 +82,30 @@ def live_vs_replay(
     return diff, done.stdout
 
 
+def live_equals_replay(
+    env: dict[str, str], tmp_path: Path, truth: Path
+) -> tuple[dict[str, Any], Path, str]:
+    """The run's decisions and alerts read from the topics (``scorecard --save-outputs``)
+    against ``backtest``'s replay of the same events (``live_vs_replay``): asserts that
+    none differs; the diff, where the live ones were saved, and the printed report."""
+    live = tmp_path / "live"
+    done = cli(
+        env,
+        "scorecard",
+        "--truth",
+        str(truth),
+        "--decisions-from-topic",
+        "--save-outputs",
+        str(live),
+    )
+    assert done.returncode == 0, done.stderr
+    diff, report = live_vs_replay(env, tmp_path, truth, live)
+    parity = diff["live_vs_replay"]
+    assert (parity["decisions"]["only_live"], parity["decisions"]["only_replay"]) == ([], [])
+    assert (parity["alerts"]["only_live"], parity["alerts"]["only_replay"]) == ([], [])
+    return diff, live, report
+
+
 def consumer_groups(bootstrap: str) -> set[str]:
     async def run() -> set[str]:
         admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
