@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import html
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -28,13 +28,14 @@ from typing import Any
 import orjson
 
 from pipeline.contracts.models import datetime_to_ms, format_utc_ms, ms_to_datetime
+from pipeline.core.decisions import Verdict
 from pipeline.errors import AuthpipeError
 from pipeline.settings import Settings
 from pipeline.sim.matching import match_alerts
 from pipeline.sim.output_files import load_outputs
 from pipeline.sim.outputs import Outputs, run_engine
-from pipeline.sim.replay import replay
-from pipeline.sim.scoring import score
+from pipeline.sim.replay import replay_sessions
+from pipeline.sim.scoring import score, takeover
 from pipeline.sim.truth import ATTACKER, UNKNOWN, TruthEvent, load_truth
 from pipeline.wiring import build_normaliser, grouping_check, load_policy
 
@@ -114,12 +115,13 @@ def _series(events: Sequence[TruthEvent], refused: Sequence[bool] | None) -> dic
 
 
 def takeovers(
-    events: Sequence[TruthEvent], refused: Sequence[bool] | None
+    events: Sequence[TruthEvent], verdicts: Sequence[Verdict], reviewed: Collection[int]
 ) -> Counter[tuple[str, str]]:
-    """Attacker successes that were not refused, per (tenant, account digest)."""
+    """Takeovers per (tenant, account digest), counted as the scorecard counts them
+    (``pipeline.sim.scoring.takeover``)."""
     out: Counter[tuple[str, str]] = Counter()
-    for i, e in enumerate(events):
-        if e.role == ATTACKER and e.attempt.success and not (refused and refused[i]):
+    for i, (e, verdict) in enumerate(zip(events, verdicts, strict=True)):
+        if takeover(e, verdict, i in reviewed):
             out[(e.attempt.tenant, e.attempt.account)] += 1
     return out
 
@@ -246,12 +248,15 @@ def build_data(inputs: ReportInputs) -> dict[str, Any]:
             "no events to report on; give --truth or --events with at least one event"
         )
     refused = None
+    taken: Counter[tuple[str, str]] = Counter()
     if inputs.outputs is not None:
-        refused = [not v.allowed for v in replay(events, inputs.outputs.decisions)]
+        verdicts, reviewed = replay_sessions(events, inputs.outputs.decisions)
+        refused = [not v.allowed for v in verdicts]
+        if any(e.role != UNKNOWN for e in events):
+            taken = takeovers(events, verdicts, reviewed)
     start_ms, end_ms = events[0].occurred_ms, events[-1].occurred_ms + 1
     decisions, truncated = _decisions(inputs.outputs, end_ms, _attack_keys(events))
     alerts = _alerts(inputs.outputs, events, inputs.plain_accounts)
-    taken = takeovers(events, refused) if any(e.role != UNKNOWN for e in events) else Counter()
     sources, accounts = _top(events, inputs.plain_accounts, taken)
     names = account_names(events)
     rules = sorted({d["rule"] for d in decisions})

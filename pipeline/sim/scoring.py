@@ -68,6 +68,7 @@ def score(
     legit_reviewed = [0, 0, 0]
     for i, (event, verdict, reason) in enumerate(zip(events, verdicts, design, strict=True)):
         if event.role == ATTACKER:
+            taken_over = takeover(event, verdict, i in reviewed)
             # A challenge stops a bot: the assumption is that bots fail challenges, the
             # step-up a session review asks after the sign-in too.
             challenged = _shown(verdict, event)
@@ -78,9 +79,8 @@ def score(
                 verdict = CHALLENGED
                 scores[event.scenario].stepped_up_after_sign_in += 1
             a = event.attempt
-            success = a.success and event.cohort not in NOT_TAKEOVERS
-            _count_attacker(scores[event.scenario], event, verdict, success)
-            if verdict.allowed and success:
+            _count_attacker(scores[event.scenario], event, verdict, taken_over)
+            if taken_over:
                 taken[event.scenario].add((a.tenant, a.account))
             elif verdict.allowed and not a.success:
                 let_through[(event.scenario, a.tenant, a.account)].append(event.occurred_ms)
@@ -148,6 +148,22 @@ def _shown(verdict: Verdict, event: TruthEvent) -> bool:
     if not verdict.allowed or verdict.challenge is None:
         return False
     return verdict.challenge != "step_up" or event.attempt.success
+
+
+def takeover(event: TruthEvent, verdict: Verdict, reviewed: bool) -> bool:
+    """Whether ``event`` took an account over: a labelled attacker's success (not on its own
+    account nor a first factor it then fails: ``NOT_TAKEOVERS``) the gateway let through
+    with no challenge to meet (bots fail them) and no session review stepped up later
+    (``reviewed``). The one count of the scorecard, the report and ``backtest --verdicts``."""
+    a = event.attempt
+    return (
+        event.role == ATTACKER
+        and a.success
+        and event.cohort not in NOT_TAKEOVERS
+        and verdict.allowed
+        and not _shown(verdict, event)
+        and not reviewed
+    )
 
 
 def most_in_a_day(times: Sequence[int]) -> int:

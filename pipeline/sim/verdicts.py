@@ -7,7 +7,7 @@ so it is reported as ``failure_reason = "refused"`` whatever its recorded outcom
 rule counts it (the README's login service does exactly this). One line per input event:
 
 ``{"event_id", "occurred_at", "account", "allowed", "retry_after_ms", "challenge",
-"challenge_passed", "refused_by", "decisions", "lifts", "alerts", "notices"}``
+"challenge_passed", "taken_over", "refused_by", "decisions", "lifts", "alerts", "notices"}``
 
 ``challenge`` is what the gateway would demand (``captcha``, ``step_up`` or null). The
 emulation assumes bots fail challenges and people pass them: a challenged attempt of a
@@ -16,6 +16,9 @@ password is checked, so the attempt is a ``flow = "challenge"`` failure; a ``ste
 after a correct password is a failed second factor, so a success becomes an ``mfa``
 failure), and anyone else's passes (``challenge_passed``) and goes on unchanged.
 
+``taken_over`` says whether the attempt took an account over, decided by the function the
+scorecard and the report use (``pipeline.sim.scoring.takeover``; no session review is
+played here, so a sign-in a later wave would have stepped up still counts).
 ``refused_by`` lists the rules of every block in force that applies (the longest first);
 ``decisions``, ``lifts``, ``alerts`` and ``notices`` are what the event itself caused.
 The summary counts, per account, the most failures let through in any 24 h: the number a
@@ -38,7 +41,7 @@ from pipeline.core.decisions import keys_for
 from pipeline.core.engine import Engine
 from pipeline.core.policy import Policy
 from pipeline.sim.card import Tally
-from pipeline.sim.scoring import most_in_a_day
+from pipeline.sim.scoring import most_in_a_day, takeover
 from pipeline.sim.truth import ATTACKER, TruthEvent
 
 
@@ -53,6 +56,8 @@ class VerdictSummary(Tally):
     notices: int = 0
     challenged: int = 0
     failures_let_through: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
+    takeovers: Counter[str] = field(default_factory=Counter)
+    """Takeovers (``pipeline.sim.scoring.takeover``) per account as typed."""
 
     def per_account_24h(self) -> list[tuple[str, int]]:
         """(account as typed, most failures let through in any 24 h), most first."""
@@ -73,10 +78,22 @@ class VerdictSummary(Tally):
             f"challenged: {self.challenged:,} (bots are assumed to fail challenges, people to "
             "pass them)",
             f"successes allowed: {self.successes_allowed:,}",
+            self._takeovers_line(),
             "most failures let through per account in any 24 h:",
         ]
         lines += [f"  {n:>6}  {account}" for account, n in self.per_account_24h()[:top]]
         return "\n".join(lines)
+
+    def _takeovers_line(self) -> str:
+        if not self.takeovers:
+            return "account takeovers: none"
+        accounts = len(self.takeovers)
+        logins = sum(self.takeovers.values())
+        return (
+            f"account takeovers: {accounts:,} account{'s' * (accounts != 1)} "
+            f"({logins:,} attacker sign-in{'s' * (logins != 1)} let through): "
+            + ", ".join(f"{account} {n}" for account, n in sorted(self.takeovers.items()))
+        )
 
 
 def _counts(counter: Counter[str]) -> str:
@@ -120,6 +137,7 @@ def verdicts(
             "retry_after_ms": verdict.retry_after_ms,
             "challenge": verdict.challenge,
             "challenge_passed": passed,
+            "taken_over": takeover(event, verdict, False),
             "refused_by": refused_by,
             "decisions": [
                 {
@@ -155,6 +173,8 @@ def _failed_challenge(a: Attempt, kind: str) -> Attempt:
 def _add(summary: VerdictSummary, event: TruthEvent, line: dict[str, Any]) -> None:
     summary.events += 1
     a = event.attempt
+    if line["taken_over"]:
+        summary.takeovers[event.account_plain] += 1
     if line["challenge"] is not None:
         summary.challenged += 1
         if not line["challenge_passed"]:
