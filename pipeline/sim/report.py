@@ -18,6 +18,7 @@ that was not refused) are listed and marked.
 from __future__ import annotations
 
 import html
+from bisect import bisect_left
 from collections import Counter, defaultdict
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
@@ -44,6 +45,11 @@ MAX_BUCKETS = 240
 MAX_DECISIONS = 1500
 MAX_ALERTS = 1000
 TOP = 15
+ZOOM_SHARE = 0.5
+"""A busy run spanning less than this share of the whole gets a chart of its own."""
+QUIET_BUCKETS = 4
+"""Busy buckets fewer than this many quiet ones apart belong to one run."""
+MAX_ZOOMS = 3
 CSP = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:"
 
 
@@ -114,6 +120,81 @@ def _series(events: Sequence[TruthEvent], refused: Sequence[bool] | None) -> dic
     }
 
 
+def busy_spans(times: Sequence[int]) -> list[tuple[int, int]]:
+    """The runs of ``times`` (sorted epoch ms) that a chart of the whole span squeezes: busier
+    than the mean and under ``ZOOM_SHARE`` of the span (a mixed hour after a patient
+    attacker's day), as [start, end) ms in time order. A run is found in the whole span's
+    buckets (those above the mean rate; fewer than ``QUIET_BUCKETS`` quiet ones apart
+    join); its edges are found again in its own buckets (those above a quarter of its rate,
+    searched one whole-span bucket either side)."""
+    if len(times) < 2:
+        return []
+    first, last = times[0], times[-1]
+    span = last - first + 1
+    size = bucket_ms(span)
+    out: list[tuple[int, int]] = []
+    for lo, hi in _busy(times, first, last + 1, size, len(times) * size / span, QUIET_BUCKETS):
+        if hi - lo > span * ZOOM_SHARE:
+            continue
+        fine = bucket_ms(hi - lo)
+        count = bisect_left(times, hi) - bisect_left(times, lo)
+        least = max(2.0, count * fine / (hi - lo) / 4)
+        edges = _busy(times, max(first, lo - size), min(last + 1, hi + size), fine, least, None)
+        out.append((edges[0][0], edges[-1][1]))
+    return out[:MAX_ZOOMS]
+
+
+def _busy(
+    times: Sequence[int], lo: int, hi: int, size: int, least: float, quiet: int | None
+) -> list[tuple[int, int]]:
+    """[start, end) of the runs of buckets (multiples of ``size``) in [lo, hi) holding at
+    least ``least`` of ``times``; runs fewer than ``quiet`` buckets apart join (``None``:
+    all join)."""
+    start = lo - lo % size
+    counts = [0] * ((hi - 1 - start) // size + 1)
+    for t in times[bisect_left(times, lo) : bisect_left(times, hi)]:
+        counts[(t - start) // size] += 1
+    runs: list[list[int]] = []
+    for b, n in enumerate(counts):
+        if n < least:
+            continue
+        if runs and (quiet is None or b - runs[-1][1] < quiet):
+            runs[-1][1] = b + 1
+        else:
+            runs.append([b, b + 1])
+    return [(start + a * size, start + b * size) for a, b in runs]
+
+
+def _zooms(
+    events: Sequence[TruthEvent],
+    refused: Sequence[bool] | None,
+    decisions: Sequence[dict[str, Any]],
+    alerts: Sequence[dict[str, Any]],
+) -> list[dict[str, Any]]:
+    """A chart's data per busy run (``busy_spans``): its range, events and series, and the
+    decisions in force and alerts raised in it (each list capped as the whole span's)."""
+    times = [e.occurred_ms for e in events]
+    out = []
+    for lo, hi in busy_spans(times):
+        i, j = bisect_left(times, lo), bisect_left(times, hi)
+        inside = [d for d in decisions if d["until"] > lo and d["t"] < hi]
+        drawn = inside[:MAX_DECISIONS]
+        raised = [a for a in alerts if lo <= a["t"] < hi][:MAX_ALERTS]
+        out.append(
+            {
+                "range": {"start_ms": lo, "end_ms": hi},
+                "events": j - i,
+                "series": _series(events[i:j], refused[i:j] if refused is not None else None),
+                "lanes": sorted({d["rule"] for d in drawn})
+                + [f"alert: {t}" for t in sorted({a["type"] for a in raised})],
+                "decisions": drawn,
+                "decisions_truncated": max(0, len(inside) - MAX_DECISIONS),
+                "alerts": raised,
+            }
+        )
+    return out
+
+
 def takeovers(
     events: Sequence[TruthEvent], verdicts: Sequence[Verdict], reviewed: Collection[int]
 ) -> Counter[tuple[str, str]]:
@@ -181,9 +262,10 @@ def account_names(events: Sequence[TruthEvent]) -> dict[tuple[str, str], str]:
 
 def _decisions(
     outputs: Outputs | None, end_ms: int, attacks: dict[str, str]
-) -> tuple[list[dict[str, Any]], int]:
+) -> list[dict[str, Any]]:
+    """Every decision in time order (each chart draws the first ``MAX_DECISIONS``)."""
     if outputs is None:
-        return [], 0
+        return []
     out: list[dict[str, Any]] = []
     for rec in outputs.decisions:
         d = rec.decision
@@ -201,7 +283,7 @@ def _decisions(
             }
         )
     out.sort(key=lambda d: d["t"])
-    return out[:MAX_DECISIONS], max(0, len(out) - MAX_DECISIONS)
+    return out
 
 
 def _alerts(
@@ -225,7 +307,7 @@ def _alerts(
             {"t": t, "type": a.type, "subject": subject, "count": a.count, "matched": matched}
         )
     out.sort(key=lambda a: a["t"])
-    return out[:MAX_ALERTS]
+    return out
 
 
 def _attack_keys(events: Sequence[TruthEvent]) -> dict[str, str]:
@@ -255,8 +337,10 @@ def build_data(inputs: ReportInputs) -> dict[str, Any]:
         if any(e.role != UNKNOWN for e in events):
             taken = takeovers(events, verdicts, reviewed)
     start_ms, end_ms = events[0].occurred_ms, events[-1].occurred_ms + 1
-    decisions, truncated = _decisions(inputs.outputs, end_ms, _attack_keys(events))
-    alerts = _alerts(inputs.outputs, events, inputs.plain_accounts)
+    every_decision = _decisions(inputs.outputs, end_ms, _attack_keys(events))
+    every_alert = _alerts(inputs.outputs, events, inputs.plain_accounts)
+    decisions, truncated = every_decision[:MAX_DECISIONS], len(every_decision) - MAX_DECISIONS
+    alerts = every_alert[:MAX_ALERTS]
     sources, accounts = _top(events, inputs.plain_accounts, taken)
     names = account_names(events)
     rules = sorted({d["rule"] for d in decisions})
@@ -267,9 +351,10 @@ def build_data(inputs: ReportInputs) -> dict[str, Any]:
         f"{format_utc_ms(ms_to_datetime(end_ms))}",
         "range": {"start_ms": start_ms, "end_ms": end_ms},
         "series": _series(events, refused),
+        "zooms": _zooms(events, refused, every_decision, every_alert),
         "lanes": rules + [f"alert: {t}" for t in alert_types],
         "decisions": decisions,
-        "decisions_truncated": truncated,
+        "decisions_truncated": max(0, truncated),
         "alerts": alerts,
         "alerts_by_type": dict(Counter(r.alert.type for r in inputs.outputs.alerts))
         if inputs.outputs
@@ -315,7 +400,7 @@ def render_html(data: dict[str, Any]) -> str:
 <div id="errors"></div>
 <section class="wide"><h2>Attempts and failures over time</h2><div id="traffic"></div></section>
 <section class="wide"><h2>Decisions and alerts</h2><div id="timeline"></div></section>
-<section><h2>Top sources by failures</h2><div id="sources"></div></section>
+{_zoom_section(data)}<section><h2>Top sources by failures</h2><div id="sources"></div></section>
 <section><h2>Top accounts by failures</h2><div id="accounts"></div></section>
 <section class="wide"><h2>Alerts</h2><div id="alerts"></div></section>
 <section class="wide"><h2>Scorecard</h2><div id="scorecard"></div></section>
@@ -327,6 +412,15 @@ def render_html(data: dict[str, Any]) -> str:
 </body>
 </html>
 """
+
+
+def _zoom_section(data: dict[str, Any]) -> str:
+    if not data.get("zooms"):
+        return ""
+    return (
+        '<section class="wide" id="zooms"><h2>Busy stretches, each on its own time axis</h2>'
+        "</section>\n"
+    )
 
 
 def write_report(inputs: ReportInputs, path: Path) -> Path:

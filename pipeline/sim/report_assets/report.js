@@ -97,7 +97,7 @@
     return ticks;
   }
 
-  function trafficChart(container, series) {
+  function trafficChart(container, series, name) {
     var W = 1100, H = 310, L = 56, R = 16, T = 12, B = 40;
     var n = series.attempts.length;
     var t0 = series.start_ms, t1 = series.start_ms + n * series.bucket_ms;
@@ -105,7 +105,7 @@
     if (series.attacker) { names.push(["attacker", "attacker attempts"]); }
     if (series.refused) { names.push(["refused", "would be refused"]); }
     legend(container, names.map(function (p) { return [p[1] + " per " + series.bucket_label, COLORS[p[0]]]; }));
-    var svg = svgRoot(container, W, H, "traffic");
+    var svg = svgRoot(container, W, H, name || "traffic");
     var top = niceMax(Math.max.apply(null, series.attempts.concat([1])));
     var x = function (t) { return L + (W - L - R) * (t - t0) / Math.max(t1 - t0, 1); };
     var y = function (v) { return T + (H - T - B) * (1 - v / top); };
@@ -162,13 +162,13 @@
     return out;
   }
 
-  function timelineChart(container, data) {
+  function timelineChart(container, data, name) {
     var lanes = data.lanes;
     var W = 1100, L = 235, R = 16, T = 8, ROW = 24, B = 40;
     var H = T + Math.max(lanes.length, 1) * ROW + B;
     legend(container, [["block (issued to expiry)", COLORS.block], ["observe-only decision", COLORS.observe],
                        ["alert (\u00d7n: n alerts close together, the band spans them)", COLORS.alert]]);
-    var svg = svgRoot(container, W, H, "timeline");
+    var svg = svgRoot(container, W, H, name || "timeline");
     var t0 = data.range.start_ms, t1 = Math.max(data.range.end_ms, t0 + 1);
     var x = function (t) { return L + (W - L - R) * (Math.min(Math.max(t, t0), t1) - t0) / (t1 - t0); };
     var laneY = {}, counts = {};
@@ -210,6 +210,23 @@
       html("p", { "class": "note" }, container, data.decisions_truncated + " more decisions not drawn");
     }
     return svg;
+  }
+
+  // A busy run the whole-span charts squeeze (a mixed hour after a patient attacker's day)
+  // drawn again on its own time axis: its traffic, and the decisions and alerts in it.
+  function zoomSection(container, data) {
+    var total = 0;
+    data.zooms.forEach(function (zoom, i) {
+      var r = zoom.range, box = html("div", { "data-zoom": i, "data-zoom-start": r.start_ms,
+        "data-zoom-end": r.end_ms }, container);
+      html("h3", {}, box, stamp(r.start_ms) + " to " + stamp(r.end_ms) + ": " + number(zoom.events) +
+           " attempts in " + seconds(r.end_ms - r.start_ms));
+      trafficChart(box, zoom.series, "traffic-zoom");
+      timelineChart(box, Object.assign({}, data, { range: r, lanes: zoom.lanes, decisions: zoom.decisions,
+        alerts: zoom.alerts, decisions_truncated: zoom.decisions_truncated }), "timeline-zoom");
+      total++;
+    });
+    document.body.setAttribute("data-zooms-rendered", String(total));
   }
 
   var ROLE_NAMES = { attacker: "attacker", legit: "legitimate user", owner: "account owner",
@@ -336,6 +353,7 @@
     var rendered = 0;
     trafficChart(document.getElementById("traffic"), data.series); rendered++;
     timelineChart(document.getElementById("timeline"), data); rendered++;
+    if (data.zooms && data.zooms.length) { zoomSection(document.getElementById("zooms"), data); }
     barChart(document.getElementById("sources"), data.top_sources, "sources", "failures"); rendered++;
     barChart(document.getElementById("accounts"), data.top_accounts, "accounts", "failures"); rendered++;
     alertsSection(document.getElementById("alerts"), data); rendered++;
