@@ -20,7 +20,10 @@
 #
 # Environment:
 #   AUTHPIPE_EDGE_URL     default http://127.0.0.1:8080; https:// off loopback (plain
-#                         http is refused there), the certificate verified (never -k)
+#                         http is refused there), the certificate verified (never -k).
+#                         Parsed strictly: scheme://host[:port][/path], no user@, query
+#                         or fragment; plain http only to 127.0.0.0/8 (dotted quad),
+#                         [::1] or localhost, never through a proxy
 #   AUTHPIPE_EDGE_CACERT  a CA bundle to verify the edge's certificate with (default:
 #                         the system's)
 #   AUTHPIPE_EDGE_TOKEN   the edge's bearer token
@@ -63,20 +66,37 @@ if [[ -n "$tenant" ]]; then
     header_tenant="\"${tenant//./\\.}\""
 fi
 
+# loopback HOST: 127.0.0.0/8 as a plain dotted quad (no leading zeros, no short or
+# numeric forms curl would also read), [::1] or localhost.
+loopback() {
+    local host="$1" octet
+    [[ "$host" == localhost || "$host" == "[::1]" ]] && return 0
+    [[ "$host" =~ ^127\.(0|[1-9][0-9]{0,2})\.(0|[1-9][0-9]{0,2})\.(0|[1-9][0-9]{0,2})$ ]] || return 1
+    for octet in "${BASH_REMATCH[@]:1}"; do ((octet <= 255)) || return 1; done
+}
+
+# The URL is parsed, never matched as text: scheme://host[:port][/path] and nothing else
+# (no user@, query, fragment, escapes or spaces: `http://127.0.0.1@203.0.113.9` is a
+# remote host, and the bearer token must not go there).
+url_form='^(https?)://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9]([A-Za-z0-9.-]{0,252}[A-Za-z0-9])?)(:[0-9]{1,5})?(/[A-Za-z0-9._~/-]*)?$'
+url_refused="AUTHPIPE_EDGE_URL must be https://host[:port][/path] (plain http:// only on loopback: 127.0.0.0/8, [::1] or localhost; no user@, query or fragment)"
+if ! [[ "$edge" =~ $url_form ]]; then
+    echo "${url_refused}: ${edge@Q}" >&2
+    exit 2
+fi
+scheme="${BASH_REMATCH[1]}"
+host="${BASH_REMATCH[2]}"
 curl_opts=(-sS --max-time 70 --max-filesize 67108864)
-case "$edge" in
-    https://*)
-        curl_opts+=(--proto =https)
-        if [[ -n "${AUTHPIPE_EDGE_CACERT:-}" ]]; then curl_opts+=(--cacert "$AUTHPIPE_EDGE_CACERT"); fi
-        ;;
-    http://127.*|http://localhost|http://localhost[:/]*|http://\[::1\]*)
-        curl_opts+=(--proto =http)
-        ;;
-    *)
-        echo "AUTHPIPE_EDGE_URL must be https://... (http:// only on loopback): ${edge}" >&2
-        exit 2
-        ;;
-esac
+if [[ "$scheme" == https ]]; then
+    curl_opts+=(--proto =https)
+    if [[ -n "${AUTHPIPE_EDGE_CACERT:-}" ]]; then curl_opts+=(--cacert "$AUTHPIPE_EDGE_CACERT"); fi
+elif loopback "$host"; then
+    # No proxy either: an http_proxy in the environment would be sent the token.
+    curl_opts+=(--proto =http --noproxy '*')
+else
+    echo "${url_refused}: ${edge@Q}" >&2
+    exit 2
+fi
 read -r -a nginx <<< "${AUTHPIPE_NGINX:-nginx}"
 if [[ -n "${AUTHPIPE_EDGE_TOKEN:-}" ]]; then
     curl_opts+=(-H "Authorization: Bearer ${AUTHPIPE_EDGE_TOKEN}")

@@ -218,3 +218,84 @@ def test_https_is_verified(tls: tuple[ssl.SSLContext, Path], tmp_path: Path) -> 
         assert (refused.returncode, target.read_text()) == (1, PREVIOUS)
         assert sync(target, server.url, cacert=cert).returncode == 0
         assert target.read_bytes() == server.body
+
+
+def stub_curl(tmp_path: Path) -> tuple[str, Path]:
+    """A PATH whose ``curl`` records its arguments and fails (no traffic anywhere), and the
+    file it records them in."""
+    bin_dir, called = tmp_path / "bin", tmp_path / "curl-args"
+    bin_dir.mkdir()
+    curl = bin_dir / "curl"
+    curl.write_text(f"#!/bin/sh\nprintf '%s\\n' \"$@\" > {called}\nexit 7\n")
+    curl.chmod(0o755)
+    return f"{bin_dir}:/usr/bin:/bin", called
+
+
+def run_stubbed(tmp_path: Path, url: str) -> tuple[subprocess.CompletedProcess[str], Path]:
+    path, called = stub_curl(tmp_path)
+    done = subprocess.run(
+        ["bash", str(SCRIPT), "--once", str(tmp_path / "blocklist.conf")],
+        env={"PATH": path, "AUTHPIPE_EDGE_URL": url, "AUTHPIPE_EDGE_TOKEN": "secret-token"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return done, called
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://127.0.0.1@203.0.113.9:8080",  # userinfo: the host is 203.0.113.9
+        "http://127.0.0.1:8080@203.0.113.9",
+        "http://127.0.0.1.nip.io",  # a name that starts like loopback
+        "http://127.0.0.1.nip.io:8080/",
+        "http://localhost.example:8080",
+        "http://localhost@203.0.113.9",
+        "http://[::1]@203.0.113.9",
+        "http://[::1].example",
+        "http://127.0.0.1#@203.0.113.9",
+        "http://127.0.0.1?@203.0.113.9",
+        "http://127.0.0.1%40203.0.113.9",
+        "http://127.1",  # curl reads it as 127.0.0.1; not a plain dotted quad
+        "http://0177.0.0.1",
+        "http://127.0.0.256",
+        "http://2130706433",
+        "https://user:pw@edge.example:8443",  # userinfo is refused on https too
+        "http://127.0.0.1:8080 -k",
+        "HTTP://203.0.113.9",
+    ],
+)
+def test_a_url_that_is_not_plainly_loopback_is_refused_before_curl(
+    tmp_path: Path, url: str
+) -> None:
+    """The host is parsed, not matched as text: userinfo, names that only start like
+    loopback and odd address forms exit 2, and curl (stubbed) is never run."""
+    done, called = run_stubbed(tmp_path, url)
+    assert (done.returncode, "AUTHPIPE_EDGE_URL must be" in done.stderr) == (2, True)
+    assert not called.exists()
+    assert not (tmp_path / "blocklist.conf").exists()
+
+
+@pytest.mark.parametrize(
+    ("url", "fetched", "proto"),
+    [
+        ("http://127.0.0.1:8080", "http://127.0.0.1:8080/v1/blocklist", "=http"),
+        ("http://127.8.9.10:1/", "http://127.8.9.10:1/v1/blocklist", "=http"),
+        ("http://localhost:8080", "http://localhost:8080/v1/blocklist", "=http"),
+        ("http://localhost", "http://localhost/v1/blocklist", "=http"),
+        ("http://[::1]:8080", "http://[::1]:8080/v1/blocklist", "=http"),
+        ("https://edge.example:8443/gw", "https://edge.example:8443/gw/v1/blocklist", "=https"),
+    ],
+)
+def test_loopback_http_and_https_reach_curl(
+    tmp_path: Path, url: str, fetched: str, proto: str
+) -> None:
+    """127.0.0.0/8, ::1 and localhost over http, any host over https: curl (stubbed) is run
+    for that URL, limited to its protocol; loopback http bypasses any proxy."""
+    done, called = run_stubbed(tmp_path, url)
+    assert done.returncode == 1  # the stub fails: the previous (here: empty) list is kept
+    args = called.read_text().splitlines()
+    assert args[-1].startswith(fetched + "?format=nginx-geo&wait_ms=0")
+    assert args[args.index("--proto") + 1] == proto
+    assert ("--noproxy" in args) == (proto == "=http")
