@@ -33,6 +33,7 @@ from pydantic_settings import (
 
 from pipeline.contracts.models import TENANT_RULE, valid_tenant
 from pipeline.core.dedupe import DEDUPE_CAPACITY, DEDUPE_HORIZON_MS
+from pipeline.core.normalise import parse_nat64_prefix
 from pipeline.errors import ConfigError
 
 MIN_DIGEST_KEY_BYTES = 32
@@ -143,6 +144,12 @@ class IngestSettings(_Section):
     trusted_proxies: tuple[str, ...] = Field((), description="CIDRs whose X-Forwarded-For we trust")
     ipv6_prefix: int = Field(64, ge=1, le=128, description="IPv6 sources grouped by this prefix")
     ipv4_prefix: int = Field(32, ge=1, le=32, description="IPv4 sources grouped by this prefix")
+    nat64_prefixes: tuple[str, ...] = Field(
+        (),
+        description="this network's NAT64 prefixes (RFC 6052: IPv6 /32, /40, /48, /56, /64 or "
+        "/96): a client translated through one is counted as the IPv4 address it carries, as "
+        "64:ff9b::/96 and 64:ff9b:1::/48 always are",
+    )
     case_sensitive_tenants: tuple[str, ...] = Field(
         (), description="tenants whose account identifiers are case-sensitive"
     )
@@ -191,6 +198,13 @@ class IngestSettings(_Section):
         bad = [name for name in value if not valid_tenant(name)]
         if bad:
             raise ValueError(f"{bad[0]!r}: {TENANT_RULE}")
+        return value
+
+    @field_validator("nat64_prefixes")
+    @classmethod
+    def _nat64_prefixes(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for text in value:
+            parse_nat64_prefix(text)  # a ValueError says what to write
         return value
 
     @field_validator("tenant_topics")

@@ -14,7 +14,7 @@ from pathlib import Path
 from pipeline.core.attempt import Normaliser
 from pipeline.core.grouping import within_grouping
 from pipeline.core.keys import Digester
-from pipeline.core.normalise import NetworkSet, SourceRules
+from pipeline.core.normalise import NetworkSet, SourceRules, parse_nat64_prefix
 from pipeline.core.policy import DEFAULT_POLICY, Policy, policy_from_toml
 from pipeline.errors import ConfigError
 from pipeline.settings import Settings, require_digest_key
@@ -50,6 +50,7 @@ def build_normaliser(settings: Settings, policy: Policy | None = None) -> Normal
             trusted_proxies=NetworkSet(ingest.trusted_proxies),
             ipv4_prefix=ingest.ipv4_prefix,
             ipv6_prefix=ingest.ipv6_prefix,
+            nat64_prefixes=tuple(parse_nat64_prefix(text) for text in ingest.nat64_prefixes),
         ),
         case_sensitive_tenants=frozenset(ingest.case_sensitive_tenants)
         | policy.case_sensitive_tenants(),

@@ -18,6 +18,9 @@ _V6_BITS = 128
 _V4_BITS = 32
 _V4_MASK = 0xFFFFFFFF
 _NAT64_PREFIX = 0x0064FF9B << 96  # 64:ff9b::/96 (RFC 6052 well-known prefix)
+_NAT64_LOCAL = 0x0064FF9B0001  # 64:ff9b:1::/48 (RFC 8215 local use), IPv4 in bits 96-127
+NAT64_LENGTHS = (32, 40, 48, 56, 64, 96)
+"""The prefix lengths RFC 6052 embeds IPv4 addresses under."""
 _V4_TRANSLATED_PREFIX = 0xFFFF0000 << 32  # ::ffff:0:0/96 (RFC 2765)
 _6TO4_PREFIX = 0x2002  # 2002::/16 (RFC 3056), the IPv4 address in bits 16-47
 _TEREDO_PREFIX = 0x20010000  # 2001::/32 (RFC 4380), the client IPv4 inverted in bits 96-127
@@ -169,17 +172,65 @@ def parse_hop(text: str) -> Address | None:
     return None
 
 
-def embedded_ipv4(address: Address) -> Address:
-    """The IPv4 address an IPv6 address carries, for the ranges that carry one: NAT64
-    ``64:ff9b::/96``, IPv4-compatible ``::a.b.c.d`` (not ``::`` or ``::1``),
-    IPv4-translated ``::ffff:0:a.b.c.d``, 6to4 ``2002:AABB:CCDD::/48`` and Teredo
-    ``2001:0::/32`` (the client's address, stored inverted); any other address as it is.
+def parse_nat64_prefix(text: str) -> Network:
+    """A NAT64 network-specific prefix (RFC 6052): an IPv6 ``/32``, ``/40``, ``/48``,
+    ``/56``, ``/64`` or ``/96`` with no bits set after its length (and, for a ``/96``, bits
+    64-71 zero, as RFC 6052 reserves them); raises ValueError with advice."""
+    network = parse_network(text)
+    address_text, _, prefix_text = text.strip().partition("/")
+    if network.version != 6 or not prefix_text:
+        lengths = ", ".join(f"/{n}" for n in NAT64_LENGTHS[:-1]) + f" or /{NAT64_LENGTHS[-1]}"
+        if network.version != 6:
+            raise ValueError(
+                f"{text!r} is not an IPv6 prefix; a NAT64 prefix looks like 2001:db8:64::/96"
+            )
+        raise ValueError(f"{text!r} has no length: RFC 6052 allows {lengths}")
+    if network.prefix not in NAT64_LENGTHS:
+        lengths = ", ".join(f"/{n}" for n in NAT64_LENGTHS[:-1]) + f" or /{NAT64_LENGTHS[-1]}"
+        raise ValueError(f"{text!r}: RFC 6052 allows {lengths}, the lengths it embeds IPv4 under")
+    written = parse_address(address_text)
+    if written is None or written.value != network.value:
+        raise ValueError(
+            f"{text!r} has bits set after /{network.prefix}; write the prefix itself, "
+            f"like {format_source(Address(6, network.value), ipv6_prefix=network.prefix)}"
+        )
+    if network.prefix == 96 and (network.value >> 56) & 0xFF:
+        raise ValueError(f"{text!r} sets bits 64-71, which RFC 6052 reserves (must be zero)")
+    return network
+
+
+def _nat64_ipv4(value: int, prefix: int) -> int:
+    """The IPv4 address in ``value`` under an RFC 6052 prefix of length ``prefix``: the 32
+    bits after the prefix, skipping bits 64-71 (the reserved octet); -1 when that octet
+    is not zero (no translated address)."""
+    if (value >> 56) & 0xFF:
+        return -1
+    without_u = ((value >> 64) << 56) | (value & ((1 << 56) - 1))  # 120 bits
+    start = prefix if prefix <= 64 else prefix - 8  # a /96 holds the reserved octet
+    return (without_u >> (120 - start - _V4_BITS)) & _V4_MASK
+
+
+def embedded_ipv4(address: Address, nat64_prefixes: Sequence[Network] = ()) -> Address:
+    """The IPv4 address an IPv6 address carries, for the ranges that carry one: a
+    deployment's NAT64 ``nat64_prefixes`` (RFC 6052's embedding for each prefix length),
+    NAT64 ``64:ff9b::/96`` and ``64:ff9b:1::/48`` (RFC 8215, the address in the last 32
+    bits, as a /96 inside it puts it), IPv4-compatible ``::a.b.c.d`` (not ``::`` or
+    ``::1``), IPv4-translated ``::ffff:0:a.b.c.d``, 6to4 ``2002:AABB:CCDD::/48`` and Teredo
+    ``2001:0::/32`` (the client's address, stored inverted); any other address as it is
+    (a NAT64 address whose bits 64-71 are not zero too).
 
     So every IPv4 client behind NAT64 is its own source instead of one shared /64, and
     one 6to4 or Teredo host is one source instead of 65,536 /64s."""
     if address.version != 6:
         return address
     value = address.value
+    for network in nat64_prefixes:
+        if network.contains(address):
+            ipv4 = _nat64_ipv4(value, network.prefix)
+            return address if ipv4 < 0 else Address(4, ipv4)
+    if value >> 80 == _NAT64_LOCAL:
+        ipv4 = _nat64_ipv4(value, 96)
+        return address if ipv4 < 0 else Address(4, ipv4)
     high = value >> 32
     if high == _NAT64_PREFIX >> 32 or high == _V4_TRANSLATED_PREFIX >> 32:
         return Address(4, value & _V4_MASK)
@@ -232,12 +283,15 @@ def client_address(
 
 @dataclass(frozen=True, slots=True)
 class SourceRules:
-    """How sources are derived: trusted proxies and grouping prefixes (frozen config)."""
+    """How sources are derived: trusted proxies, a deployment's NAT64 prefixes
+    (``parse_nat64_prefix``) and grouping prefixes (frozen config)."""
 
     trusted_proxies: NetworkSet
     ipv4_prefix: int = 32
     ipv6_prefix: int = 64
+    nat64_prefixes: tuple[Network, ...] = ()
 
     def source_of(self, peer_ip: str, forwarded_for: Sequence[str]) -> str:
-        address = embedded_ipv4(client_address(peer_ip, forwarded_for, self.trusted_proxies))
+        client = client_address(peer_ip, forwarded_for, self.trusted_proxies)
+        address = embedded_ipv4(client, self.nat64_prefixes)
         return format_source(address, ipv4_prefix=self.ipv4_prefix, ipv6_prefix=self.ipv6_prefix)
