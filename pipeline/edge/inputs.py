@@ -14,7 +14,8 @@ from pipeline.contracts.models import TENANT_RULE, Flow, valid_tenant
 from pipeline.edge.errors import CheckInputError
 
 FLOWS = frozenset(get_args(Flow))
-FLOW_RULE = "must be one of login, token, recovery, uia, mfa"
+FLOW_RULE = "must be one of " + ", ".join(get_args(Flow))
+"""The contract's ``Flow`` literal, in its order: the message cannot drift from it."""
 ACCOUNT_MAX_CHARS = 320
 HANDLE_MAX_CHARS = 256
 IP_MAX_CHARS = 64

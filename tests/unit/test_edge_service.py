@@ -40,7 +40,7 @@ from tests.unit.test_edge_support import (
 
 TOKEN = "s3cret-edge-token"
 PUSH_DEADLINE_S = 1.0
-ALLOWED = {"allowed": True, "retry_after_ms": 0, "challenge": None}
+ALLOWED = {"allowed": True, "retry_after_ms": 0, "challenge": None, "step_up": False}
 
 
 class FakeHealth:
@@ -138,7 +138,7 @@ def check_url(**params: str) -> str:
 
 
 async def test_get_check_allows_then_refuses_with_nothing_else(edge: Edge) -> None:
-    """GET /v1/check answers exactly {allowed, retry_after_ms, challenge}: allowed, then refused."""
+    """GET /v1/check answers exactly {allowed, retry_after_ms, challenge, step_up}: allowed, then refused."""
     assert await edge.get_json(check_url()) == ALLOWED
     edge.view.apply(*message(account_key(), T0 + 10 * MIN))
     edge.clock.now = T0 + 4 * MIN
@@ -146,6 +146,7 @@ async def test_get_check_allows_then_refuses_with_nothing_else(edge: Edge) -> No
         "allowed": False,
         "retry_after_ms": 6 * MIN,
         "challenge": None,
+        "step_up": False,
     }
 
 
@@ -153,7 +154,7 @@ async def test_get_check_uses_forwarded_for_trusted_device_and_flow(edge: Edge) 
     """forwarded_for behind a trusted proxy, trusted devices and flows reach the core check."""
     edge.view.apply(*message(account_source_key("203.0.113.9"), T0 + 10 * MIN))
     xff = "198.51.100.1, 203.0.113.9"
-    refused = {"allowed": False, "retry_after_ms": 10 * MIN, "challenge": None}
+    refused = {"allowed": False, "retry_after_ms": 10 * MIN, "challenge": None, "step_up": False}
     assert await edge.get_json(check_url(ip=PROXY, forwarded_for=xff)) == refused
     assert await edge.get_json(check_url(ip=PROXY, forwarded_for=xff, flow="token")) == refused
     trusted = check_url(ip=PROXY, forwarded_for=xff, device="laptop", trusted="true")
@@ -166,7 +167,7 @@ async def test_post_check_and_batch(edge: Edge) -> None:
     """POST /v1/check takes a JSON object; the batch form answers a list in order."""
     edge.view.apply(*message(account_key(), T0 + 2 * MIN))
     body = {"account": ACCOUNT, "ip": PROXY, "forwarded_for": ["198.51.100.3"], "trusted": False}
-    refused = {"allowed": False, "retry_after_ms": 2 * MIN, "challenge": None}
+    refused = {"allowed": False, "retry_after_ms": 2 * MIN, "challenge": None, "step_up": False}
     assert await edge.post_json("/v1/check", body) == refused
     batch = [body, {"account": "bob", "ip": PEER}, {**body, "device": "d", "trusted": True}]
     assert await edge.post_json("/v1/check/batch", batch) == {
@@ -211,7 +212,7 @@ async def test_session_review_bad_parameters_are_400(edge: Edge) -> None:
     ("params", "parameter", "phrase"),
     [
         ({"trusted": "maybe"}, "trusted", "true or false"),
-        ({"flow": "bogus"}, "flow", "login, token"),
+        ({"flow": "bogus"}, "flow", "one of login, uia, mfa, recovery, token, reset, challenge"),
         ({"account": ""}, "account", "required"),
         ({"account": "a" * 321}, "account", "320"),
         ({"account": "   "}, "account", "blank"),
