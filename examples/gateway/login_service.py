@@ -3,8 +3,8 @@
 The flow of one attempt:
 
 1. ask the edge (``POST /v1/check``) whether this attempt may be tried at all; the answer
-   is ``{"allowed": bool, "retry_after_ms": int, "challenge": "captcha"|"step_up"|null}``
-   (``challenge`` may be absent: an older edge). It is read defensively (``read_answer``):
+   is ``{"allowed": bool, "retry_after_ms": int, "challenge": "captcha"|"step_up"|null,
+   "step_up": bool}`` (``challenge`` and ``step_up`` may be absent: an older edge). It is read defensively (``read_answer``):
    anything but a JSON object with a boolean ``allowed`` is an edge failure;
 2. ``challenge == "captcha"``: before the password is looked at, the client must answer a
    CAPTCHA (``CaptchaVerifier``; ``StubCaptcha`` marks where a real provider goes). No
@@ -18,11 +18,14 @@ The flow of one attempt:
    tells an attacker nothing;
 4. report the attempt to ``auth.login-attempts`` (``failure_reason="refused"`` when the
    edge refused), so the pipeline keeps counting;
-5. ``challenge == "step_up"`` and the password was right from a device that is not
-   trusted: the login is not complete. ``StepUps`` mails a one-time code bound to the
-   account and the device and returns a ticket; ``finish_step_up`` checks the code (one
-   try per ticket, 10 minutes), asking the edge first with ``flow="mfa"``, and reports
-   the outcome as a ``flow="mfa"`` event (``bad_second_factor`` when wrong).
+5. ``step_up`` (or ``challenge == "step_up"``) and the password was right from a device
+   that is not trusted: the login is not complete, and the right password is reported as
+   ``outcome="step_up"``, not as a sign-in (so it makes nothing familiar and ends no lock
+   run). ``StepUps`` mails a one-time code bound to the account and the device and
+   returns a ticket; ``finish_step_up`` checks the code (one try per ticket, 10
+   minutes), asking the edge first with ``flow="mfa"``, and reports the outcome as a
+   ``flow="mfa"`` event (``bad_second_factor`` when wrong); when it passed, the completed
+   sign-in follows as a ``success`` of the original flow with ``challenge="step_up"``.
 
 6. the session review (a wave's lead-in): a session signed in from a device that is not
    trusted without any challenge is young for ``REVIEW_S`` (10 minutes). On each of its
@@ -249,6 +252,7 @@ class EdgeAnswer:
     allowed: bool
     retry_after_ms: int = 0
     challenge: str | None = None  # "captcha", "step_up" or None
+    step_up: bool = False  # a right password needs a possession check before a session
 
 
 class EdgeError(ValueError):
@@ -258,7 +262,8 @@ class EdgeError(ValueError):
 def read_answer(answer: object) -> EdgeAnswer:
     """The check's JSON, read defensively: ``allowed`` must be a boolean; a missing or bad
     ``retry_after_ms`` is 0; a missing or null ``challenge`` (an older edge) is none, an
-    unknown kind (a newer edge) is a CAPTCHA, the challenge every client can answer."""
+    unknown kind (a newer edge) is a CAPTCHA, the challenge every client can answer; a
+    missing ``step_up`` is true exactly when ``challenge`` is ``step_up``."""
     if not isinstance(answer, dict) or not isinstance(answer.get("allowed"), bool):
         raise EdgeError("the edge's answer has no boolean 'allowed'")
     retry = answer.get("retry_after_ms")
@@ -269,7 +274,8 @@ def read_answer(answer: object) -> EdgeAnswer:
             "the edge asked for challenge %r, unknown here; asking for a CAPTCHA", challenge
         )
         challenge = "captcha"
-    return EdgeAnswer(answer["allowed"], retry_ms, challenge)
+    step_up = answer.get("step_up") is True or challenge == "step_up"
+    return EdgeAnswer(answer["allowed"], retry_ms, challenge, step_up)
 
 
 class EdgeClient:
@@ -390,8 +396,12 @@ async def login(
         reason = "unknown_account"
     else:
         reason = None if ok else "bad_password"
-    await _report(report, attempt_event(attempt, ok, reason))
-    if ok and answer.challenge == "step_up" and not attempt.device_trusted:
+    step_up = ok and answer.step_up and not attempt.device_trusted
+    # A right password answered by a step-up is not a sign-in (issue 44): reported as such.
+    await _report(
+        report, attempt_event(attempt, ok, reason, outcome="step_up" if step_up else None)
+    )
+    if step_up:
         if step_ups is None:
             log.warning("the edge asked for a second factor and no StepUps is configured")
             return LoginResult(False, 0, "step_up")
@@ -441,6 +451,8 @@ async def finish_step_up(
     else:
         reason = None if ok else "bad_second_factor"
     await _report(report, attempt_event(attempt, ok, reason, flow="mfa"))
+    if ok:  # the completed sign-in: only now is it one (familiar place, end of a lock run)
+        await _report(report, attempt_event(attempt, True, None, challenge="step_up"))
     return LoginResult(ok, 0 if answer.allowed else answer.retry_after_ms)
 
 
@@ -451,8 +463,10 @@ def attempt_event(
     *,
     flow: str | None = None,
     challenge: str | None = None,
+    outcome: str | None = None,
 ) -> dict[str, Any]:
-    """The ``login_attempt`` v1 event for ``auth.login-attempts`` (never the password)."""
+    """The ``login_attempt`` v1 event for ``auth.login-attempts`` (never the password);
+    ``outcome`` overrides the one ``ok`` gives (``step_up``)."""
     now = datetime.now(UTC)
     event = {
         "event_id": str(uuid.uuid4()),
@@ -465,7 +479,7 @@ def attempt_event(
         "forwarded_for": list(attempt.forwarded_for),
         "device_id": attempt.device_id,
         "device_trusted": attempt.device_trusted,
-        "outcome": "success" if ok else "failure",
+        "outcome": outcome or ("success" if ok else "failure"),
         "failure_reason": failure_reason,
     }
     if challenge is not None:

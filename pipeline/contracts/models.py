@@ -41,7 +41,14 @@ which count like passwords. ``challenge``: the outcome of a challenge the edge d
 ChallengeKind = Literal["captcha", "step_up"]
 """``captcha``: proof of a human before the password is checked; ``step_up``: a second
 factor or e-mail code after a correct password from an untrusted client."""
-Outcome = Literal["success", "failure"]
+Outcome = Literal["success", "failure", "step_up"]
+"""``success``: the attempt opened a session (for a password flow, the completed sign-in:
+after the step-up, if one was asked; such a success carries ``challenge = "step_up"``);
+``failure``: it did not; ``step_up``: the password was right and the login service answered
+it with a possession check (a second factor or an e-mailed code) before any session. A
+``step_up`` counts in no rule and ends no lock run, makes nothing familiar: only the
+completed sign-in does (issue 44). The possession check itself is reported as
+``flow = "mfa"``."""
 FailureReason = Literal["bad_password", "unknown_account", "bad_second_factor", "refused", "other"]
 Scope = Literal[
     "account_source", "account", "device", "uia", "mfa", "source", "lock", "tenant", "familiar"

@@ -21,6 +21,13 @@ REPEAT_UNKNOWN = "repeat_unknown"
 did not count its account again (it failed within ``recount_ms``): the source stage
 counts it for spray and (``REPEAT_UNKNOWN``) the stuffing alert's unknown accounts, not
 as a stranger's new failure."""
+STEP_UP = "step_up"
+"""The ``failure_reason`` of an attempt reported ``outcome = "step_up"``: a right password
+the login service answered with a possession check. Like ``refused``, it is counted in no
+rule, ends no lock run and makes nothing familiar (issue 44): only the completed sign-in,
+a later ``success``, does."""
+UNCOUNTED = frozenset({"refused", STEP_UP})
+"""``failure_reason`` values of attempts that no rule counts (audited only)."""
 RECENT_ENTRIES = 32_768  # per generation of each Normaliser cache; two generations at most
 
 
@@ -57,7 +64,7 @@ class Attempt(NamedTuple):
             not self.success
             and not self.trusted
             and self.flow in PASSWORD_FLOWS
-            and self.failure_reason != "refused"
+            and self.failure_reason not in UNCOUNTED
         )
 
     def to_row(self) -> list[object]:
@@ -141,7 +148,7 @@ class Normaliser:
             bool(event.device_trusted and device is not None),
             event.flow,
             event.outcome == "success",
-            event.failure_reason,
+            STEP_UP if event.outcome == STEP_UP else event.failure_reason,
         )
 
     def _account(self, tenant: str, account: str) -> str:
@@ -167,6 +174,14 @@ class Normaliser:
             digest = self.digester.device(tenant, device_id)
             self.recent_devices.put(key, digest)
         return digest
+
+
+def audit_outcome(attempt: Attempt) -> str:
+    """The contract's ``outcome`` of a normalised attempt (``success``, ``failure`` or
+    ``step_up``), as the audit row reports it."""
+    if attempt.success:
+        return "success"
+    return STEP_UP if attempt.failure_reason == STEP_UP else "failure"
 
 
 def repeat_of(attempt: Attempt) -> str:

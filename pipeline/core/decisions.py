@@ -45,6 +45,8 @@ from pipeline.core.keys import Key, decision_key
 
 MANUAL = "manual"
 """The device slot of an operator's decision key."""
+VERIFY = "verify"
+"""The device slot of a tenant's verification decision (``VerifyConfig``)."""
 
 
 def uia_key(tenant: str, account: str, source: str, session: str | None, device: str | None) -> Key:
@@ -73,6 +75,11 @@ def lock_key(tenant: str, account: str) -> Key:
 def tenant_key(tenant: str) -> Key:
     """The tenant's wave challenge (``pipeline.core.rollup``)."""
     return ("tenant", tenant, None, None, None)
+
+
+def verify_key(tenant: str) -> Key:
+    """The tenant's verification of unfamiliar sign-ins (``VerifyConfig``)."""
+    return ("tenant", tenant, None, None, VERIFY)
 
 
 def familiar_key(tenant: str, account: str, source: str) -> Key:
@@ -134,6 +141,7 @@ def applicable_keys(
             ("account", tenant, account, None, None),
             ("lock", tenant, account, None, None),
             ("tenant", tenant, None, None, None),
+            ("tenant", tenant, None, None, VERIFY),
             manual_source,
             manual_account,
         )
@@ -200,6 +208,10 @@ class Verdict:
     observed_key: Key | None = None
     challenge: str | None = None
     challenge_key: Key | None = None
+    step_up: bool = False
+    """A right password must be answered by a possession check before any session:
+    ``challenge == "step_up"``, or a ``captcha`` first at an unfamiliar place and client
+    of a tenant that verifies them (``VerifyConfig``)."""
 
     @property
     def applied(self) -> str:
@@ -347,13 +359,19 @@ class DecisionIndex:
         familiar pair (first among the keys) voids the tenant's wave challenge and the
         rules' source decisions for this attempt; operators' decisions still apply. An
         ``exempt`` on the source alone (some account succeeded there: a known place) turns
-        the wave's challenge into a ``step_up``, asked only after a correct password."""
+        the wave's challenge into a ``step_up``, asked only after a correct password,
+        unless the tenant verifies unfamiliar sign-ins (``tenant|t|-|-|verify``): then
+        every attempt the familiar exempts do not cover is asked a ``step_up`` after a
+        correct password (``Verdict.step_up``), after the wave's CAPTCHA if one is in
+        force, and a known place buys nothing (one account's success there proves nothing
+        about another's)."""
         retry_ms = 0
         matched: Key | None = None
         observed: Key | None = None
         challenge: Key | None = None
         kind: str | None = None
         exempt = known = False
+        verify: Key | None = None
         active = self._active
         for key in keys:
             entry = active.get(key)
@@ -368,6 +386,12 @@ class DecisionIndex:
                 continue
             if exempt and (key[0] == "tenant" or (key[0] == "source" and key[4] is None)):
                 continue
+            if key[4] == VERIFY and key[0] == "tenant":
+                if action == "challenge":
+                    verify = key
+                elif observed is None:
+                    observed = key
+                continue
             if action == "block":
                 remaining = entry.expires_ms - now_ms
                 if remaining > retry_ms:
@@ -379,10 +403,14 @@ class DecisionIndex:
                 observed = key
         if matched is not None:
             return Verdict(False, retry_ms, matched, observed)
+        if verify is not None:
+            if challenge is None or kind == "step_up":
+                challenge, kind = verify, "step_up"
+            return Verdict(True, 0, None, observed, kind, challenge, True)
         if challenge is not None:
             if known and challenge[0] == "tenant":
                 kind = "step_up"  # a known place: a correct password proves more than a bot
-            return Verdict(True, 0, None, observed, kind, challenge)
+            return Verdict(True, 0, None, observed, kind, challenge, kind == "step_up")
         return Verdict(True, 0, None, observed) if observed else ALLOWED
 
 

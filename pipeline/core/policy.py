@@ -35,6 +35,7 @@ from pipeline.core.policy_waves import (
     StrangersConfig,
     StuffingConfig,
     TenantSprayConfig,
+    VerifyConfig,
     WaveConfig,
 )
 
@@ -56,6 +57,7 @@ class TenantPolicy(Frozen):
     stuffing: StuffingConfig = StuffingConfig()
     tenant_spray: TenantSprayConfig = TenantSprayConfig()
     wave: WaveConfig = WaveConfig()
+    verify: VerifyConfig = VerifyConfig()
     strangers: StrangersConfig = StrangersConfig()
     familiar: FamiliarConfig = FamiliarConfig()
     challenge_failures: ChallengeFailuresConfig = ChallengeFailuresConfig()

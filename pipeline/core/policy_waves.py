@@ -6,12 +6,13 @@ raise). Pydantic models: not compiled.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
 from pipeline.contracts.models import ChallengeKind
 from pipeline.core.policy_rules import (
+    DAY_MS,
     HOUR_MS,
     MAX_WINDOW_MS,
     MINUTE_MS,
@@ -96,6 +97,32 @@ class WaveConfig(Frozen):
     hold_ms: int = Field(MINUTE_MS, ge=1000, le=MAX_WINDOW_MS)
     lead_in_ms: int = Field(MINUTE_MS, ge=0, le=MAX_WINDOW_MS)
     mode: Mode = "enforce"
+
+
+class VerifyConfig(Frozen):
+    """Verify the unfamiliar sign-in (issue 44): a right password is not a session on its
+    own at a place and with a client the account has not signed in from.
+
+    An untrusted password attempt (``login``, ``token``, ``recovery``) whose account has
+    no familiar exempt for its source (``familiar|t|a|s|-``) nor for its device cookie or
+    app install id (``familiar|t|a|-|d``) is answered ``step_up``: the login service asks
+    a possession check (a second factor or an e-mailed code) after a correct password,
+    reports the right password as ``outcome = "step_up"`` and the completed sign-in as a
+    ``success`` only once the check passed. Familiarity is per account and comes only
+    from a completed sign-in, so an attacker's own account makes nothing familiar for
+    anyone else, and no pace, duration, number of exits or bought CAPTCHA changes the
+    answer. A device trusted for the account is never asked (seed 001).
+
+    The account stage publishes it per tenant as ``tenant|t|-|-|verify`` (action
+    ``challenge``, challenge ``step_up``; ``observe`` in observe mode), for
+    ``publish_ms`` from the tenant's first attempt it sees, renewed once half of that is
+    left, so an edge that misses a renewal stops asking within ``publish_ms`` and a
+    tenant turned ``off`` stops being asked when its last record expires. ``off`` (the
+    default until the figures in docs/policy.md are re-measured with it on) publishes
+    nothing."""
+
+    mode: Literal["off", "observe", "enforce"] = "off"
+    publish_ms: int = Field(2 * DAY_MS, ge=HOUR_MS, le=30 * DAY_MS)
 
 
 class TenantSprayConfig(Frozen):

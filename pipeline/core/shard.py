@@ -53,6 +53,9 @@ class Shard:
         # its first step, or the record would grow with every key ever seen.
         self.dirty: Dirty = {}
         self.track_changes = True
+        # Per tenant, the event time at which its verification decision is due again
+        # (``AccountShard.verify``); derived from the index after a restore.
+        self.verify_due_ms: dict[str, int] = {}
 
     def tenant(self, tenant: str) -> TenantRules:
         tables = self.tenants.get(tenant)

@@ -8,14 +8,17 @@ Endpoints (every answer is JSON unless said otherwise; errors are
                             (the TCP peer), ``forwarded_for`` (comma-separated),
                             ``device``, ``session``, ``trusted`` (``true``/``false``),
                             ``flow`` (default ``login``) -> ``{"allowed": bool,
-                            "retry_after_ms": int, "challenge": "captcha"|"step_up"|null}``
-                            and nothing else (no oracle). ``challenge``: demand it
-                            (captcha before the password check, step_up after a
-                            correct one) and report its outcome as an event
+                            "retry_after_ms": int, "challenge": "captcha"|"step_up"|null,
+                            "step_up": bool}`` and nothing else (no oracle).
+                            ``challenge``: demand it (captcha before the password
+                            check, step_up after a correct one) and report its outcome
+                            as an event; ``step_up``: a correct password must be
+                            answered by a possession check before any session (also
+                            after a captcha), reported ``outcome = "step_up"``
 ``POST /v1/check``          the same fields as a JSON object (``forwarded_for`` may
                             be a list, ``trusted`` a JSON boolean)
 ``POST /v1/check/batch``    a JSON list of such objects (at most 1000) ->
-                            ``{"results": [{"allowed", "retry_after_ms", "challenge"}, ...]}``
+                            ``{"results": [{"allowed", "retry_after_ms", "challenge", "step_up"}, ...]}``
 ``GET /v1/session``         query ``tenant``, ``account``, ``ip``, ``forwarded_for``,
                             ``device``, ``signed_in_at_ms`` (epoch ms) of a session
                             signed in from an untrusted client without a challenge ->
@@ -78,7 +81,7 @@ log = get_logger("edge")
 
 BATCH_MAX_CHECKS = 1000
 BODY_MAX_BYTES = 1 << 20
-ALLOWED_BODY = b'{"allowed":true,"retry_after_ms":0,"challenge":null}'
+ALLOWED_BODY = b'{"allowed":true,"retry_after_ms":0,"challenge":null,"step_up":false}'
 CHECK_PATH = "/v1/check"
 _NO_TOKEN_PATHS = frozenset({"/healthz"})
 
@@ -103,6 +106,7 @@ def _verdict_body(verdict: Verdict) -> dict[str, object]:
         "allowed": verdict.allowed,
         "retry_after_ms": verdict.retry_after_ms,
         "challenge": verdict.challenge,
+        "step_up": verdict.step_up,
     }
 
 

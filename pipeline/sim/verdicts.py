@@ -7,14 +7,15 @@ so it is reported as ``failure_reason = "refused"`` whatever its recorded outcom
 rule counts it (the README's login service does exactly this). One line per input event:
 
 ``{"event_id", "occurred_at", "account", "allowed", "retry_after_ms", "challenge",
-"challenge_passed", "taken_over", "refused_by", "decisions", "lifts", "alerts", "notices"}``
+"step_up", "challenge_passed", "taken_over", "refused_by", "decisions", "lifts", "alerts", "notices"}``
 
-``challenge`` is what the gateway would demand (``captcha``, ``step_up`` or null). The
-emulation assumes bots fail challenges and people pass them: a challenged attempt of a
-labelled attacker becomes a failed challenge (a ``captcha`` is failed before the
-password is checked, so the attempt is a ``flow = "challenge"`` failure; a ``step_up``
-after a correct password is a failed second factor, so a success becomes an ``mfa``
-failure), and anyone else's passes (``challenge_passed``) and goes on unchanged.
+``challenge`` is what the gateway would demand (``captcha``, ``step_up`` or null) and
+``step_up`` whether a right password must pass a possession check first. The emulation
+assumes bots fail challenges and people pass them, and feeds the engine what a login
+service following the contract reports (``pipeline.sim.gateway.reported``: a bot's
+``captcha`` is a ``flow = "challenge"`` failure; a right password under a step-up is
+reported ``outcome = "step_up"``, then the possession check as ``mfa``, failed by a bot,
+passed by a person, whose completed sign-in follows).
 
 ``taken_over`` says whether the attempt took an account over, decided by the function the
 scorecard and the report use (``pipeline.sim.scoring.takeover``; no session review is
@@ -36,11 +37,11 @@ from typing import IO, Any
 import orjson
 
 from pipeline.contracts.models import format_utc_ms, ms_to_datetime
-from pipeline.core.attempt import Attempt
 from pipeline.core.decisions import keys_for
 from pipeline.core.engine import Engine
 from pipeline.core.policy import Policy
 from pipeline.sim.card import Tally
+from pipeline.sim.gateway import reported
 from pipeline.sim.scoring import most_in_a_day, takeover
 from pipeline.sim.truth import ATTACKER, TruthEvent
 
@@ -122,13 +123,13 @@ def verdicts(
                 if x is not None and x.action == "block" and x.expires_ms > a.occurred_ms
             ]
             refused_by = [x.rule for x in sorted(blocks, key=lambda x: -x.expires_ms)]
-            a = a._replace(success=False, failure_reason="refused")
         passed: bool | None = None
-        if verdict.challenge is not None:
+        if verdict.challenge is not None or verdict.step_up:
             passed = event.role != ATTACKER
-            if not passed:
-                a = _failed_challenge(a, verdict.challenge)
-        engine.step(a, now)
+        reports = reported(a, verdict, event.role == ATTACKER)
+        for report in reports:
+            engine.step(report, now)
+        a = reports[0]
         line = {
             "event_id": event.event_id,
             "occurred_at": format_utc_ms(ms_to_datetime(a.occurred_ms)),
@@ -136,6 +137,7 @@ def verdicts(
             "allowed": verdict.allowed,
             "retry_after_ms": verdict.retry_after_ms,
             "challenge": verdict.challenge,
+            "step_up": verdict.step_up,
             "challenge_passed": passed,
             "taken_over": takeover(event, verdict, False),
             "refused_by": refused_by,
@@ -159,15 +161,6 @@ def verdicts(
         _add(summary, event, line)
         out.clear()
         yield line
-
-
-def _failed_challenge(a: Attempt, kind: str) -> Attempt:
-    """What a bot's failed challenge makes of its attempt (see the module docstring)."""
-    if kind == "captcha":
-        return a._replace(flow="challenge", success=False, failure_reason="other")
-    if a.success:
-        return a._replace(flow="mfa", success=False, failure_reason="bad_second_factor")
-    return a  # a wrong password: the step-up was never reached
 
 
 def _add(summary: VerdictSummary, event: TruthEvent, line: dict[str, Any]) -> None:

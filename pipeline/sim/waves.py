@@ -46,7 +46,7 @@ def wave_spans(outputs: Outputs) -> Spans:
     spans: dict[str, list[tuple[int, int]]] = defaultdict(list)
     for rec in outputs.decisions:
         d = rec.decision
-        if d is not None and d.scope == "tenant":
+        if d is not None and d.scope == "tenant" and d.device_id is None:  # not verify
             spans[d.tenant].append((datetime_to_ms(d.issued_at), datetime_to_ms(d.expires_at)))
     return merge(spans)
 

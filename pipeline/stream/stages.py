@@ -36,7 +36,7 @@ from typing import Any
 
 from pipeline.contracts.codec import dumps, loads
 from pipeline.core.account import AccountShard
-from pipeline.core.attempt import Attempt
+from pipeline.core.attempt import STEP_UP, Attempt, audit_outcome
 from pipeline.core.dedupe import DEDUPE_CAPACITY, DEDUPE_HORIZON_MS
 from pipeline.core.outbox import (
     ACCOUNT_SHARE,
@@ -337,8 +337,8 @@ class AccountStage(_Stage):
                     attempt.source,
                     attempt.device or "",
                     attempt.trusted,
-                    "success" if attempt.success else "failure",
-                    attempt.failure_reason or "",
+                    audit_outcome(attempt),
+                    "" if attempt.failure_reason == STEP_UP else attempt.failure_reason or "",
                     verdict.applied,
                     1,
                     False,

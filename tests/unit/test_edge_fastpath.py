@@ -32,7 +32,7 @@ from tests.unit.test_edge_support import (
 TOKEN = "s3cret-edge-token"
 WAIT_S = 5.0
 CHECK = f"GET /v1/check?account={quote(ACCOUNT)}&ip={PEER} HTTP/1.1\r\nHost: edge\r\n\r\n"
-ALLOWED = b'{"allowed":true,"retry_after_ms":0,"challenge":null}'
+ALLOWED = b'{"allowed":true,"retry_after_ms":0,"challenge":null,"step_up":false}'
 
 
 # -- what the fast path reads -----------------------------------------------------------
@@ -163,7 +163,7 @@ async def test_pipelined_checks_are_answered_in_order_without_aiohttp(served: Se
     allowed = CHECK.replace(quote(ACCOUNT), "bob")
     writer.write((refused + allowed + refused).encode())
     bodies = [(await _response(reader))[2] for _ in range(3)]
-    refused_body = b'{"allowed":false,"retry_after_ms":360000,"challenge":null}'
+    refused_body = b'{"allowed":false,"retry_after_ms":360000,"challenge":null,"step_up":false}'
     assert bodies == [refused_body, ALLOWED, refused_body]
     assert served.aiohttp_requests() == 0
     writer.close()
@@ -183,7 +183,7 @@ async def test_answers_are_aiohttps_answers(served: Served) -> None:
         == (slow[0], slow[2])
         == (
             b"HTTP/1.1 200 OK",
-            b'{"allowed":false,"retry_after_ms":360000,"challenge":null}',
+            b'{"allowed":false,"retry_after_ms":360000,"challenge":null,"step_up":false}',
         )
     )
     assert {k: v for k, v in fast[1].items() if k != b"date"} == {
@@ -199,9 +199,9 @@ async def test_other_requests_hand_the_connection_to_aiohttp(served: Served) -> 
     writer.write((CHECK + "GET /healthz HTTP/1.1\r\nHost: edge\r\n\r\n" + CHECK).encode())
     first, health, last = [await _response(reader) for _ in range(3)]
     assert (first[2], health[2], last[2]) == (
-        b'{"allowed":false,"retry_after_ms":360000,"challenge":null}',
+        b'{"allowed":false,"retry_after_ms":360000,"challenge":null,"step_up":false}',
         b'{"status":"ok"}',
-        b'{"allowed":false,"retry_after_ms":360000,"challenge":null}',
+        b'{"allowed":false,"retry_after_ms":360000,"challenge":null,"step_up":false}',
     )
     assert served.aiohttp_requests() == 2
     writer.write(b"GET /v1/check?account=bob&ip=bad HTTP/1.1\r\nHost: edge\r\n\r\n")
@@ -220,7 +220,7 @@ async def test_a_head_split_over_writes_is_read_whole(served: Served) -> None:
         await writer.drain()
     assert (await _response(reader))[
         2
-    ] == b'{"allowed":false,"retry_after_ms":360000,"challenge":null}'
+    ] == b'{"allowed":false,"retry_after_ms":360000,"challenge":null,"step_up":false}'
     assert served.aiohttp_requests() == 0
     writer.close()
 
@@ -242,7 +242,7 @@ async def test_connection_close_is_answered_then_closed(served: Served) -> None:
     _, headers, body = await _response(reader)
     assert (headers[b"connection"], body) == (
         b"close",
-        b'{"allowed":false,"retry_after_ms":360000,"challenge":null}',
+        b'{"allowed":false,"retry_after_ms":360000,"challenge":null,"step_up":false}',
     )
     assert await asyncio.wait_for(reader.read(), WAIT_S) == b""
     writer.close()

@@ -39,7 +39,7 @@ from tests.unit.test_edge_support import (
 WAIT_S = 5.0
 CHECK = f"GET /v1/check?account={quote(ACCOUNT)}&ip={PEER} HTTP/1.1\r\nHost: edge\r\n\r\n"
 HEALTH = "GET /healthz HTTP/1.1\r\nHost: edge\r\n\r\n"
-REFUSED = b'{"allowed":false,"retry_after_ms":360000,"challenge":null}'
+REFUSED = b'{"allowed":false,"retry_after_ms":360000,"challenge":null,"step_up":false}'
 
 
 @dataclass

@@ -245,8 +245,9 @@ async def test_a_captcha_is_demanded_before_the_password(edge: tuple[str, list[A
 async def test_a_step_up_demands_a_second_factor_after_the_password(
     edge: tuple[str, list[Any]],
 ) -> None:
-    """challenge=step_up, right password, untrusted device: not signed in yet; a mailed
-    code finishes it once (an mfa success event); the ticket's second use fails
+    """challenge=step_up, right password, untrusted device: not signed in yet, reported
+    outcome=step_up (not a sign-in); a mailed code finishes it once (an mfa success,
+    then the completed sign-in with challenge=step_up); the ticket's second use fails
     (bad_second_factor). A trusted device is signed in at once."""
     url, answers = edge
     answers.append(STEP_UP)
@@ -258,7 +259,7 @@ async def test_a_step_up_demands_a_second_factor_after_the_password(
     step_ups = login_service.StepUps(mail)
     result, events, _ = await _run(url, _bob(), step_ups=step_ups)
     assert (result.ok, result.challenge, len(codes)) == (False, "step_up", 1)
-    assert _shape(events) == [("login", None, "success", None)]
+    assert _shape(events) == [("login", None, "step_up", None)]
     mfa: Events = []
 
     async def report(event: dict[str, Any]) -> None:
@@ -274,6 +275,7 @@ async def test_a_step_up_demands_a_second_factor_after_the_password(
     assert [m["ok"] for m in mfa if "ok" in m] == [True, False]
     assert _shape([m for m in mfa if "ok" not in m]) == [
         ("mfa", None, "success", None),
+        ("login", "step_up", "success", None),
         ("mfa", None, "failure", "bad_second_factor"),
     ]
     trusted, events, _ = await _run(url, _bob(device_trusted=True), step_ups=step_ups)
@@ -354,3 +356,83 @@ async def test_a_young_unchallenged_session_is_reviewed_and_suspended_on_step_up
 
 
 ALLOWED_ANSWER = {"allowed": True, "retry_after_ms": 0, "challenge": None}
+
+
+# -- the backtest's model of this service (issue 44 item 6) ------------------------------
+
+
+@pytest.mark.parametrize(
+    ("answer", "password_right", "code_right"),
+    [
+        ({**STEP_UP, "step_up": True}, True, True),  # a person: the code passes
+        ({**STEP_UP, "step_up": True}, True, False),  # a bot: the code fails
+        ({**STEP_UP, "step_up": True}, False, True),  # a wrong password never reaches it
+        ({"allowed": True, "retry_after_ms": 0, "challenge": None, "step_up": False}, True, True),
+        (
+            {"allowed": False, "retry_after_ms": 5000, "challenge": None, "step_up": False},
+            True,
+            True,
+        ),
+    ],
+)
+async def test_the_backtests_gateway_model_reports_what_this_service_reports(
+    edge: tuple[str, list[Any]], answer: dict[str, Any], password_right: bool, code_right: bool
+) -> None:
+    """pipeline.sim.gateway.reported (what backtest --verdicts feeds the engine) gives the
+    (flow, outcome, failure_reason) sequence this service reports, step-up included."""
+    from pipeline.core.decisions import Verdict
+    from pipeline.sim.gateway import reported
+    from tests.unit.test_core_support import att
+
+    url, answers = edge
+    answers.append(answer)
+    codes: list[str] = []
+
+    async def mail(to: str, subject: str, body: str) -> None:
+        codes.append(body.rsplit(" ", 1)[1].rstrip("."))
+
+    step_ups = login_service.StepUps(mail)
+    attempt = (
+        _bob()
+        if password_right
+        else login_service.Attempt("bob", "wrong", "198.51.100.7", device_id="dev-1")
+    )
+    result, events, _ = await _run(url, attempt, step_ups=step_ups)
+    if result.step_up_ticket is not None:
+        async with aiohttp.ClientSession() as session:
+            client = login_service.EdgeClient(session, url)
+            answers.append({"allowed": True, "retry_after_ms": 0, "challenge": None})
+            code = codes[0] if code_right else "000000"
+            await login_service.finish_step_up(
+                attempt,
+                result.step_up_ticket,
+                code,
+                client,
+                step_ups,
+                lambda e: _append(events, e),
+            )
+    service = [(f, o, r) for f, _, o, r in _shape(events)]
+    verdict = Verdict(
+        answer["allowed"],
+        answer["retry_after_ms"],
+        None,
+        None,
+        answer["challenge"],
+        None,
+        answer["step_up"],
+    )
+    recorded = att(0, success=password_right, reason=None if password_right else "bad_password")
+    model = reported(recorded, verdict, bot=not code_right)
+    outcome = {True: "success", False: "failure"}
+    assert service == [
+        (
+            a.flow,
+            "step_up" if a.failure_reason == "step_up" else outcome[a.success],
+            None if a.failure_reason == "step_up" else a.failure_reason,
+        )
+        for a in model
+    ]
+
+
+async def _append(events: Events, event: dict[str, Any]) -> None:
+    events.append(event)
