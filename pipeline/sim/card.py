@@ -64,6 +64,16 @@ class AttackScore(Tally):
     """Sign-ins let through unchallenged whose session a review stepped up later (a
     wave's lead-in covered them: ``pipeline.sim.replay.replay_sessions``); counted in
     ``refused``, not as takeovers."""
+    valid_captcha_only: int = 0
+    """Valid credentials (an attacker's right password on another's account) that met a
+    CAPTCHA and no possession check: each a takeover for an attacker who buys CAPTCHA
+    solving (issue 44: a CAPTCHA is a cost, not a verification)."""
+    valid_confirmed_by_step_up: int = 0
+    """Valid credentials answered by a step-up: not a session, but the attacker learns
+    the password is right."""
+    takeovers_if_captcha_bought: int = 0
+    """Accounts taken over if the attacker passes every CAPTCHA (``account_takeovers``
+    plus the accounts of ``valid_captcha_only``)."""
 
     @property
     def response_ms(self) -> int | None:
@@ -117,6 +127,9 @@ class AttackScore(Tally):
             "account_takeovers": self.account_takeovers,
             "challenged": self.challenged,
             "stepped_up_after_sign_in": self.stepped_up_after_sign_in,
+            "valid_captcha_only": self.valid_captcha_only,
+            "valid_confirmed_by_step_up": self.valid_confirmed_by_step_up,
+            "takeovers_if_captcha_bought": self.takeovers_if_captcha_bought,
             "alerts": dict(sorted(self.alerts.items())),
             "blocks": dict(sorted(self.blocks.items())),
             "observes": dict(sorted(self.observes.items())),
@@ -163,6 +176,11 @@ class Scorecard:
     """Those of them signed in while no attack's password attempts ran."""
     legit_stepped_up_away_from_attacks: int = 0
     """Those of them signed in away from every attack."""
+    legit_people: int = 0
+    """Distinct legitimate actors (people) with an attempt in the run."""
+    legit_people_challenged: int = 0
+    """Those of them who met a challenge (a CAPTCHA, or a step-up after a right password)
+    at least once: friction counted per person, not per attempt."""
     wave_answers: list[dict[str, Any]] = field(default_factory=list)
     """Per attacker (scenario, cohort, tenant): seconds from its first attempt until a wave
     challenge was in force (``pipeline.sim.waves.answers``)."""
@@ -215,6 +233,8 @@ class Scorecard:
                 "attempts": sum(self.legit_attempts.values()),
                 "refused": self.legit_refused_total,
                 "challenged": sum(self.legit_challenged.values()),
+                "people": self.legit_people,
+                "people_challenged": self.legit_people_challenged,
                 "untrusted_during_waves": self.legit_untrusted_in_wave,
                 "challenged_during_waves": self.legit_challenged_in_wave,
                 "challenged_outside_attacks": self.legit_challenged_outside_attacks,

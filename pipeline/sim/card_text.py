@@ -52,6 +52,21 @@ def render(card: Scorecard) -> str:
         f" ({card.legit_stepped_up_outside_attacks} signed in while no attack ran,"
         f" {card.legit_stepped_up_away_from_attacks} away from attacks)"
     )
+    lines.append(
+        f"legitimate people challenged at least once: {card.legit_people_challenged}"
+        f" of {card.legit_people}"
+    )
+    verified = ", ".join(
+        f"{a.attack} {a.valid_captcha_only}/{a.valid_confirmed_by_step_up}"
+        f"/{a.takeovers_if_captcha_bought}"
+        for a in card.attacks
+        if a.valid_captcha_only or a.valid_confirmed_by_step_up or a.takeovers_if_captcha_bought
+    )
+    if verified:
+        lines.append(
+            "valid credentials that met only a CAPTCHA / were confirmed by a step-up / "
+            f"accounts taken over if CAPTCHAs are bought: {verified}"
+        )
     reviewed = ", ".join(
         f"{a.attack} {a.stepped_up_after_sign_in}"
         for a in card.attacks

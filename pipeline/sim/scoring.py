@@ -64,11 +64,15 @@ def score(
     examples: list[dict[str, Any]] = []
     let_through: dict[tuple[str, str, str], list[int]] = defaultdict(list)
     taken: dict[str, set[tuple[str, str]]] = defaultdict(set)
+    bought: dict[str, set[tuple[str, str]]] = defaultdict(set)  # taken if CAPTCHAs are bought
+    people: set[str] = set()
+    people_challenged: set[str] = set()
     # legitimate sessions stepped up after sign-in; of them outside attacks; away from them
     legit_reviewed = [0, 0, 0]
     for i, (event, verdict, reason) in enumerate(zip(events, verdicts, design, strict=True)):
         if event.role == ATTACKER:
             taken_over = takeover(event, verdict, i in reviewed)
+            _count_valid(scores[event.scenario], bought, event, verdict, i in reviewed)
             # A challenge stops a bot: the assumption is that bots fail challenges, the
             # step-up a session review asks after the sign-in too.
             challenged = _shown(verdict, event)
@@ -86,6 +90,7 @@ def score(
                 let_through[(event.scenario, a.tenant, a.account)].append(event.occurred_ms)
         elif event.role in LEGIT_ROLES:
             legit_attempts[event.cohort] += 1
+            people.add(event.actor)
             if i in reviewed:
                 legit_reviewed[0] += 1
                 legit_reviewed[1] += not during(running, event.attempt.tenant, event.occurred_ms)
@@ -93,6 +98,7 @@ def score(
             shown = _shown(verdict, event)
             if shown:
                 legit_challenged[event.cohort] += 1
+                people_challenged.add(event.actor)
             a = event.attempt
             if a.password_flow and not a.trusted and during(waves, a.tenant, a.occurred_ms):
                 in_wave[0] += 1
@@ -114,6 +120,8 @@ def score(
         s.guesses_per_account_24h = max(s.guesses_per_account_24h, most_in_a_day(times))
     for name, accounts in taken.items():
         scores[name].account_takeovers = len(accounts)
+    for name in taken.keys() | bought.keys():
+        scores[name].takeovers_if_captcha_bought = len(taken[name] | bought[name])
     versions = {r.decision.policy_version for r in outputs.decisions if r.decision is not None}
     versions |= {r.alert.policy_version for r in outputs.alerts}
     return Scorecard(
@@ -131,6 +139,8 @@ def score(
         legit_stepped_up_after_sign_in=legit_reviewed[0],
         legit_stepped_up_outside_attacks=legit_reviewed[1],
         legit_stepped_up_away_from_attacks=legit_reviewed[2],
+        legit_people=len(people),
+        legit_people_challenged=len(people_challenged),
         wave_answers=answers(events, waves),
         legit_examples=examples,
         legit_by_design=by_design,
@@ -164,6 +174,27 @@ def takeover(event: TruthEvent, verdict: Verdict, reviewed: bool) -> bool:
         and not _shown(verdict, event)
         and not reviewed
     )
+
+
+def _count_valid(
+    s: AttackScore,
+    bought: dict[str, set[tuple[str, str]]],
+    event: TruthEvent,
+    verdict: Verdict,
+    reviewed: bool,
+) -> None:
+    """A valid credential (an attacker's success on another's account, not refused): one
+    confirmed by a step-up, or one that met only a CAPTCHA (taken over if CAPTCHAs are
+    bought, unless a session review stepped it up)."""
+    a = event.attempt
+    if not (a.success and event.cohort not in NOT_TAKEOVERS and verdict.allowed):
+        return
+    if verdict.step_up or verdict.challenge == "step_up":
+        s.valid_confirmed_by_step_up += 1
+    elif verdict.challenge == "captcha":
+        s.valid_captcha_only += 1
+        if not reviewed:
+            bought[event.scenario].add((a.tenant, a.account))
 
 
 def most_in_a_day(times: Sequence[int]) -> int:
