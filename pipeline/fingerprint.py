@@ -4,7 +4,7 @@
 An account decision matches a check only if both sides compute the same digest (the same
 ``identity.digest_key``, the same case-sensitive tenants, the same normalisation code) and
 a source decision only if both group sources alike (``ingest.trusted_proxies``, the
-prefixes). Nothing fails when they differ: decisions silently never apply. So the worker
+prefixes, the NAT64 prefixes whose clients count as their IPv4 address). Nothing fails when they differ: decisions silently never apply. So the worker
 publishes ``fingerprint(settings)`` at start to a compacted topic beside its decisions
 (``fingerprint_topic``: ``<decisions topic>.normalisation``, keyed by the decisions
 topic), and the edge (not ready) and ``decisions add`` (exit 1) refuse with one line
@@ -34,9 +34,10 @@ if TYPE_CHECKING:
 
 log = get_logger("fingerprint")
 
-NORMALISATION = "1"
+NORMALISATION = "2"
 """The normalisation code's own version: bump it when ``normalise_account``,
-``client_address`` or the grouping change what they compute."""
+``client_address``, ``embedded_ipv4`` or the grouping change what they compute (2: RFC
+8215's ``64:ff9b:1::/48`` is folded to the IPv4 address it carries)."""
 TIMEOUT_S = 15.0
 _PROBE = "authpipe normalisation fingerprint"
 TOPIC_CONFIG = {"cleanup.policy": "compact", "min.cleanable.dirty.ratio": "0.5"}
@@ -47,8 +48,15 @@ _LABELS = {
     "trusted_proxies": "ingest.trusted_proxies",
     "ipv4_prefix": "ingest.ipv4_prefix",
     "ipv6_prefix": "ingest.ipv6_prefix",
+    "nat64_prefixes": "ingest.nat64_prefixes",
 }
-_LISTS = ("case_sensitive_tenants", "trusted_proxies")
+_LISTS = ("case_sensitive_tenants", "trusted_proxies", "nat64_prefixes")
+_ORDERED = {"nat64_prefixes": "the first that holds an address folds it"}
+"""List parts whose order counts too, and why."""
+_ABSENT = {"nat64_prefixes": ""}
+"""Parts an older worker does not publish, as what it computes: no NAT64 prefixes."""
+_VERSION_ADVICE = "run the same authpipe version on both (upgrade the older one)"
+_SETTINGS_ADVICE = "start both with the same identity.digest_key, [ingest] settings and policy"
 
 
 class FingerprintError(AuthpipeError):
@@ -77,6 +85,7 @@ def fingerprint(settings: Settings, policy: Policy | None = None) -> dict[str, s
     normaliser = build_normaliser(settings, policy)
     ingest = settings.ingest
     proxies = sorted({_canonical_network(text) for text in ingest.trusted_proxies})
+    nat64 = [_canonical_network(text) for text in ingest.nat64_prefixes]  # order counts
     return {
         "normalisation": NORMALISATION,
         "digest_key": normaliser.digester.account("-", _PROBE),
@@ -84,6 +93,7 @@ def fingerprint(settings: Settings, policy: Policy | None = None) -> dict[str, s
         "trusted_proxies": ",".join(proxies),
         "ipv4_prefix": str(ingest.ipv4_prefix),
         "ipv6_prefix": str(ingest.ipv6_prefix),
+        "nat64_prefixes": ",".join(nat64),
     }
 
 
@@ -115,16 +125,18 @@ def differences(worker: Mapping[str, str], here: Mapping[str, str]) -> list[str]
     """What differs between the worker's parts and this component's, in words."""
     out: list[str] = []
     for name in sorted(set(worker) | set(here)):
-        theirs, ours = worker.get(name), here.get(name)
+        theirs, ours = worker.get(name, _ABSENT.get(name)), here.get(name, _ABSENT.get(name))
         if theirs == ours:
             continue
         label = _LABELS.get(name, name)
+        a = {v for v in (theirs or "").split(",") if v}
+        b = {v for v in (ours or "").split(",") if v}
         if name == "digest_key":
             out.append(f"{label} differs")
-        elif name in _LISTS:
-            a = {v for v in (theirs or "").split(",") if v}
-            b = {v for v in (ours or "").split(",") if v}
+        elif name in _LISTS and a != b:
             out.append(f"{label}: only the worker has {_listed(a - b)}, only here {_listed(b - a)}")
+        elif name in _ORDERED:
+            out.append(f"{label} ({_ORDERED[name]}): the worker has {theirs}, here {ours}")
         else:
             out.append(f"{label}: the worker has {theirs}, here {ours}")
     return out
@@ -138,9 +150,13 @@ def mismatch(worker: Mapping[str, str] | None, here: Mapping[str, str], who: str
     diffs = differences(worker, here)
     if not diffs:
         return None
+    version = worker.get("normalisation") != here.get("normalisation")
+    advice = [_VERSION_ADVICE] if version else []
+    if len(diffs) > int(version):
+        advice.append(_SETTINGS_ADVICE)
     return (
-        f"the worker's normalisation differs from this {who}'s: {'; '.join(diffs)}; start "
-        "both with the same identity.digest_key, [ingest] settings and policy"
+        f"the worker's normalisation differs from this {who}'s: {'; '.join(diffs)}; "
+        + " and ".join(advice)
     )
 
 

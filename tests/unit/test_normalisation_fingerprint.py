@@ -28,13 +28,14 @@ def _parts(**kw: Any) -> dict[str, str]:
 
 
 def test_the_fingerprint_names_each_part_and_never_the_key() -> None:
-    """Six parts; the key is present only as a keyed digest of a fixed probe."""
+    """Seven parts; the key is present only as a keyed digest of a fixed probe."""
     parts = _parts(ingest={"trusted_proxies": ["10.1.2.3/8", "2001:db8::/32"]})
     assert sorted(parts) == [
         "case_sensitive_tenants",
         "digest_key",
         "ipv4_prefix",
         "ipv6_prefix",
+        "nat64_prefixes",
         "normalisation",
         "trusted_proxies",
     ]
@@ -67,6 +68,40 @@ def test_one_line_says_what_differs(tmp_path: Path) -> None:
         "none; identity.digest_key differs; ingest.ipv6_prefix: the worker has 56, here 64; "
         "ingest.trusted_proxies: only the worker has 10.0.0.0/8, only here none; start both "
         "with the same identity.digest_key, [ingest] settings and policy"
+    )
+
+
+def test_nat64_prefixes_are_part_of_the_fingerprint() -> None:
+    """Settings differing only in ingest.nat64_prefixes differ, in one line naming the
+    setting and each side's prefixes (canonical, in the order configured)."""
+    worker = _parts(ingest={"nat64_prefixes": ["2001:DB8:122::/48", "2001:db8:64::/96"]})
+    assert (worker["nat64_prefixes"], worker["normalisation"]) == (
+        "2001:db8:122::/48,2001:db8:64::/96",
+        "2",
+    )
+    assert worker != _parts()
+    assert fingerprint.mismatch(worker, _parts(), "edge") == (
+        "the worker's normalisation differs from this edge's: ingest.nat64_prefixes: only the "
+        "worker has 2001:db8:122::/48, 2001:db8:64::/96, only here none; start both with the "
+        "same identity.digest_key, [ingest] settings and policy"
+    )
+    swapped = _parts(ingest={"nat64_prefixes": ["2001:db8:64::/96", "2001:db8:122::/48"]})
+    assert fingerprint.mismatch(worker, swapped, "command") == (
+        "the worker's normalisation differs from this command's: ingest.nat64_prefixes (the "
+        "first that holds an address folds it): the worker has "
+        "2001:db8:122::/48,2001:db8:64::/96, here 2001:db8:64::/96,2001:db8:122::/48; start "
+        "both with the same identity.digest_key, [ingest] settings and policy"
+    )
+
+
+def test_an_older_worker_is_named_by_its_normalisation_version() -> None:
+    """A worker from before NAT64 prefixes (normalisation 1, no nat64_prefixes part) differs
+    only in the code's version, and the line says to run one authpipe version."""
+    old = {k: v for k, v in _parts().items() if k != "nat64_prefixes"} | {"normalisation": "1"}
+    assert fingerprint.mismatch(old, _parts(), "edge") == (
+        "the worker's normalisation differs from this edge's: the normalisation code "
+        "(authpipe version): the worker has 1, here 2; run the same authpipe version on both "
+        "(upgrade the older one)"
     )
 
 
