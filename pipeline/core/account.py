@@ -9,10 +9,9 @@ source).
 
 from __future__ import annotations
 
-from pipeline.core.attempt import FAMILIAR, PASSWORD_FLOWS, UNCOUNTED, Attempt, repeat_of
+from pipeline.core.attempt import FAMILIAR, PASSWORD_FLOWS, Attempt, repeat_of
 from pipeline.core.decisions import (
     ALLOWED,
-    VERIFY,
     Verdict,
     keys_for,
     lock_key,
@@ -21,25 +20,24 @@ from pipeline.core.decisions import (
     reset_key,
     uia_device_key,
     uia_key,
-    verify_key,
 )
 from pipeline.core.keys import Key
-from pipeline.core.lockout import FOREVER_MS
 from pipeline.core.outbox import Outbox
-from pipeline.core.policy_rules import MAX_WINDOW_MS, RuleConfig
 from pipeline.core.records import build_alert
 from pipeline.core.rules import CounterRule, TenantRules
 from pipeline.core.shard import Shard
 from pipeline.core.state import KeyState
 from pipeline.core.streaks import (
-    clear_streak,
+    clear_lock,
     device_bound_failure,
+    device_bound_key,
     late_failure,
     lock_failure,
     mark_streak,
     mfa_bound_failure,
     mfa_failure,
     notify_owner,
+    renew_holds,
     streak_entry,
 )
 
@@ -63,9 +61,6 @@ class AccountShard(Shard):
         if dedupe is not None and dedupe.seen(attempt.event_id, self.watermark_ms, attempt.tenant):
             self.metrics.duplicates += 1
             return None
-        due = self.verify_due_ms.get(attempt.tenant)
-        if due is None or attempt.occurred_ms >= due:
-            self.verify(attempt.tenant, attempt.occurred_ms, out)
         index = self.index
         subjects = index.subjects
         # Only an account or source with an active decision can be refused: two string
@@ -81,7 +76,7 @@ class AccountShard(Shard):
         rules = self.tenants.get(attempt.tenant) or self.tenant(attempt.tenant)
         if attempt.occurred_ms <= self.watermark_ms - rules.max_span_ms:
             self.metrics.late += 1
-            if not attempt.success and attempt.failure_reason not in UNCOUNTED:
+            if not attempt.success and attempt.failure_reason != "refused":
                 late_failure(self, attempt, rules, out, seq)
             return verdict
         flow = attempt.flow
@@ -92,53 +87,17 @@ class AccountShard(Shard):
                 self._reset(attempt, rules, out, seq)
         elif attempt.success:
             self._success(attempt, rules, out, seq)
-        elif attempt.failure_reason not in UNCOUNTED:  # refused, or a right password stepped up
+        elif attempt.failure_reason != "refused":
             self._failure(attempt, rules, out, seq)
             self.metrics.counted += 1
         return verdict
-
-    def verify(self, tenant: str, now_ms: int, out: Outbox) -> None:
-        """Publish (or renew) the tenant's verification of unfamiliar sign-ins
-        (``VerifyConfig``): from the first attempt of the tenant this shard sees, for
-        ``publish_ms``, again once half of it is left. Event time only, so a replay
-        publishes what the stream did; a restored shard reads when it is due from its
-        decision index. ``off`` publishes nothing."""
-        cfg = (self.tenants.get(tenant) or self.tenant(tenant)).policy.verify
-        if cfg.mode == "off":
-            self.verify_due_ms[tenant] = FOREVER_MS
-            return
-        key = verify_key(tenant)
-        half = cfg.publish_ms // 2
-        active = self.index.get(key)
-        if active is not None and active.expires_ms - half > now_ms:
-            self.verify_due_ms[tenant] = active.expires_ms - half
-            return
-        rule = RuleConfig(threshold=1, window_ms=MAX_WINDOW_MS, mode=cfg.mode)
-        # window_ms: no lead-in (``evidence_since_ms`` reads issued - window only for
-        # the wave's own key); the decision says it reaches the whole tenant.
-        self.issue(
-            out,
-            VERIFY,
-            "tenant",
-            key,
-            tenant,
-            None,
-            None,
-            VERIFY,
-            rule,
-            0,
-            now_ms,
-            now_ms + cfg.publish_ms,
-            "challenge",
-            "step_up",
-        )
-        self.verify_due_ms[tenant] = now_ms + half
 
     # -- successes ----------------------------------------------------------------------
 
     def _success(self, attempt: Attempt, rules: TenantRules, out: Outbox, seq: int) -> None:
         tenant, account = attempt.tenant, attempt.account
         wm = self.watermark_ms
+        renew_holds(self, out)
         acct_key: Key = ("account", tenant, account, None, None)
         acct = rules.acct.entries.get(acct_key)
         if acct is not None and acct.keep_until_ms > wm and (seq < 0 or acct.seq < seq):
@@ -160,15 +119,15 @@ class AccountShard(Shard):
             if attempt.device is not None and not trusted:
                 # A cookie (or an app's install id) that signed in: its owner's own client.
                 self.familiar(attempt, rules, out, seq, attempt.account, attempt.device)
-            key: Key = ("lock", tenant, account, None, None)
-            streak = rules.streaks.mapping.get(key)
-            if streak is not None and (
-                not (attempt.trusted and attempt.device)
-                or rules.policy.lockout.trusted_success_clears
-                or (streak.rule == "lifetime_bound" and streak.blocked_until_ms > wm)
-            ):
-                clear_streak(self, key, streak, out, seq)
-            key = ("account_source", tenant, account, attempt.source, None)
+            # The lock (a trusted device's success clears only a hold until a success,
+            # unless trusted_success_clears), and the device bound; lifted from the index
+            # when the entry is gone.
+            trusted_only = bool(attempt.trusted and attempt.device) and not (
+                rules.policy.lockout.trusted_success_clears
+            )
+            clear_lock(self, rules, lock_key(tenant, account), out, seq, trusted_only)
+            clear_lock(self, rules, device_bound_key(tenant, account), out, seq)
+            key: Key = ("account_source", tenant, account, attempt.source, None)
             entry = rules.pair_rule.entries.get(key)
             if entry is not None and entry.keep_until_ms > wm:
                 self._clear(rules.pair_rule, key, entry, out, seq)
@@ -189,13 +148,8 @@ class AccountShard(Shard):
         else:
             rule = rules.mfa
             key = mfa_key(tenant, account, attempt.source, attempt.device, attempt.session)
-            streak = rules.streaks.mapping.get(key)
-            if streak is not None:
-                clear_streak(self, key, streak, out, seq)
-            bound_key = mfa_account_key(tenant, account)
-            streak = rules.streaks.mapping.get(bound_key)
-            if streak is not None:
-                clear_streak(self, bound_key, streak, out, seq)
+            clear_lock(self, rules, key, out, seq)
+            clear_lock(self, rules, mfa_account_key(tenant, account), out, seq)
         entry = rule.entries.get(key)
         if entry is not None and entry.keep_until_ms > wm:
             self._clear(rule, key, entry, out, seq)
@@ -207,12 +161,17 @@ class AccountShard(Shard):
         clears the pair's counter and the ceiling's decision, makes the pair familiar, and
         leaves the account's failures out of the wave's counts for
         ``familiar.after_reset_ms`` (its owner's stale clients). Nothing refuses it but an
-        operator (``pipeline.core.decisions``)."""
+        operator (``pipeline.core.decisions``). The lock, the mfa bound and the device
+        bound are lifted whether or not their entries survive (the decision index knows
+        their keys): an operator's ``authpipe decisions unlock`` is such a reset."""
         tenant, account = attempt.tenant, attempt.account
-        for key in (lock_key(tenant, account), mfa_account_key(tenant, account)):
-            streak = rules.streaks.mapping.get(key)
-            if streak is not None:
-                clear_streak(self, key, streak, out, seq)
+        renew_holds(self, out)
+        for key in (
+            lock_key(tenant, account),
+            mfa_account_key(tenant, account),
+            device_bound_key(tenant, account),
+        ):
+            clear_lock(self, rules, key, out, seq)
         wm = self.watermark_ms
         for rule, key in (
             (rules.acct, ("account", tenant, account, None, None)),
@@ -244,6 +203,7 @@ class AccountShard(Shard):
 
     def _failure(self, attempt: Attempt, rules: TenantRules, out: Outbox, seq: int) -> None:
         tenant, account, flow = attempt.tenant, attempt.account, attempt.flow
+        renew_holds(self, out)
         acct_rule = rules.acct
         acct_key: Key = ("account", tenant, account, None, None)
         acct = acct_rule.table.touch(acct_key, acct_rule.factory, self.watermark_ms)

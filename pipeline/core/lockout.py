@@ -11,7 +11,8 @@ only a success clears ``n``):
 
 ``StreakState`` is one key's record in the shard's ``streaks`` table (the account lock,
 keyed ``lock|t|a|-|-``, and the second-factor curve, keyed like the mfa rule). Its
-``keep_until_ms`` is ``FOREVER_MS``: the table's ``entry_cap`` bounds memory, not time.
+``keep_until_ms`` is ``FOREVER_MS``: the table's ``entry_cap`` bounds memory, not time
+(an entry holding a decision is skipped at the cap: ``holds``).
 """
 
 from __future__ import annotations
@@ -47,7 +48,14 @@ class StreakState:
     ``notice_until_ms`` ends the window in which the owner was already sent a notice;
     ``seq`` makes a replayed event idempotent for this key (see ``state``);
     ``held_since_ms`` is when the lock in force came into force (the account lock's
-    in-flight allowance is measured from it; 0 in records written before it existed).
+    in-flight allowance is measured from it; 0 in records written before it existed);
+    ``hold_until_ms`` is when a hold published for a bounded time and renewed really ends
+    (``FOREVER_MS``: until a success or a reset; 0: no such hold);
+    ``in_flight`` counts the failures counted inside the current lock's in-flight
+    allowance (``lockout.in_flight_max`` bounds it); ``level`` is the escalation (rule 6's
+    backoff) of a bound that trips again and again (``device_bound``); ``run`` counts
+    the trusted devices that failed for the account since its last success (the device
+    bound's feed of the lifetime bound).
     """
 
     __slots__ = (
@@ -55,9 +63,13 @@ class StreakState:
         "count",
         "decision_id",
         "held_since_ms",
+        "hold_until_ms",
+        "in_flight",
         "keep_until_ms",
+        "level",
         "notice_until_ms",
         "rule",
+        "run",
         "seq",
     )
 
@@ -70,6 +82,10 @@ class StreakState:
         self.keep_until_ms = FOREVER_MS
         self.seq = -1
         self.held_since_ms = 0
+        self.hold_until_ms = 0
+        self.in_flight = 0
+        self.level = 0
+        self.run = 0
 
     def dump(self) -> list[object]:
         return [
@@ -81,6 +97,10 @@ class StreakState:
             self.keep_until_ms,
             self.seq,
             self.held_since_ms,
+            self.hold_until_ms,
+            self.in_flight,
+            self.level,
+            self.run,
         ]
 
     @classmethod
@@ -88,6 +108,8 @@ class StreakState:
         state = cls()
         if len(data) > 7:
             state.held_since_ms = data[7]  # type: ignore[assignment]
+        if len(data) > 11:  # records written before bounded holds have 8 fields
+            (state.hold_until_ms, state.in_flight, state.level, state.run) = data[8:12]  # type: ignore[assignment]
         (
             state.count,
             state.blocked_until_ms,
@@ -98,3 +120,10 @@ class StreakState:
             state.seq,
         ) = data[:7]  # type: ignore[assignment]
         return state
+
+
+def holds(entry: StreakState, now_ms: int) -> bool:
+    """Whether the entry holds a decision at ``now_ms`` (its lock, its curve's wait or a
+    renewed hold): the streaks table never evicts such an entry while it can pick
+    another (``BoundedTable``'s ``pinned``)."""
+    return entry.blocked_until_ms > now_ms or entry.hold_until_ms > now_ms

@@ -20,9 +20,6 @@ DAY_MS = 24 * HOUR_MS
 MAX_WINDOW_MS = 7 * 24 * HOUR_MS
 MAX_BLOCK_MS = 366 * 24 * HOUR_MS
 """Longest block: keeps ``expires_at`` a representable timestamp whatever the config says."""
-UNTIL_SUCCESS_MS = 100 * 365 * 24 * HOUR_MS
-"""How long a hold "until a success" is published for: a century, far past any account
-and still inside ClickHouse's DateTime64 (2299)."""
 
 
 class Frozen(BaseModel):
@@ -63,10 +60,14 @@ class LifetimeConfig(Frozen):
     """NIST 800-63B: this many consecutive failures with no success raise ``lifetime_bound``
     (rule 7's alert counts every flow's failures), and this many consecutive untrusted
     password failures (the lockout's count) refuse untrusted password attempts until a
-    success or a reset proven through the mailbox (``block_ms = 0``,
-    the default: seed 004's SHALL is "disable"; the decision is published as held for
-    ``UNTIL_SUCCESS_MS``, within what ClickHouse's DateTime64 stores), or for ``block_ms``
-    when set.
+    success, a reset proven through the mailbox or an operator's ``decisions unlock``
+    (``block_ms = 0``, the default: seed 004's SHALL is "disable"), or for ``block_ms``
+    when set. The same holds ``mfa_bound`` (``MfaAccountConfig``).
+
+    A hold is published for at most ``publish_ms`` (24 h) and published again, for as
+    long, once half of it has passed while the hold lasts (event time: the shard renews
+    it at its next event past that point): a decision lost with its state (an entry
+    evicted, a shard that forgot it) ends within ``publish_ms`` instead of never.
 
     ``memory_ms`` is how long rule 7's streak survives a quiet account; 0 (the default)
     never forgets: memory is bounded by ``entry_cap``, not by time.
@@ -75,6 +76,7 @@ class LifetimeConfig(Frozen):
     threshold: int = Field(100, ge=1)
     block_ms: int = Field(0, ge=0, le=MAX_BLOCK_MS)
     memory_ms: int = Field(0, ge=0, le=MAX_BLOCK_MS)
+    publish_ms: int = Field(DAY_MS, ge=2 * MINUTE_MS, le=MAX_BLOCK_MS)
 
     @field_validator("block_ms")
     @classmethod
@@ -105,6 +107,10 @@ class LockoutConfig(Frozen):
     ``refused`` passed the gateway's check while the decision was in flight, a real
     guess, and is counted (the run and the lifetime bound); a later unreported failure
     inside the lock is taken as refused by a gateway that does not report refusals.
+    At most ``in_flight_max`` failures are counted in flight per lock (from its coming
+    into force until it ends; 10: the curve's next two steps), so one burst of parallel
+    guesses inside the latency cannot count 100 at once and hold the owner under the
+    lifetime bound; the ones past it are taken as refused (``0``: none counted).
     """
 
     threshold: int = Field(5, ge=1, le=1_000_000)
@@ -113,6 +119,7 @@ class LockoutConfig(Frozen):
     cap_ms: int = Field(HOUR_MS, ge=1000, le=MAX_BLOCK_MS)
     trusted_success_clears: bool = False
     in_flight_ms: int = Field(2000, ge=0, le=MAX_BLOCK_MS)
+    in_flight_max: int = Field(10, ge=0, le=1_000_000)
     mode: Mode = "enforce"
 
     @model_validator(mode="after")

@@ -14,10 +14,10 @@ from functools import partial
 from typing import Any, TypeAlias
 
 from pipeline.core.keys import Key
-from pipeline.core.lockout import FOREVER_MS, StreakState
+from pipeline.core.lockout import FOREVER_MS, StreakState, holds
 from pipeline.core.normalise import parse_address
 from pipeline.core.policy import TenantPolicy
-from pipeline.core.policy_rules import UNTIL_SUCCESS_MS, RuleConfig
+from pipeline.core.policy_rules import RuleConfig
 from pipeline.core.state import KeyState, PairState, SourceState
 from pipeline.core.table import BoundedTable
 from pipeline.core.window import WindowSpec
@@ -99,10 +99,16 @@ class TenantRules:
             policy.entry_cap, _marker(dirty, "pairs")
         )
         # Consecutive-failure records (seed 002's lock, seed 004's mfa curve): no decay,
-        # bounded by the cap.
+        # bounded by the cap, which passes over entries holding a decision and records
+        # what it evicts, so the shard tombstones an evicted entry's decision.
         self.streaks: BoundedTable[StreakState] = BoundedTable(
-            policy.entry_cap, _marker(dirty, "streaks")
+            policy.entry_cap, _marker(dirty, "streaks"), record_evicted=True, pinned=holds
         )
+        # The holds published for ``lifetime.publish_ms`` and renewed: (renew at, key),
+        # a heap (``pipeline.core.streaks.renew_holds``); not in the changelog: rebuilt
+        # from the streaks table at the first renewal check (``renewals_ready``).
+        self.renewals: list[tuple[int, Key]] = []
+        self.renewals_ready = False
         # Familiar (account, source) pairs: a table of their own, so successes can never
         # evict a lock's count (an attacker's own account signs in from every proxy).
         # Its entries stand for published exempts: the shard lifts what the cap evicts.
@@ -154,7 +160,10 @@ class TenantRules:
         self.familiar_cfg = RuleConfig.model_construct(
             threshold=familiar.shared_accounts, window_ms=familiar.memory_ms, mode="enforce"
         )
-        self.lifetime_block_ms = lifetime.block_ms or UNTIL_SUCCESS_MS
+        # A hold's end (``FOREVER_MS``: until a success) and how long it is published for.
+        self.lifetime_block_ms = lifetime.block_ms or FOREVER_MS
+        self.hold_publish_ms = lifetime.publish_ms
+        self.in_flight_max = policy.lockout.in_flight_max
         self.lifetime_memory_ms = lifetime.memory_ms or FOREVER_MS
         self.lifetime_threshold = lifetime.threshold
         self.mfa_curve = curve.enabled

@@ -3,16 +3,23 @@ it becomes), seed 004's mfa curve, and the owner's notices (seed 001).
 
 A streak has no window: only the order of an account's attempts matters (which the stream
 keeps), so a failure too late for the windows still counts here. A streak entry is bounded
-by the table's cap, never by time. Every change is recorded in the shard's ``dirty``
+by the table's cap, never by time: the cap passes over entries holding a decision, and
+the decision of an entry it evicts all the same is tombstoned (``drain_evicted``). A hold
+until a success (the lifetime bound, the mfa bound, a device bound past the lifetime
+threshold) is published for ``lifetime.publish_ms`` and renewed while it holds
+(``renew_holds``); a success or a reset lifts the account's decision from the index even
+when its entry is gone (``lift_lock``). Every change is recorded in the shard's ``dirty``
 record (when it tracks changes) so the changelog carries it.
 """
 
 from __future__ import annotations
 
+from heapq import heappop, heappush
+
 from pipeline.core.attempt import PASSWORD_FLOWS, Attempt
-from pipeline.core.decisions import lock_key, mfa_account_key, mfa_key
+from pipeline.core.decisions import lock_key, mfa_account_key, mfa_key, reset_key
 from pipeline.core.keys import Key
-from pipeline.core.lockout import StreakState, lock_ms, wait_ms
+from pipeline.core.lockout import FOREVER_MS, StreakState, holds, lock_ms, wait_ms
 from pipeline.core.outbox import Outbox
 from pipeline.core.records import build_notice
 from pipeline.core.rules import TenantRules
@@ -38,6 +45,15 @@ def late_failure(shard: Shard, attempt: Attempt, rules: TenantRules, out: Outbox
         )
 
 
+HOLD_RULES = frozenset({"lifetime_bound", "mfa_bound", "device_bound"})
+"""Rules whose hold may last until a success: published for a bounded time, renewed."""
+
+
+def device_bound_key(tenant: str, account: str) -> Key:
+    """``device|t|a|-|-``: every trusted device of the account (the device bound)."""
+    return ("device", tenant, account, None, None)
+
+
 def streak_entry(rules: TenantRules, key: Key) -> StreakState:
     """The streak of ``key``, created if missing, moved to the newest end."""
     entry = rules.streaks.mapping.get(key)
@@ -45,6 +61,36 @@ def streak_entry(rules: TenantRules, key: Key) -> StreakState:
         return rules.streaks.create(key, StreakState)
     rules.streaks.mapping.move_to_end(key)
     return entry
+
+
+def counted_entry(shard: Shard, rules: TenantRules, key: Key, out: Outbox) -> StreakState:
+    """``streak_entry``, and the decisions of entries the cap evicted for it lifted."""
+    entry = streak_entry(rules, key)
+    if rules.streaks.evicted:
+        drain_evicted(shard, rules, out)
+    return entry
+
+
+def drain_evicted(shard: Shard, rules: TenantRules, out: Outbox) -> None:
+    """Tombstone the decisions of the streak entries the cap evicted (it passes over
+    entries holding one while it can: ``BoundedTable``'s ``pinned``): a lock is never
+    left published without the entry that would lift it."""
+    evicted = rules.streaks.evicted
+    if evicted:
+        for key in evicted:
+            if key not in rules.streaks.mapping:
+                shard.lift(out, key)
+        evicted.clear()
+
+
+def lift_lock(shard: Shard, out: Outbox, key: Key, trusted_only_hold: bool = False) -> None:
+    """A success or a reset whose account has no streak entry at ``key`` (evicted, or a
+    shard that never had it): lift the decision the index still holds there. With
+    ``trusted_only_hold`` (a trusted device's success, which clears only a hold until a
+    success) only a rule of ``HOLD_RULES`` is lifted."""
+    active = shard.index.get(key)
+    if active is not None and (not trusted_only_hold or active.rule in HOLD_RULES):
+        shard.lift(out, key)
 
 
 def lock_failure(shard: Shard, attempt: Attempt, rules: TenantRules, out: Outbox, seq: int) -> None:
@@ -60,20 +106,26 @@ def lock_failure(shard: Shard, attempt: Attempt, rules: TenantRules, out: Outbox
     is taken as refused but not reported (the simulator models no gateway): not
     counted. A lock in force is never shortened. Event time only: replay = live."""
     key = lock_key(attempt.tenant, attempt.account)
-    streak = streak_entry(rules, key)
+    streak = counted_entry(shard, rules, key, out)
     if seq >= 0 and streak.seq >= seq:
         return
     now = attempt.occurred_ms
-    held = now < streak.blocked_until_ms
+    held = now < streak.blocked_until_ms or now < streak.hold_until_ms
     lock = rules.policy.lockout
-    in_flight = held and now < streak.held_since_ms + lock.in_flight_ms
+    in_flight = (
+        held
+        and now < streak.held_since_ms + lock.in_flight_ms
+        and streak.in_flight < rules.in_flight_max
+    )
     if held and not in_flight and rules.streak_cfg[streak.rule].mode == "enforce":
         return  # the lock refused it (seed 002 refuses before counting): not counted
+    if in_flight:
+        streak.in_flight += 1
     streak.count += 1
     n = streak.count
     longer = False
     if n >= rules.lifetime_threshold:
-        rule, expires = "lifetime_bound", now + rules.lifetime_block_ms
+        rule, expires = "lifetime_bound", _hold_end(rules, now)
     else:
         length = lock_ms(n, lock.threshold, lock.base_ms, lock.step, lock.cap_ms)
         rule, expires = "lockout", now + length if length else 0
@@ -85,10 +137,11 @@ def lock_failure(shard: Shard, attempt: Attempt, rules: TenantRules, out: Outbox
     ):
         if not held:
             streak.held_since_ms = now
+            streak.in_flight = 0
         _hold(shard, attempt, rules, key, streak, rule, expires, None, None, out)
         if rules.streak_cfg[rule].mode == "enforce":
             reason = "consecutive_lock" if rule == "lockout" else rule
-            notify_owner(shard, attempt, rules, streak, reason, expires, out)
+            notify_owner(shard, attempt, rules, streak, reason, streak.blocked_until_ms, out)
     mark_streak(shard, key, streak, seq)
 
 
@@ -104,7 +157,7 @@ def mfa_failure(
 ) -> None:
     """Seed 004: the n-th consecutive second-factor failure makes the next attempt
     wait ``factor * 2**(n-1)`` (capped)."""
-    streak = streak_entry(rules, key)
+    streak = counted_entry(shard, rules, key, out)
     if seq >= 0 and streak.seq >= seq:
         return
     if (
@@ -125,23 +178,57 @@ def device_bound_failure(
 ) -> None:
     """One more distinct trusted device failing for the account within the device
     window. Past ``trusted_devices_per_account`` of them the account's trusted devices
-    are refused for the window (``device|t|a|-|-``, rule ``device_bound``): a login
-    service that marks a fresh device id trusted on every guess (a bug, or a forged
-    event) gets as many guesses as that, not unlimited ones. The owner's few real
-    devices never reach it."""
-    key = ("device", attempt.tenant, attempt.account, None, None)
-    streak = streak_entry(rules, key)
+    are refused (``device|t|a|-|-``, rule ``device_bound``) for rule 6's backoff at its
+    level (15, 30, 60 min ...: each trip before a success is longer): a login service
+    that marks a fresh device id trusted on every guess (a bug, or a forged event) gets
+    that many guesses per block, not unlimited ones. Each such device also counts in the
+    bound's ``run`` (cleared by a success): at ``lifetime.threshold`` the bound holds the
+    trusted devices like the lifetime bound (until a success or a reset, published for
+    ``lifetime.publish_ms`` and renewed).
+
+    For ``familiar.after_reset_ms`` after a new password the account's trusted
+    failures are its owner's stale clients (``stale``): they count in the run, never
+    towards the window's trip. The owner's few real devices never reach it."""
+    key = device_bound_key(attempt.tenant, attempt.account)
+    streak = counted_entry(shard, rules, key, out)
     if seq >= 0 and streak.seq >= seq:
         return
     now = attempt.occurred_ms
-    if now >= streak.notice_until_ms:  # the field ends the current window here
-        streak.count = 0
-        streak.notice_until_ms = now + rules.device.cfg.window_ms
-    streak.count += 1
-    if streak.count > rules.trusted_devices_per_account and now >= streak.blocked_until_ms:
-        expires = now + rules.device.cfg.window_ms
-        _hold(shard, attempt, rules, key, streak, "device_bound", expires, None, None, out)
+    if now < streak.hold_until_ms and rules.streak_cfg["device_bound"].mode == "enforce":
+        return  # refused by the hold: not a check of the password
+    streak.run += 1
+    if streak.run >= rules.lifetime_threshold and not streak.hold_until_ms:
+        _hold(
+            shard,
+            attempt,
+            rules,
+            key,
+            streak,
+            "device_bound",
+            _hold_end(rules, now),
+            None,
+            None,
+            out,
+        )
+        mark_streak(shard, key, streak, seq)
+        return
+    if not _stale(rules, attempt):
+        if now >= streak.notice_until_ms:  # the field ends the current window here
+            streak.count = 0
+            streak.notice_until_ms = now + rules.device.cfg.window_ms
+        streak.count += 1
+        if streak.count > rules.trusted_devices_per_account and now >= streak.blocked_until_ms:
+            streak.level += 1
+            expires = now + rules.policy.backoff.block_ms(streak.level)
+            _hold(shard, attempt, rules, key, streak, "device_bound", expires, None, None, out)
     mark_streak(shard, key, streak, seq)
+
+
+def _stale(rules: TenantRules, attempt: Attempt) -> bool:
+    """The account got a new password within ``familiar.after_reset_ms`` (its owner's
+    stale clients still fail: ``Shard.owner_proved``)."""
+    entry = rules.familiar.mapping.get(reset_key(attempt.tenant, attempt.account))
+    return entry is not None and entry.blocked_until_ms > attempt.occurred_ms
 
 
 def mfa_bound_failure(
@@ -149,20 +236,29 @@ def mfa_bound_failure(
 ) -> None:
     """NIST SP 800-63B for one-time codes, per account: one more consecutive second-factor
     failure of the account, whatever its device, cookie or session; at the bound the
-    account's second-factor checks are refused until a success (or ``lifetime.block_ms``).
-    A fresh cookie per guess resets the per-device curve, never this count."""
+    account's second-factor checks are refused until a success or a reset (or
+    ``lifetime.block_ms``), published for ``lifetime.publish_ms`` and renewed. A fresh
+    cookie per guess resets the per-device curve, never this count."""
     key = mfa_account_key(attempt.tenant, attempt.account)
-    streak = streak_entry(rules, key)
+    streak = counted_entry(shard, rules, key, out)
     if seq >= 0 and streak.seq >= seq:
         return
     now = attempt.occurred_ms
-    if now < streak.blocked_until_ms and rules.streak_cfg["mfa_bound"].mode == "enforce":
+    held = now < streak.blocked_until_ms or now < streak.hold_until_ms
+    if held and rules.streak_cfg["mfa_bound"].mode == "enforce":
         return  # refused by the bound: not a check of the factor
     streak.count += 1
-    if streak.count >= rules.mfa_bound_threshold and now >= streak.blocked_until_ms:
-        expires = now + rules.lifetime_block_ms
+    if streak.count >= rules.mfa_bound_threshold and not held:
+        expires = _hold_end(rules, now)
         _hold(shard, attempt, rules, key, streak, "mfa_bound", expires, None, None, out)
     mark_streak(shard, key, streak, seq)
+
+
+def _hold_end(rules: TenantRules, now_ms: int) -> int:
+    """When a hold of the lifetime bound's kind ends: ``lifetime.block_ms`` from now, or
+    ``FOREVER_MS`` (until a success or a reset)."""
+    block_ms = rules.lifetime_block_ms
+    return FOREVER_MS if block_ms >= FOREVER_MS else now_ms + block_ms
 
 
 def _hold(
@@ -177,22 +273,101 @@ def _hold(
     device: str | None,
     out: Outbox,
 ) -> None:
+    """Issue the decision of ``rule`` on ``key`` until ``expires``: published until then,
+    or, past ``lifetime.publish_ms``, for that long and renewed (``renew_holds``)."""
     streak.rule = rule
-    streak.blocked_until_ms = expires
+    _publish(shard, rules, key, streak, attempt.occurred_ms, expires, source, device, out)
+
+
+def _publish(
+    shard: Shard,
+    rules: TenantRules,
+    key: Key,
+    streak: StreakState,
+    now: int,
+    expires: int,
+    source: str | None,
+    device: str | None,
+    out: Outbox,
+) -> None:
+    published = expires
+    streak.hold_until_ms = 0
+    if streak.rule in HOLD_RULES and expires - now > rules.hold_publish_ms:
+        published = now + rules.hold_publish_ms
+        streak.hold_until_ms = expires
+        heappush(rules.renewals, (now + rules.hold_publish_ms // 2, key))
+    streak.blocked_until_ms = published
     streak.decision_id = shard.issue(
         out,
-        rule,
+        streak.rule,
         key[0],
         key,
-        attempt.tenant,
-        attempt.account,
+        key[1],
+        key[2],
         source,
         device,
-        rules.streak_cfg[rule],
+        rules.streak_cfg[streak.rule],
         streak.count,
-        attempt.occurred_ms,
-        expires,
+        now,
+        published,
     )
+
+
+def renew_holds(shard: Shard, out: Outbox) -> None:
+    """Publish again, for ``lifetime.publish_ms``, every hold whose decision has run half
+    its time while the hold lasts (event time: the shard's watermark), in every tenant of
+    the shard. A heap per tenant: O(1) per event when nothing is due. A hold written by a
+    version that published it for a century is published again for the bounded time at
+    the first check after a restore."""
+    now = shard.watermark_ms
+    for rules in shard.tenants.values():
+        rules.streaks.seen(now)
+        if not rules.renewals_ready:
+            _schedule_restored(rules, now)
+        renewals = rules.renewals
+        while renewals and renewals[0][0] <= now:
+            key = heappop(renewals)[1]
+            streak = rules.streaks.mapping.get(key)
+            if streak is None or not streak.hold_until_ms:
+                continue  # lifted, or evicted (its decision tombstoned then)
+            if streak.hold_until_ms <= now:
+                streak.hold_until_ms = 0  # a hold of lifetime.block_ms ended
+                mark_streak(shard, key, streak, -1)
+                continue
+            left = streak.blocked_until_ms - now
+            if rules.hold_publish_ms // 2 < left <= rules.hold_publish_ms:
+                continue  # renewed since this was scheduled: its own entry is due later
+            _publish(shard, rules, key, streak, now, streak.hold_until_ms, None, None, out)
+            mark_streak(shard, key, streak, -1)
+
+
+def _schedule_restored(rules: TenantRules, now: int) -> None:
+    """Schedule the renewal of every hold the table holds (once per tenant: a restore
+    rebuilt the table, not the heap)."""
+    rules.renewals_ready = True
+    for key, streak in rules.streaks.items():
+        if streak.rule not in HOLD_RULES or streak.blocked_until_ms <= now:
+            continue
+        if streak.hold_until_ms:
+            heappush(rules.renewals, (streak.blocked_until_ms - rules.hold_publish_ms // 2, key))
+        elif streak.blocked_until_ms - now > rules.hold_publish_ms:
+            # Published for a century by an older version: renew at once, bounded.
+            streak.hold_until_ms = streak.blocked_until_ms
+            heappush(rules.renewals, (now, key))
+
+
+def clear_lock(
+    shard: Shard, rules: TenantRules, key: Key, out: Outbox, seq: int, trusted_only: bool = False
+) -> None:
+    """A success or a reset of the account clears the streak at ``key`` and lifts its
+    decision, or, with no entry there, lifts what the index holds (``lift_lock``). With
+    ``trusted_only`` (a trusted device's success) only a hold until a success is
+    cleared: the lock's run is the stranger's, not the owner's device's."""
+    streak = rules.streaks.mapping.get(key)
+    if streak is None:
+        lift_lock(shard, out, key, trusted_only)
+    elif not trusted_only or (streak.rule in HOLD_RULES and holds(streak, shard.watermark_ms)):
+        clear_streak(shard, key, streak, out, seq)
 
 
 def clear_streak(shard: Shard, key: Key, streak: StreakState, out: Outbox, seq: int) -> None:
@@ -200,6 +375,10 @@ def clear_streak(shard: Shard, key: Key, streak: StreakState, out: Outbox, seq: 
     if seq >= 0 and streak.seq >= seq:
         return
     streak.count = 0
+    streak.hold_until_ms = 0
+    streak.in_flight = 0
+    streak.level = 0
+    streak.run = 0
     if streak.blocked_until_ms:
         streak.blocked_until_ms = 0
         shard.lift(out, key)

@@ -13,6 +13,13 @@ table whose entries stand for published decisions keeps ``evicted`` (a list): ev
 the cap removed, by ``create`` or by a restore's ``put``, is appended there until the
 owner drains it and lifts those decisions (expiry is not recorded: a decision expires
 with its entry).
+
+A table given ``pinned`` (entry, the newest time the table was told) never evicts an entry
+the predicate pins while it can pick another: the cap looks at up to ``PIN_TRIES`` of the
+oldest entries, moving each pinned one to the newest end, and evicts the first unpinned
+one; when all of them are pinned it evicts the last one looked at (recorded in ``evicted`` like any
+other, so its owner tombstones the decision). The work per insert stays O(1) and memory
+stays bounded by the cap.
 """
 
 from __future__ import annotations
@@ -22,6 +29,9 @@ from collections.abc import Callable, Iterator
 from typing import Generic, Protocol, TypeVar
 
 from pipeline.core.keys import Key
+
+PIN_TRIES = 8
+"""Oldest entries the cap looks at for one it may evict (``pinned``)."""
 
 
 class Expiring(Protocol):
@@ -34,13 +44,24 @@ E = TypeVar("E", bound=Expiring)
 class BoundedTable(Generic[E]):
     """Key -> entry, at most ``cap`` entries, oldest-touched evicted first."""
 
-    __slots__ = ("_entries", "cap", "evicted", "evictions", "expired", "mapping", "on_drop")
+    __slots__ = (
+        "_entries",
+        "cap",
+        "evicted",
+        "evictions",
+        "expired",
+        "mapping",
+        "now_ms",
+        "on_drop",
+        "pinned",
+    )
 
     def __init__(
         self,
         cap: int,
         on_drop: Callable[[Key, E], None] | None = None,
         record_evicted: bool = False,
+        pinned: Callable[[E, int], bool] | None = None,
     ) -> None:
         self._entries: OrderedDict[Key, E] = OrderedDict()
         # The same dict, public for hot paths that read entries and move them to the
@@ -52,6 +73,10 @@ class BoundedTable(Generic[E]):
         self.expired = 0
         self.on_drop = on_drop
         self.evicted: list[Key] | None = [] if record_evicted else None
+        self.pinned = pinned
+        # The newest time the table was told (``expire``, ``touch``, ``seen``): what
+        # ``pinned`` compares with.
+        self.now_ms = 0
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -66,6 +91,8 @@ class BoundedTable(Generic[E]):
         """The entry for ``key``, moved to the newest end; created if missing or if its
         ``keep_until_ms`` is at or before ``now_ms`` (past its time, it is semantically
         gone even if ``expire`` has not reached it yet behind a longer-lived neighbour)."""
+        if now_ms > self.now_ms:
+            self.now_ms = now_ms
         entry = self._entries.get(key)
         if entry is None:
             return self.create(key, factory)
@@ -94,9 +121,25 @@ class BoundedTable(Generic[E]):
         self._entries[key] = entry
         self._entries.move_to_end(key)
 
+    def seen(self, now_ms: int) -> None:
+        """The newest time the caller knows of (what ``pinned`` compares with)."""
+        if now_ms > self.now_ms:
+            self.now_ms = now_ms
+
     def _evict(self) -> None:
-        """Remove the least recently touched entry to make room (the cap)."""
-        old_key, old = self._entries.popitem(last=False)
+        """Remove the least recently touched entry to make room (the cap), passing over
+        up to ``PIN_TRIES`` pinned ones (moved to the newest end)."""
+        entries = self._entries
+        pinned = self.pinned
+        old_key, old = entries.popitem(last=False)
+        if pinned is not None:
+            for _ in range(PIN_TRIES - 1):
+                if not pinned(old, self.now_ms):
+                    break
+                entries[old_key] = old  # kept: to the newest end
+                old_key, old = entries.popitem(last=False)
+            # Past the tries every entry looked at holds a decision: this one goes (its
+            # owner tombstones the decision through ``evicted``).
         self.evictions += 1
         if self.evicted is not None:
             self.evicted.append(old_key)
@@ -116,6 +159,8 @@ class BoundedTable(Generic[E]):
     def expire(self, now_ms: int) -> list[Key]:
         """Drop entries from the oldest end while they are past ``keep_until_ms``."""
         entries = self._entries
+        if now_ms > self.now_ms:
+            self.now_ms = now_ms
         dropped: list[Key] = []
         while entries:
             key = next(iter(entries))

@@ -11,7 +11,7 @@ from pipeline.contracts.models import datetime_to_ms
 from pipeline.core.attempt import Attempt
 from pipeline.core.engine import Engine
 from pipeline.core.lockout import lock_ms
-from pipeline.core.policy import DEFAULT_POLICY
+from pipeline.core.policy import DEFAULT_POLICY, Policy
 from tests.unit.test_core_support import ACCOUNT, SEC, T0, att, decisions, policy
 
 LOCK = DEFAULT_POLICY.defaults.lockout
@@ -91,11 +91,17 @@ def test_in_flight_zero_keeps_the_old_reading() -> None:
     assert count(engine) == 5
 
 
-def through_a_slow_gateway(gaps: list[int], latency_ms: int) -> tuple[Engine, list[Attempt], int]:
+UNBOUNDED = policy(lockout={"in_flight_max": 1_000_000})
+"""The seed's reading: every failure let through in flight is counted."""
+
+
+def through_a_slow_gateway(
+    gaps: list[int], latency_ms: int, pol: Policy = UNBOUNDED
+) -> tuple[Engine, list[Attempt], int]:
     """Attempts at the given gaps against a gateway that applies each lock decision
     ``latency_ms`` after it was issued and reports what it refuses as ``refused``.
     Returns the engine, the events as published, and the failures let through."""
-    engine = Engine()
+    engine = Engine(pol)
     t = 0
     published: list[Attempt] = []
     through = 0
@@ -116,20 +122,21 @@ def through_a_slow_gateway(gaps: list[int], latency_ms: int) -> tuple[Engine, li
     return engine, published, through
 
 
-@settings(max_examples=80, deadline=None)
-@given(
-    st.lists(
-        st.integers(1, 3 * SEC) | st.sampled_from([900 * SEC, 1800 * SEC, 3600 * SEC]),
-        min_size=1,
-        max_size=120,
-    ),
-    st.integers(0, LOCK.in_flight_ms),
+PACINGS = st.lists(
+    st.integers(1, 3 * SEC) | st.sampled_from([900 * SEC, 1800 * SEC, 3600 * SEC]),
+    min_size=1,
+    max_size=120,
 )
+LATENCIES = st.integers(0, LOCK.in_flight_ms)
+
+
+@settings(max_examples=80, deadline=None)
+@given(PACINGS, LATENCIES)
 def test_every_guess_let_through_is_counted_at_any_latency(gaps: list[int], latency: int) -> None:
-    """Seed 002 counts every failure that passed the lock check: at any decision latency
-    up to in_flight_ms the run is exactly the failures the gateway let through, each lock
-    holds at least the curve's length for its count, and a replay of the published events
-    gives the same decisions."""
+    """Seed 002 counts every failure that passed the lock check (with ``in_flight_max``
+    unbounded): at any decision latency up to in_flight_ms the run is exactly the failures
+    the gateway let through, each lock holds at least the curve's length for its count,
+    and a replay of the published events gives the same decisions."""
     engine, published, through = through_a_slow_gateway(gaps, latency)
     if through == 0:
         return
@@ -138,6 +145,23 @@ def test_every_guess_let_through_is_counted_at_any_latency(gaps: list[int], late
         assert rule == "lifetime_bound" or seconds * SEC == lock_ms(
             n, LOCK.threshold, LOCK.base_ms, LOCK.step, LOCK.cap_ms
         )
+    replay = Engine(UNBOUNDED)
+    replay.step_batch(published)
+    assert locks(replay) == locks(engine)
+
+
+@settings(max_examples=60, deadline=None)
+@given(PACINGS, LATENCIES)
+def test_the_default_counts_at_most_in_flight_max_per_lock(gaps: list[int], latency: int) -> None:
+    """With the default in_flight_max (10) the run never exceeds the failures let
+    through, each lock counts at most 10 in flight, and a replay gives the same
+    decisions."""
+    engine, published, through = through_a_slow_gateway(gaps, latency, DEFAULT_POLICY)
+    if through == 0:
+        return
+    streak = engine.accounts.tenants["default"].streaks.get(LOCK_KEY)
+    assert streak is not None and streak.count <= through
+    assert streak.in_flight <= LOCK.in_flight_max == 10
     replay = Engine()
     replay.step_batch(published)
     assert locks(replay) == locks(engine)
