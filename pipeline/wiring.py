@@ -14,7 +14,7 @@ from pathlib import Path
 from pipeline.core.attempt import Normaliser
 from pipeline.core.grouping import within_grouping
 from pipeline.core.keys import Digester
-from pipeline.core.normalise import NetworkSet, SourceRules, parse_nat64_prefix
+from pipeline.core.normalise import Network, NetworkSet, SourceRules, parse_nat64_prefix
 from pipeline.core.policy import DEFAULT_POLICY, Policy, policy_from_toml
 from pipeline.errors import ConfigError
 from pipeline.settings import Settings, require_digest_key
@@ -50,21 +50,37 @@ def build_normaliser(settings: Settings, policy: Policy | None = None) -> Normal
             trusted_proxies=NetworkSet(ingest.trusted_proxies),
             ipv4_prefix=ingest.ipv4_prefix,
             ipv6_prefix=ingest.ipv6_prefix,
-            nat64_prefixes=tuple(parse_nat64_prefix(text) for text in ingest.nat64_prefixes),
+            nat64_prefixes=nat64_networks(settings),
         ),
         case_sensitive_tenants=frozenset(ingest.case_sensitive_tenants)
         | policy.case_sensitive_tenants(),
     )
 
 
+def nat64_networks(settings: Settings) -> tuple[Network, ...]:
+    """``ingest.nat64_prefixes`` parsed (validated when the settings loaded), in order: what
+    the normaliser folds and every grouping check must fold alike."""
+    return tuple(parse_nat64_prefix(text) for text in settings.ingest.nat64_prefixes)
+
+
 @functools.cache
-def source_check(ipv4_prefix: int, ipv6_prefix: int) -> Callable[[str], bool]:
+def source_check(
+    ipv4_prefix: int, ipv6_prefix: int, nat64_prefixes: tuple[Network, ...] = ()
+) -> Callable[[str], bool]:
     """Whether a decision's source is one source under this grouping (no wider than
-    ``ipv4_prefix`` / ``ipv6_prefix``): the ``source_ok`` every reader of the decisions
-    topic hands ``pipeline.contracts.codec.decode_decision``."""
-    return functools.partial(within_grouping, ipv4_prefix=ipv4_prefix, ipv6_prefix=ipv6_prefix)
+    ``ipv4_prefix`` / ``ipv6_prefix``, not written in IPv6 inside ``nat64_prefixes``): the
+    ``source_ok`` every reader of the decisions topic hands
+    ``pipeline.contracts.codec.decode_decision``."""
+    return functools.partial(
+        within_grouping,
+        ipv4_prefix=ipv4_prefix,
+        ipv6_prefix=ipv6_prefix,
+        nat64_prefixes=nat64_prefixes,
+    )
 
 
 def grouping_check(settings: Settings) -> Callable[[str], bool]:
-    """``source_check`` for ``settings``' grouping (``ingest.ipv4_prefix`` / ``ipv6_prefix``)."""
-    return source_check(settings.ingest.ipv4_prefix, settings.ingest.ipv6_prefix)
+    """``source_check`` for ``settings``' grouping (``ingest.ipv4_prefix`` / ``ipv6_prefix``,
+    ``ingest.nat64_prefixes``)."""
+    ingest = settings.ingest
+    return source_check(ingest.ipv4_prefix, ingest.ipv6_prefix, nat64_networks(settings))

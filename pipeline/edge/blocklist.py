@@ -30,6 +30,7 @@ import orjson
 
 from pipeline.contracts.models import format_utc_ms, ms_to_datetime
 from pipeline.core.grouping import within_grouping
+from pipeline.core.normalise import Network
 
 FORMATS: dict[str, str] = {
     "json": "application/json",
@@ -43,10 +44,18 @@ _JSON_FIELDS = ("source", "tenant", "action", "rule", "decision_id")
 _SOURCE_SYNTAX = re.compile(r"[0-9A-Fa-f.:]{2,45}(?:/[0-9]{1,3})?")
 
 
-def valid_source(text: str, ipv4_prefix: int = 32, ipv6_prefix: int = 64) -> bool:
+def valid_source(
+    text: str,
+    ipv4_prefix: int = 32,
+    ipv6_prefix: int = 64,
+    nat64_prefixes: Sequence[Network] = (),
+) -> bool:
     """An IPv4/IPv6 address or CIDR in plain notation (safe to write into nginx config),
-    no wider than the grouping (``pipeline.core.grouping``: ``0.0.0.0/0`` is refused)."""
-    return bool(_SOURCE_SYNTAX.fullmatch(text)) and within_grouping(text, ipv4_prefix, ipv6_prefix)
+    no wider than the grouping (``pipeline.core.grouping``: ``0.0.0.0/0`` is refused) and
+    in the family ingest counts it in (the deployment's ``nat64_prefixes`` too)."""
+    return bool(_SOURCE_SYNTAX.fullmatch(text)) and within_grouping(
+        text, ipv4_prefix, ipv6_prefix, nat64_prefixes
+    )
 
 
 @dataclass(frozen=True, slots=True, order=True)

@@ -9,7 +9,7 @@ its extra fields are ignored, so a newer worker's decisions still apply."""
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import get_args
 
 from pipeline.contracts.codec import DecodeError
@@ -17,15 +17,22 @@ from pipeline.contracts.codec import decode_decision as decode
 from pipeline.contracts.models import Scope
 from pipeline.core.decisions import Active, evidence_since_ms
 from pipeline.core.keys import Key, parse_wire_key
+from pipeline.core.normalise import Network
 from pipeline.edge.blocklist import valid_source
 
 SCOPES = frozenset(get_args(Scope))
 
 
-def decode_key(raw: bytes | None, ipv4_prefix: int = 32, ipv6_prefix: int = 64) -> tuple[Key, str]:
+def decode_key(
+    raw: bytes | None,
+    ipv4_prefix: int = 32,
+    ipv6_prefix: int = 64,
+    nat64_prefixes: Sequence[Network] = (),
+) -> tuple[Key, str]:
     """A Kafka key as a decision key and its text; raises DecodeError("bad_key"/"bad_source").
     A key whose tenant fails the one tenant validator is a bad key; a source wider than the
-    grouping (``ipv4_prefix``/``ipv6_prefix``) is a bad source."""
+    grouping (``ipv4_prefix``/``ipv6_prefix``), or written in IPv6 where ingest counts IPv4
+    (``nat64_prefixes`` too), is a bad source."""
     if not raw:
         raise DecodeError("bad_key", "the message has no key")
     try:
@@ -35,7 +42,9 @@ def decode_key(raw: bytes | None, ipv4_prefix: int = 32, ipv6_prefix: int = 64) 
         raise DecodeError("bad_key", str(exc)[:200]) from None
     if scope not in SCOPES:
         raise DecodeError("bad_key", f"unknown scope {scope[:40]!r}")
-    if scope == "source" and not (source and valid_source(source, ipv4_prefix, ipv6_prefix)):
+    if scope == "source" and not (
+        source and valid_source(source, ipv4_prefix, ipv6_prefix, nat64_prefixes)
+    ):
         raise DecodeError(
             "bad_source",
             f"source {str(source)[:64]!r} is not an address or CIDR no wider than one source",

@@ -151,7 +151,9 @@ class DecisionView:
     def _apply(self, key: bytes | None, value: bytes | None, now_ms: int) -> str:
         try:
             rules = self.normaliser.sources
-            decision_key, wire_key = decode_key(key, rules.ipv4_prefix, rules.ipv6_prefix)
+            decision_key, wire_key = decode_key(
+                key, rules.ipv4_prefix, rules.ipv6_prefix, rules.nat64_prefixes
+            )
         except DecodeError as exc:
             return self._bad(exc, None)
         if value is None:
@@ -177,7 +179,8 @@ class DecisionView:
         (``decode_key``), so only a value naming another source is checked again."""
         rules = self.normaliser.sources
         return lambda source: (
-            source == decision_key[3] or valid_source(source, rules.ipv4_prefix, rules.ipv6_prefix)
+            source == decision_key[3]
+            or valid_source(source, rules.ipv4_prefix, rules.ipv6_prefix, rules.nat64_prefixes)
         )
 
     def _count(self, outcome: str) -> str:
