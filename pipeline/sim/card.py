@@ -177,10 +177,15 @@ class Scorecard:
     legit_stepped_up_away_from_attacks: int = 0
     """Those of them signed in away from every attack."""
     legit_people: int = 0
-    """Distinct legitimate actors (people) with an attempt in the run."""
+    """Distinct legitimate actors (people) with an attempt in the run (its history, the
+    warm start's past, left out)."""
     legit_people_challenged: int = 0
-    """Those of them who met a challenge (a CAPTCHA, or a step-up after a right password)
-    at least once: friction counted per person, not per attempt."""
+    """Those of them who met a challenge in the run (a CAPTCHA, or a step-up after a
+    right password) at least once: friction counted per person, not per attempt."""
+    legit_known_people: int = 0
+    """The run's people who signed in during its history (known to the deployment)."""
+    legit_known_people_challenged: int = 0
+    """Those of them challenged at least once in the run."""
     wave_answers: list[dict[str, Any]] = field(default_factory=list)
     """Per attacker (scenario, cohort, tenant): seconds from its first attempt until a wave
     challenge was in force (``pipeline.sim.waves.answers``)."""
@@ -235,6 +240,8 @@ class Scorecard:
                 "challenged": sum(self.legit_challenged.values()),
                 "people": self.legit_people,
                 "people_challenged": self.legit_people_challenged,
+                "known_people": self.legit_known_people,
+                "known_people_challenged": self.legit_known_people_challenged,
                 "untrusted_during_waves": self.legit_untrusted_in_wave,
                 "challenged_during_waves": self.legit_challenged_in_wave,
                 "challenged_outside_attacks": self.legit_challenged_outside_attacks,

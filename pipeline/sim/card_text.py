@@ -13,6 +13,10 @@ def _duration(ms: int | None) -> str:
     return f"{ms / 60_000:.1f} min"
 
 
+def _percent(part: int, whole: int) -> str:
+    return f"{100 * part / whole:.1f} %" if whole else "-"
+
+
 def render(card: Scorecard) -> str:
     """The scorecard as a plain-text table."""
     head = (
@@ -54,7 +58,10 @@ def render(card: Scorecard) -> str:
     )
     lines.append(
         f"legitimate people challenged at least once: {card.legit_people_challenged}"
-        f" of {card.legit_people}"
+        f" of {card.legit_people} ({_percent(card.legit_people_challenged, card.legit_people)});"
+        f" of those who signed in during the history: {card.legit_known_people_challenged}"
+        f" of {card.legit_known_people}"
+        f" ({_percent(card.legit_known_people_challenged, card.legit_known_people)})"
     )
     verified = ", ".join(
         f"{a.attack} {a.valid_captcha_only}/{a.valid_confirmed_by_step_up}"

@@ -25,6 +25,7 @@ from pipeline.core.policy import DEFAULT_POLICY, Policy
 from pipeline.sim.by_design import design_reasons
 from pipeline.sim.card import AttackScore, Scorecard
 from pipeline.sim.examples import example
+from pipeline.sim.history import HISTORY
 from pipeline.sim.matching import AttackIndex, new_score, score_alerts, score_decisions
 from pipeline.sim.outputs import Outputs
 from pipeline.sim.replay import replay_sessions
@@ -65,8 +66,11 @@ def score(
     let_through: dict[tuple[str, str, str], list[int]] = defaultdict(list)
     taken: dict[str, set[tuple[str, str]]] = defaultdict(set)
     bought: dict[str, set[tuple[str, str]]] = defaultdict(set)  # taken if CAPTCHAs are bought
+    # People (legitimate actors) of the run, not its history; those who met a challenge;
+    # those who signed in during the history (the warm start's known people).
     people: set[str] = set()
     people_challenged: set[str] = set()
+    known_people: set[str] = set()
     # legitimate sessions stepped up after sign-in; of them outside attacks; away from them
     legit_reviewed = [0, 0, 0]
     for i, (event, verdict, reason) in enumerate(zip(events, verdicts, design, strict=True)):
@@ -90,7 +94,11 @@ def score(
                 let_through[(event.scenario, a.tenant, a.account)].append(event.occurred_ms)
         elif event.role in LEGIT_ROLES:
             legit_attempts[event.cohort] += 1
-            people.add(event.actor)
+            in_history = event.scenario == HISTORY
+            if in_history and event.attempt.success:
+                known_people.add(event.actor)
+            elif not in_history:
+                people.add(event.actor)
             if i in reviewed:
                 legit_reviewed[0] += 1
                 legit_reviewed[1] += not during(running, event.attempt.tenant, event.occurred_ms)
@@ -98,7 +106,8 @@ def score(
             shown = _shown(verdict, event)
             if shown:
                 legit_challenged[event.cohort] += 1
-                people_challenged.add(event.actor)
+                if not in_history:
+                    people_challenged.add(event.actor)
             a = event.attempt
             if a.password_flow and not a.trusted and during(waves, a.tenant, a.occurred_ms):
                 in_wave[0] += 1
@@ -141,6 +150,8 @@ def score(
         legit_stepped_up_away_from_attacks=legit_reviewed[2],
         legit_people=len(people),
         legit_people_challenged=len(people_challenged),
+        legit_known_people=len(people & known_people),
+        legit_known_people_challenged=len(people_challenged & known_people),
         wave_answers=answers(events, waves),
         legit_examples=examples,
         legit_by_design=by_design,

@@ -226,6 +226,8 @@ def check_hand_card(card: dict[str, Any]) -> None:
         "challenged": 0,
         "people": 2,
         "people_challenged": 0,
+        "known_people": 0,
+        "known_people_challenged": 0,
         "untrusted_during_waves": 0,
         "challenged_during_waves": 0,
         "challenged_outside_attacks": 0,

@@ -11,7 +11,7 @@ from pipeline.sim.card_text import render
 from pipeline.sim.outputs import run_engine
 from pipeline.sim.scoring import score
 from tests.unit.test_report_takeovers import stream
-from tests.unit.test_sim_scorecard import load, wave_policy
+from tests.unit.test_sim_scorecard import SEC, T0, load, row, wave_policy
 
 
 def _verifying(base: Policy) -> Policy:
@@ -37,9 +37,13 @@ def test_a_captcha_alone_is_a_takeover_for_an_attacker_who_buys_solving(tmp_path
 
 def test_with_verification_every_valid_credential_meets_a_step_up(tmp_path: Path) -> None:
     """[verify] enforce: carol's and dave's right passwords both meet a step-up (dave's after
-    the CAPTCHA): 0 takeovers either way, 2 confirmed by the step-up; erin, signing in from
-    a new address, is the one person challenged."""
-    events = load(tmp_path, stream())
+    the CAPTCHA): 0 takeovers either way, 2 confirmed by the step-up; erin, who signed in
+    during the history from elsewhere, signs in from a new address: the one person
+    challenged, and the one known person challenged."""
+    history = row(30, T0 - 10 * SEC, "erin", "198.18.0.31", ok=True, scenario="history")
+    events = load(
+        tmp_path, [{**history, "event": {**history["event"], "tenant": "shop"}}, *stream()]
+    )
     policy = _verifying(wave_policy(0))
     card = score(events, run_engine(events, policy), policy)
     (stuffing,) = card.attacks
@@ -50,6 +54,7 @@ def test_with_verification_every_valid_credential_meets_a_step_up(tmp_path: Path
         stuffing.takeovers_if_captcha_bought,
     ) == (0, 0, 2, 0)
     assert (card.legit_people, card.legit_people_challenged) == (1, 1)
+    assert (card.legit_known_people, card.legit_known_people_challenged) == (1, 1)
     text = render(card)
-    assert "legitimate people challenged at least once: 1 of 1" in text
+    assert "legitimate people challenged at least once: 1 of 1 (100.0 %)" in text
     assert "accounts taken over if CAPTCHAs are bought: stuffing 0/2/0" in text
