@@ -111,6 +111,14 @@ def _decisions(args: argparse.Namespace, settings: Settings) -> int:
     from pipeline.core.grouping import check_block_source
     from pipeline.manual import Target, default_operator, run_decisions_command
 
+    if args.decisions_action == "unlock":
+        return run_decisions_command(
+            settings,
+            "unlock",
+            target=Target(args.tenant, account=args.account),
+            reason=args.reason,
+            operator=args.by or default_operator(),
+        )
     if args.decisions_action != "add":
         return run_decisions_command(
             settings,
@@ -137,7 +145,9 @@ def _decisions(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _add_decisions_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    decisions = sub.add_parser("decisions", help="the operator's block-list: add, list, remove")
+    decisions = sub.add_parser(
+        "decisions", help="the operator's block-list: add, list, remove; unlock an account"
+    )
     actions = decisions.add_subparsers(dest="decisions_action", required=True)
     add = actions.add_parser("add", help="block a source or an account (rule manual)")
     subject = add.add_mutually_exclusive_group(required=True)
@@ -170,6 +180,27 @@ def _add_decisions_command(sub: argparse._SubParsersAction[argparse.ArgumentPars
         "id", type=args_type.bounded_text(64), help="decision id (from decisions list)"
     )
     remove.set_defaults(handler=_decisions, parser=remove)
+    unlock = actions.add_parser(
+        "unlock",
+        help="lift the rules' lock and bounds on an account (an audited operator's reset)",
+    )
+    unlock.add_argument(
+        "--account", type=args_type.bounded_text(320), required=True, help="the account as typed"
+    )
+    unlock.add_argument(
+        "--tenant", type=args_type.tenant, default="default", help="tenant (default: default)"
+    )
+    unlock.add_argument(
+        "--reason", type=args_type.bounded_text(512), required=True, help="why (audited)"
+    )
+    unlock.add_argument(
+        "--by",
+        "--operator",
+        dest="by",
+        type=args_type.bounded_text(128),
+        help="who decides (default: $USER)",
+    )
+    unlock.set_defaults(handler=_decisions, parser=unlock)
 
 
 def build_parser() -> argparse.ArgumentParser:

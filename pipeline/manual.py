@@ -1,5 +1,5 @@
-"""``authpipe decisions add|list|remove``: the operator's block-list (seed 001's "manual
-blacklist").
+"""``authpipe decisions add|list|remove|unlock``: the operator's block-list (seed 001's
+"manual blacklist") and the operator's lift of a rule's lock.
 
 An operator's decision is an ordinary decision on the decisions topic (rule ``manual``,
 action ``block``, with ``operator`` and ``reason``), so the edge enforces it, the nginx
@@ -16,6 +16,17 @@ cannot lift an operator's block and ``decisions remove`` cannot lift a rule's.
 * every connection takes the shared client options (``pipeline.kafka_client``: TLS and
   SASL), so an operator connects as its own principal (docs/security.md's ``authpipe-operator``
   row: read and write the decisions topic, read its normalisation fingerprint).
+
+``unlock`` lifts what the rules hold on an account (seed 002's lock, the lifetime bound,
+the mfa bound, the device bound: a rule's tombstone is the worker's to write, or the next
+event would contradict it): it publishes to the attempts topic (the tenant's own topic when
+``ingest.tenant_topics`` binds it) one ``login_attempt`` with ``flow = "reset"``, outcome
+success, from ``127.0.0.1``, which the account stage treats like the owner's reset through
+the mailbox (``AccountShard._reset``), so it goes through the real worker and is audited
+in auth.audit like every attempt: its ``service`` says ``authpipe-unlock``, who and why.
+
+``list`` prints only printable characters of what the topic holds (``printable``): a
+decision's free text never reaches the terminal as an escape sequence.
 
 Exit codes: 0 done, 1 a runtime problem (one line: broker unreachable, no such id),
 2 bad flags (argparse).
@@ -38,6 +49,7 @@ from pipeline.contracts.codec import DecodeError, decision_model, decode_decisio
 from pipeline.contracts.models import (
     TENANT_RULE,
     Decision,
+    LoginAttempt,
     datetime_to_ms,
     format_utc_ms,
     ms_to_datetime,
@@ -56,6 +68,10 @@ if TYPE_CHECKING:
     from pipeline.settings import Settings
 
 RULE = "manual"
+UNLOCK_SERVICE = "authpipe-unlock"
+UNLOCK_PEER = "127.0.0.1"
+"""The ``peer_ip`` of an operator's unlock (the account becomes familiar there, nowhere
+a stranger signs in from)."""
 TIMEOUT_S = 30.0
 _TTL = re.compile(r"([1-9][0-9]{0,8})(s|m|h|d)")
 _UNIT_MS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
@@ -179,7 +195,15 @@ def active_decisions(
     return out
 
 
+def printable(text: str) -> str:
+    """``text`` without the characters a terminal could act on (control characters,
+    escape sequences' introducers, bidirectional overrides: ``str.isprintable``)."""
+    return "".join(ch for ch in text if ch.isprintable())
+
+
 def render(decisions: list[Decision], *, manual_only: bool) -> str:
+    """The table ``decisions list`` prints; every field read from the topic goes
+    through ``printable``."""
     rows = [d for d in decisions if d.rule == RULE or not manual_only]
     if not rows:
         return "no active operator decisions" if manual_only else "no active decisions"
@@ -188,10 +212,42 @@ def render(decisions: list[Decision], *, manual_only: bool) -> str:
         subject = f"source {d.source}" if d.source else f"account {d.account_digest}"
         expires = format_utc_ms(d.expires_at)
         who = f"{d.operator}: {d.reason}" if d.rule == RULE else d.action
-        lines.append(
-            f"{d.decision_id:<32}  {d.tenant:<10} {subject:<44} {d.rule:<14} {expires:<24} {who}"
-        )
+        cells = [printable(text) for text in (d.decision_id, d.tenant, subject, d.rule, who)]
+        ident, tenant, subject, rule, who = cells
+        lines.append(f"{ident:<32}  {tenant:<10} {subject:<44} {rule:<14} {expires:<24} {who}")
     return "\n".join(lines)
+
+
+def unlock_attempt(
+    tenant: str, account: str, *, operator: str, reason: str, now_ms: int
+) -> LoginAttempt:
+    """The operator's unlock of ``account`` as the attempt the worker reads: a reset
+    proven, as the owner's through the mailbox would be (``flow = "reset"``, success).
+    Raises ValueError for a tenant the one tenant validator refuses or a blank account."""
+    check_tenant(tenant)
+    if not account.strip():
+        raise ValueError("the account is blank")
+    event_id = "unlock-" + stable_id(tenant, account, now_ms, operator, reason)
+    service = printable(f"{UNLOCK_SERVICE} by {operator}: {reason}")[:128]
+    return LoginAttempt(
+        event_id=event_id,
+        occurred_at=ms_to_datetime(now_ms),
+        tenant=tenant,
+        service=service,
+        flow="reset",
+        account=account,
+        peer_ip=UNLOCK_PEER,
+        outcome="success",
+        user_agent=service,
+    )
+
+
+def attempts_topic(settings: Settings, tenant: str) -> str:
+    """Where ingest reads ``tenant``'s attempts: its own topic when one is bound to it."""
+    for topic, bound in settings.ingest.tenant_topics.items():
+        if bound == tenant:
+            return topic
+    return settings.kafka.input_topic
 
 
 # -- the broker ------------------------------------------------------------------------
@@ -219,12 +275,15 @@ async def _read(settings: Settings) -> list[tuple[bytes | None, bytes | None]]:
         ) from None
 
 
-async def _publish(settings: Settings, key: str, value: bytes | None) -> None:
+async def _publish(
+    settings: Settings, key: str, value: bytes | None, topic: str | None = None
+) -> None:
     from aiokafka import AIOKafkaProducer
     from aiokafka.errors import KafkaError
 
     from pipeline.kafka_client import producer_kwargs
 
+    topic = topic or settings.kafka.decisions_topic
     producer = AIOKafkaProducer(
         **producer_kwargs(settings.kafka),
         request_timeout_ms=int(TIMEOUT_S * 1000),
@@ -232,10 +291,10 @@ async def _publish(settings: Settings, key: str, value: bytes | None) -> None:
     try:
         async with asyncio.timeout(TIMEOUT_S):
             await producer.start()
-            await producer.send_and_wait(settings.kafka.decisions_topic, value, key=key.encode())
+            await producer.send_and_wait(topic, value, key=key.encode())
     except (KafkaError, TimeoutError, OSError) as exc:
         raise ManualError(
-            f"could not publish to {settings.kafka.decisions_topic} at "
+            f"could not publish to {topic} at "
             f"{settings.kafka.bootstrap_servers}: {type(exc).__name__} "
             "(is the broker up? authpipe stack status; on a secured cluster, does "
             "kafka.sasl_username hold the operator's ACLs? docs/security.md)"
@@ -294,6 +353,18 @@ def remove(settings: Settings, decision_id: str) -> Decision:
     return decision
 
 
+def unlock(
+    settings: Settings, tenant: str, account: str, *, operator: str, reason: str
+) -> tuple[LoginAttempt, str]:
+    """Publish the operator's unlock of ``account``; returns it and the topic."""
+    attempt = unlock_attempt(
+        tenant, account, operator=operator, reason=reason, now_ms=time.time_ns() // 1_000_000
+    )
+    topic = attempts_topic(settings, tenant)
+    asyncio.run(_publish(settings, account, encode(attempt), topic))
+    return attempt, topic
+
+
 def run_decisions_command(
     settings: Settings,
     action: str,
@@ -317,6 +388,16 @@ def run_decisions_command(
             print(
                 f"added {d.decision_id}: block {subject} in tenant {d.tenant} until "
                 f"{format_utc_ms(d.expires_at)} (by {operator}: {reason})"
+            )
+        elif action == "unlock":
+            assert target is not None and target.account is not None
+            attempt, topic = unlock(
+                settings, target.tenant, target.account, operator=operator, reason=reason
+            )
+            print(
+                f"published {attempt.event_id} to {topic}: the worker lifts the lock, the "
+                f"lifetime, mfa and device bounds of the account in tenant {target.tenant} "
+                f"(by {operator}: {reason}; audited in {settings.kafka.audit_topic})"
             )
         elif action == "list":
             now_ms = time.time_ns() // 1_000_000

@@ -1,0 +1,101 @@
+"""An operator lifts a rule's lock, audited (issue 46, item 1): ``authpipe decisions unlock``
+publishes a reset attempt the worker's own decode, normalisation and account stage apply;
+and ``decisions list`` never prints the topic's control characters (item 10)."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline import cli
+from pipeline.contracts.codec import decode_attempt, encode
+from pipeline.contracts.models import Decision, ms_to_datetime
+from pipeline.core.attempt import Normaliser
+from pipeline.core.decisions import keys_for
+from pipeline.core.engine import Engine
+from pipeline.core.keys import Digester
+from pipeline.core.normalise import NetworkSet, SourceRules
+from pipeline.manual import attempts_topic, render, unlock_attempt
+from pipeline.settings import Settings
+from tests.unit.test_core_support import HOUR, SEC, T0, att, policy
+
+NORM = Normaliser(digester=Digester("k" * 32), sources=SourceRules(trusted_proxies=NetworkSet()))
+
+
+def test_an_operators_unlock_lifts_the_lifetime_bound_through_the_worker_path() -> None:
+    """An account under the lifetime bound (threshold 6): the unlock's bytes, decoded and
+    normalised as ingest does, are a reset the account stage applies: the lock is
+    tombstoned and the owner's next untrusted sign-in is allowed; the audit row's service
+    names who and why."""
+    digest = NORM.account_digest("acme", "Alice@Example.com")
+    engine = Engine(policy(lifetime={"threshold": 6}))
+    engine.step_batch([att(i * SEC, digest, tenant="acme") for i in range(5)])
+    engine.step_batch([att(HOUR + 5 * SEC, digest, tenant="acme")])
+    wire = unlock_attempt(
+        "acme",
+        "Alice@Example.com",
+        operator="bob",
+        reason="owner on the phone",
+        now_ms=T0 + 2 * HOUR,
+    )
+    attempt = NORM.normalise(decode_attempt(encode(wire)))
+    assert (attempt.account, attempt.flow, attempt.success) == (digest, "reset", True)
+    mark = len(engine.out.decisions)
+    engine.step_batch([attempt])
+    lifted = [key for key, value in engine.out.decisions[mark:] if value is None]
+    assert lifted == [f"lock|acme|{digest}|-|-"]
+    later = att(2 * HOUR + SEC, digest, tenant="acme", success=True)
+    assert engine.accounts.index.check(keys_for(later), later.occurred_ms).allowed
+    assert wire.service == "authpipe-unlock by bob: owner on the phone"
+
+
+def test_an_unlock_goes_to_the_tenants_own_topic_when_one_is_bound() -> None:
+    """ingest.tenant_topics binds acme to its topic: the unlock is published there (on
+    the shared input topic ingest would dead-letter it tenant_not_allowed)."""
+    settings = Settings(ingest={"tenant_topics": {"acme.attempts": "acme"}})
+    assert attempts_topic(settings, "acme") == "acme.attempts"
+    assert attempts_topic(settings, "other") == "auth.login-attempts"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["decisions", "unlock", "--reason", "x"],  # no --account
+        ["decisions", "unlock", "--account", "alice"],  # no --reason
+        ["decisions", "unlock", "--account", "alice", "--reason", "x", "--tenant", "a|b"],
+        ["decisions", "unlock", "--account", "alice", "--reason", "\x1b[2J"],
+    ],
+)
+def test_bad_unlock_flags_exit_2(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """A malformed unlock is an argparse error (exit 2) and nothing is published."""
+    with pytest.raises(SystemExit) as exited:
+        cli.main(args)
+    assert exited.value.code == 2
+    assert "error:" in capsys.readouterr().err
+
+
+def test_list_strips_control_characters_from_the_topic() -> None:
+    """A decision whose operator and reason carry terminal escapes (written to the topic
+    by anything with write access) is listed without a single control character."""
+    decision = Decision(
+        decision_id="d" * 32,
+        key="account|acme|" + "a" * 32 + "|-|manual",
+        tenant="acme",
+        scope="account",
+        account_digest="a" * 32,
+        source=None,
+        device_id="manual",
+        applies_to="all",
+        action="block",
+        rule="manual",
+        count=0,
+        threshold=0,
+        window_ms=60_000,
+        issued_at=ms_to_datetime(T0),
+        expires_at=ms_to_datetime(T0 + 60_000),
+        policy_version="manual",
+        operator="eve\x1b]0;owned\x07",
+        reason="\x1b[2J\x1b[31mred\u202eevil\r\n",
+    )
+    text = render([decision], manual_only=True)
+    assert text.splitlines()[1].endswith("eve]0;owned: [2J[31mredevil")
+    assert all(ch.isprintable() for line in text.splitlines() for ch in line)
