@@ -20,7 +20,10 @@ password reset through a mailed link):
   sign-in with the new password; half on their trusted laptop;
 * ``office_guest_wifi`` (``office_colleague``, ``guest_visitor``): 50 colleagues on trusted
   laptops behind 192.0.2.20, three sign-ins each per hour; at a fifth of the run a visitor on
-  the guest Wi-Fi types two identifiers that do not exist.
+  the guest Wi-Fi types two identifiers that do not exist;
+* ``signs_in_again`` (``signs_in_again``, 60/h; group ``adaptive``, not ``holdout``): from a
+  new browser at home, a sign-in and its second factor (a fifth mistype the password first:
+  what a wave would challenge), then again from the same browser 2-10 minutes later.
 """
 
 from __future__ import annotations
@@ -30,7 +33,15 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from pipeline.sim.attacks import paced, word
-from pipeline.sim.drafts import BROWSER_UAS, HOUR_MS, MAIN_TENANT, Draft, Label, SimConfig
+from pipeline.sim.drafts import (
+    BROWSER_UAS,
+    HOUR_MS,
+    MAIN_TENANT,
+    MINUTE_MS,
+    Draft,
+    Label,
+    SimConfig,
+)
 from pipeline.sim.holdout import RESIDENTIAL_UAS, attempt, window
 from pipeline.sim.population import User, make_user, v6_address
 
@@ -43,6 +54,7 @@ PER_HOUR = {
     "stale_usernames": 150,
     "forgot_password": 90,
     "office_guest_wifi": 3,  # per colleague
+    "signs_in_again": 60,
 }
 
 
@@ -227,6 +239,18 @@ def office_guest_wifi(cfg: SimConfig, rng: random.Random) -> list[Draft]:
     visit = _Visit(name, guest, OFFICE_ADDRESS, browser, "web-login")
     visit.unknown(window(cfg, 0.2, 1.0, 0)[0], rng, _wrong_identifiers(guest.account)[:2])
     return out + visit.out
+
+
+def _signs_in_again(visit: _Visit, t: int, rng: random.Random) -> None:
+    if rng.random() < 0.2:
+        visit.add(t, "bad_password")
+        t += rng.randrange(4_000, 15_000)
+    t = visit.sign_in(t, rng)
+    visit.sign_in(t + rng.randrange(2 * MINUTE_MS, 10 * MINUTE_MS), rng)
+
+
+def signs_in_again(cfg: SimConfig, rng: random.Random) -> list[Draft]:
+    return _at_home(cfg, rng, "signs_in_again", "signs_in_again", 0.0, _signs_in_again)
 
 
 HOLDOUT_PEOPLE: dict[str, Callable[[SimConfig, random.Random], list[Draft]]] = {

@@ -55,6 +55,12 @@ Group ``holdout`` (issue 24, not in ``mixed``): attacks through residential prox
 ``stuffing_own_account``, ``second_wave``, ``mfa_code_guessing``; ``pipeline.sim.holdout``)
 and the people who look like them (``identifier_tryers``, ``stale_usernames``, ``library``,
 ``forgot_password``, ``office_guest_wifi``; ``pipeline.sim.holdout_people``).
+
+Group ``adaptive`` (issue 44, not in ``mixed``): attackers who walk around a tenant-wide
+count (``static_exits``, ``known_exits``, ``known_exits_fast``, ``campaign_long``,
+``paced_under_floors``, ``junk_waves``, ``captcha_cafe``, ``retry_after_hit``;
+``pipeline.sim.adaptive``) and people who sign in again from the same browser
+(``signs_in_again``).
 """
 
 from __future__ import annotations
@@ -68,6 +74,7 @@ from typing import Any
 
 from pipeline.contracts.models import format_utc_ms, ms_to_datetime
 from pipeline.errors import AuthpipeError
+from pipeline.sim.adaptive import ADAPTIVE_BUILDERS
 from pipeline.sim.attacks import ATTACK_BUILDERS
 from pipeline.sim.drafts import BASELINE, SECOND_MS, Draft, Label, SimConfig
 from pipeline.sim.history import history
@@ -76,6 +83,8 @@ from pipeline.sim.holdout_people import HOLDOUT_PEOPLE
 from pipeline.sim.population import baseline
 
 __all__ = [
+    "ADAPTIVE",
+    "ADAPTIVE_SCENARIOS",
     "ATTACKS",
     "BASELINE",
     "HOLDOUT",
@@ -105,17 +114,21 @@ ATTACKS = (
 HOLDOUT_BUILDERS = {**HOLDOUT_ATTACKS, **HOLDOUT_PEOPLE}
 HOLDOUT_SCENARIOS = tuple(HOLDOUT_BUILDERS)
 """The shapes of issue 24 (``pipeline.sim.holdout``, ``pipeline.sim.holdout_people``)."""
+ADAPTIVE_SCENARIOS = tuple(ADAPTIVE_BUILDERS)
+"""The adaptive attackers of issue 44 and the people beside them (``pipeline.sim.adaptive``)."""
 SLOW_ATTACKS = ("low_and_slow_bruteforce", "low_and_slow_bruteforce_rotating")
 """Paced in absolute time (a guess every 4 min, every 20 s), so they mean something only
 in runs of hours (``--duration-s 86400``): named explicitly, not part of ``mixed``."""
 MIXED_SCENARIOS = (BASELINE, *ATTACKS)
-SCENARIOS = (*MIXED_SCENARIOS, *SLOW_ATTACKS, *HOLDOUT_SCENARIOS)
+SCENARIOS = (*MIXED_SCENARIOS, *SLOW_ATTACKS, *HOLDOUT_SCENARIOS, *ADAPTIVE_SCENARIOS)
 MIXED = "mixed"
 HOLDOUT = "holdout"
-GROUPS = {MIXED: MIXED_SCENARIOS, HOLDOUT: HOLDOUT_SCENARIOS}
+ADAPTIVE = "adaptive"
+GROUPS = {MIXED: MIXED_SCENARIOS, HOLDOUT: HOLDOUT_SCENARIOS, ADAPTIVE: ADAPTIVE_SCENARIOS}
 """Names that select several scenarios: ``holdout`` is the shapes of issue 24
-(``pipeline.sim.holdout``), none of them in ``mixed``."""
-BUILDERS = {**ATTACK_BUILDERS, **HOLDOUT_BUILDERS}
+(``pipeline.sim.holdout``), ``adaptive`` those of issue 44 (``pipeline.sim.adaptive``),
+none of them in ``mixed``."""
+BUILDERS = {**ATTACK_BUILDERS, **HOLDOUT_BUILDERS, **ADAPTIVE_BUILDERS}
 
 
 class ScenarioError(AuthpipeError):
@@ -147,14 +160,15 @@ class SimEvent:
 
 def parse_scenarios(text: str) -> tuple[str, ...]:
     """A comma-separated list of scenarios and groups (``mixed``: baseline and every attack
-    but the slow ones; ``holdout``: the issue 24 shapes), in canonical order."""
+    but the slow ones; ``holdout``: the issue 24 shapes; ``adaptive``: issue 44's), in
+    canonical order."""
     names = [part.strip() for part in text.split(",") if part.strip()]
     chosen = {s for name in names for s in GROUPS.get(name, (name,))}
     unknown = [name for name in names if name not in GROUPS and name not in SCENARIOS]
     if unknown or not names:
         raise ScenarioError(
-            f"unknown scenario {', '.join(unknown) or repr(text)}; choose {MIXED}, {HOLDOUT} "
-            f"or a comma-separated list of: {', '.join(SCENARIOS)}"
+            f"unknown scenario {', '.join(unknown) or repr(text)}; choose {MIXED}, {HOLDOUT}, "
+            f"{ADAPTIVE} or a comma-separated list of: {', '.join(SCENARIOS)}"
         )
     return tuple(name for name in SCENARIOS if name in chosen)
 
