@@ -397,6 +397,8 @@ class DecisionIndex:
                 if remaining > retry_ms:
                     retry_ms, matched = remaining, key
             elif action == "challenge":
+                if key[0] == "source" and keys[0][0] != "familiar":
+                    continue  # a source's CAPTCHA is for password flows (they lead with familiar)
                 if challenge is None:
                     challenge, kind = key, entry.challenge
             elif observed is None:

@@ -39,15 +39,17 @@ class SourceShard(Shard):
     success of an account that failed from the source within the window is a redemption. Allowlisted
     ranges are exempt. In ``observe`` mode (the default) spray raises ``spray_source``
     once per window and publishes an ``observe`` decision that never refuses: a NAT full
-    of colleagues is never collateral. In ``enforce`` mode that decision is a block. A
-    redeemed pair stops counting towards spray: a user who succeeds right after a typo
-    is not being sprayed.
+    of colleagues is never collateral. In ``enforce`` mode that decision is a CAPTCHA
+    challenge for the source's unfamiliar untrusted password attempts (issue 44): it
+    refuses nobody, spares every account familiar there and every trusted device, and
+    never reaches the block-list feed. A redeemed pair stops counting towards spray: a
+    user who succeeds right after a typo is not being sprayed.
 
-    A source that fails ``challenge_failures.threshold`` challenges in its window is
-    blocked (rule ``challenge_failures``), unless it is shared: at least
-    ``familiar.shared_accounts`` accounts became familiar at it (their successes there)
-    in the current or previous renew period. A shared source is never blocked by a rule
-    on a stranger's evidence; spray in enforce mode spares it too.
+    A source that fails ``challenge_failures.threshold`` challenges in its window meets a
+    CAPTCHA for its unfamiliar attempts for ``block_ms`` (rule ``challenge_failures``),
+    wave or no wave: the same challenge it failed, again, never a refusal (before issue
+    44 a block, which refused a café's newcomers and, through the nginx feed, the trusted
+    laptops behind it). What an attacker's failures raise, it meets first.
     """
 
     def __init__(
@@ -217,8 +219,8 @@ class SourceShard(Shard):
     def _challenge_failure(
         self, attempt: Attempt, rules: TenantRules, src: SourceState, skey: Key, out: Outbox
     ) -> None:
-        """A failed challenge: bot evidence. Enough of them block the source, unless real
-        users share it."""
+        """A failed challenge: bot evidence. Enough of them challenge the source's unfamiliar
+        attempts (a CAPTCHA, never a refusal: a shared address's newcomers pass it)."""
         now = attempt.occurred_ms
         ring = src.challenges
         if not ring.add(now // rules.challenge_sub_ms):
@@ -227,11 +229,7 @@ class SourceShard(Shard):
         if keep > src.keep_until_ms:
             src.keep_until_ms = keep
         cfg = rules.challenge_rule
-        if (
-            ring.total < cfg.threshold
-            or now < src.blocked_until_ms
-            or src.shared(now // rules.renew_ms, rules.shared_accounts)
-        ):
+        if ring.total < cfg.threshold or now < src.blocked_until_ms:
             return
         self._block(
             attempt, src, skey, "challenge_failures", cfg, ring.total, rules.challenge_block_ms, out
@@ -249,7 +247,8 @@ class SourceShard(Shard):
         block_ms: int,
         out: Outbox,
     ) -> None:
-        """Publish ``rule``'s decision on the source key for ``block_ms`` from now."""
+        """Publish ``rule``'s decision on the source key for ``block_ms`` from now: a CAPTCHA
+        challenge in enforce mode (``observe`` in observe mode), never a block."""
         now = attempt.occurred_ms
         expires = now + block_ms
         src.blocked_until_ms = expires
@@ -267,6 +266,8 @@ class SourceShard(Shard):
             count,
             now,
             expires,
+            "challenge",
+            "captcha",
         )
 
     def _success(
@@ -345,10 +346,8 @@ class SourceShard(Shard):
         )
         self.metrics.alerts += 1
         # Like every rule, observe mode publishes its decision with action "observe" (the
-        # refusal check never applies it); enforce mode publishes a block, never on a
-        # source real users share.
-        shared = cfg.mode == "enforce" and src.shared(now // rules.renew_ms, rules.shared_accounts)
-        if now >= src.blocked_until_ms and not shared:
+        # refusal check never applies it); enforce mode publishes a CAPTCHA challenge.
+        if now >= src.blocked_until_ms:
             self._block(attempt, src, skey, "source", cfg, distinct, cfg.window_ms, out)
         src.keep_until_ms = max(src.keep_until_ms, src.spray_alerted_until_ms, src.blocked_until_ms)
 

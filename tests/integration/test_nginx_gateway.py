@@ -1,8 +1,10 @@
 """A real gateway reads the block-list feed (issue 14): Debian's nginx runs
 ``examples/gateway/nginx.conf`` with ``sync-blocklist.sh`` against a running edge that
-follows a running worker's decisions. A source on a loopback alias (127.0.0.66) that the
-pipeline blocks for credential stuffing gets 429 from nginx within seconds; another
-loopback source passes; an operator's ``decisions add`` / ``remove`` reaches nginx too.
+follows a running worker's decisions. A source on a loopback alias (127.0.0.66) that fails
+CAPTCHAs earns the pipeline's CAPTCHA challenge at the edge but never a place on the feed
+(issue 44: no rule-issued source decision reaches nginx, which would refuse a shared
+address's trusted laptops too); an operator's ``decisions add`` of it gets 429 from nginx
+within seconds, another loopback source passes, and ``remove`` reaches nginx too.
 
 127.0.0.0/8 is all loopback on Linux: a client binds its socket to 127.0.0.66 to come
 from there. nginx is installed by ``bash scripts/setup`` (apt-get, as root)."""
@@ -178,9 +180,10 @@ def test_nginx_refuses_the_blocked_loopback_source_within_seconds(
     nginx: tuple[list[str], int, Path],
     sync_script: list[subprocess.Popen[bytes]],
 ) -> None:
-    """Two unknown-account failures from 127.0.0.66 through the worker: nginx answers 429
-    (Retry-After 60) to 127.0.0.66 within seconds, 127.0.0.77 and 127.0.0.1 pass; an
-    operator's block on 127.0.0.77 reaches nginx, and its removal lets 127.0.0.77 in again."""
+    """Five failed CAPTCHAs from 127.0.0.66 through the worker: the edge challenges it, the
+    feed stays empty and nginx lets it through; an operator's block on it reaches nginx
+    (429, Retry-After 60) within seconds while 127.0.0.77 and 127.0.0.1 pass; an operator's
+    block on 127.0.0.77 reaches nginx, and its removal lets 127.0.0.77 in again."""
     command, port, include = nginx
     start_worker(
         workers, worker_env, tmp_path, AUTHPIPE_IDENTITY_DIGEST_KEY=DIGEST_KEY
@@ -212,8 +215,8 @@ def test_nginx_refuses_the_blocked_loopback_source_within_seconds(
         assert status_from(ATTACKER, port) == (200, None)
 
         now = datetime.now(UTC)
-        # Five failed captchas from an address nobody signs in from: bot evidence blocks
-        # the source (rule challenge_failures, issue 24) and it goes on the feed.
+        # Five failed captchas from an address nobody signs in from: bot evidence earns the
+        # source a CAPTCHA (rule challenge_failures), which is no block: not on the feed.
         stuffing = [
             orjson.dumps(
                 {
@@ -235,15 +238,38 @@ def test_nginx_refuses_the_blocked_loopback_source_within_seconds(
         ]
         produced = time.monotonic()
         produce(kafka_bootstrap, stream_names.input, [(b"k", value) for value in stuffing])
+        check = f"{base}/v1/check?account=someone%40mail.example&ip={ATTACKER}"
+        wait_until(
+            lambda: orjson.loads(get(check)[1] or b"{}").get("challenge") == "captcha",
+            BLOCK_WITHIN_S,
+            interval_s=0.1,
+            description="the edge to challenge the source that failed CAPTCHAs",
+        )
+        print(f"challenged at the edge {time.monotonic() - produced:.1f} s after producing")
+        assert get(f"{base}/v1/blocklist?format=text") == (200, b"")
+        assert status_from(ATTACKER, port) == (200, None)
+        blocked = authpipe(
+            config,
+            "decisions",
+            "add",
+            "--source",
+            ATTACKER,
+            "--ttl",
+            "10m",
+            "--reason",
+            "failed captchas, seen by the SOC",
+            "--by",
+            "alice",
+        )
+        assert blocked.returncode == 0, blocked.stderr
+        produced = time.monotonic()
         wait_until(
             lambda: steadily(ATTACKER, port, 429),
             BLOCK_WITHIN_S,
             interval_s=0.1,
-            description="nginx to refuse the blocked source",
+            description="nginx to refuse the operator's blocked source",
         )
-        print(
-            f"429 from nginx {time.monotonic() - produced:.1f} s after the attempts were produced"
-        )
+        print(f"429 from nginx {time.monotonic() - produced:.1f} s after the operator's block")
         # Held for 5 requests in a row again, with its Retry-After: the feed can change once
         # more (its ETag follows the view), and every change reloads nginx, whose previous
         # workers may take a connection for a moment (a 200 seen once in CI).

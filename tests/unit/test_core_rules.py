@@ -350,25 +350,37 @@ def test_spray_observe_mode_never_blocks() -> None:
     assert verdicts[-1] is not None and verdicts[-1].applied == "observe"
 
 
-def test_spray_enforce_mode_issues_a_source_block() -> None:
-    """In enforce mode the 200th account issues a source block refusing everything."""
+def test_spray_enforce_mode_issues_a_source_captcha() -> None:
+    """In enforce mode the 200th account issues a CAPTCHA challenge on the source (issue
+    44): its unfamiliar untrusted password attempts meet a CAPTCHA, nobody is refused, a
+    trusted device and an account familiar there are not challenged, nor a second factor."""
     engine = Engine(window_rules(source={"mode": "enforce"}))
+    engine.step(att(0, account="6" * 32, success=True), T0)  # familiar at the source
     verdicts = engine.step_batch(_spray(201))
     (d,) = [d for d in decisions(engine.out) if d.scope == "source"]
-    assert (d.action, d.count, d.threshold, d.device_id, d.account_digest) == (
-        "block",
+    assert (d.action, d.challenge, d.count, d.threshold, d.device_id, d.account_digest) == (
+        "challenge",
+        "captcha",
         200,
         200,
         None,
         None,
     )
     assert datetime_to_ms(d.expires_at) - datetime_to_ms(d.issued_at) == 15 * MIN
-    assert verdicts[199] is not None and verdicts[199].allowed
-    assert verdicts[200] is not None and not verdicts[200].allowed
+    assert verdicts[199] is not None and verdicts[199].challenge is None
+    assert verdicts[200] is not None and (verdicts[200].allowed, verdicts[200].challenge) == (
+        True,
+        "captcha",
+    )
     trusted = step(engine, att(30_000, account="9" * 32, device=DEV, trusted=True, success=True))
-    assert trusted.allowed  # a rule's source block never refuses a trusted device
-    assert not step(engine, att(30_000, account="8" * 32, success=True)).allowed
-    assert step(engine, att(30_001, source="192.0.2.1")).allowed
+    assert (trusted.allowed, trusted.challenge) == (True, None)
+    familiar = step(engine, att(30_000, account="6" * 32, success=True))
+    assert (familiar.allowed, familiar.challenge) == (True, None)
+    stranger = step(engine, att(30_000, account="8" * 32, success=True))
+    assert (stranger.allowed, stranger.challenge) == (True, "captcha")
+    code = step(engine, att(30_000, account="8" * 32, flow="mfa", success=True))
+    assert (code.allowed, code.challenge) == (True, None)
+    assert step(engine, att(30_001, source="192.0.2.1")).challenge is None
 
 
 def test_credential_stuffing_at_50_attempts_80_percent_unknown() -> None:
