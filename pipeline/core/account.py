@@ -245,21 +245,47 @@ class AccountShard(Shard):
 
     # -- failures -----------------------------------------------------------------------
 
-    def _failure(self, attempt: Attempt, rules: TenantRules, out: Outbox, seq: int) -> None:
-        tenant, account, flow = attempt.tenant, attempt.account, attempt.flow
+    def _reset_failure(self, attempt: Attempt, rules: TenantRules, out: Outbox, seq: int) -> None:
+        """A reset that failed (``flow = "reset"``: a wrong, spent or expired link). The
+        contract admits only single-use links of at least 128 bits there
+        (docs/contract.md), so its failures guess nothing findable, yet every door that
+        verifies a secret counts (seed 002): the pair's counter (``account_source``, 5 in
+        15 min from one source), the ceiling's (``account``, 50 in 15 min from all of
+        them, rule 6's backoff, ``account_under_attack`` and the owner's notice) and
+        rule 7's streak. Never the lock's run: a stream of failing links, which nothing
+        refuses, would hold the owner under the lifetime bound in seconds."""
+        tenant, account = attempt.tenant, attempt.account
         renew_holds(self, out)
-        acct_rule = rules.acct
-        acct_key: Key = ("account", tenant, account, None, None)
-        acct = acct_rule.table.touch(acct_key, acct_rule.factory, self.watermark_ms)
+        acct, acct_key, fresh = self._streak_of(attempt, rules, out, seq)
+        key: Key = ("account_source", tenant, account, attempt.source, None)
+        self._count(attempt, rules.pair_rule, key, attempt.source, None, out, seq)
+        if fresh:
+            if self._count_entry(attempt, rules.acct, acct_key, acct, None, None, out):
+                self._under_attack(attempt, rules, acct, out)
+            self._mark(rules.acct, acct_key, acct, seq)
+
+    def _streak_of(
+        self, attempt: Attempt, rules: TenantRules, out: Outbox, seq: int
+    ) -> tuple[KeyState, Key, bool]:
+        """The account's ceiling entry, with rule 7's streak counted once per ``seq``
+        (the alert itself is rare): the entry, its key, and whether it was fresh."""
+        acct_key: Key = ("account", attempt.tenant, attempt.account, None, None)
+        acct = rules.acct.table.touch(acct_key, rules.acct.factory, self.watermark_ms)
         fresh = seq < 0 or acct.seq < seq
         if fresh:
-            # Rule 7's streak (inlined; the alert itself is rare).
             acct.streak += 1
             memory = attempt.occurred_ms + rules.lifetime_memory_ms
             if memory > acct.keep_until_ms:
                 acct.keep_until_ms = memory
             if acct.streak >= rules.lifetime_threshold and not acct.lifetime_alerted:
                 self._lifetime_bound(attempt, acct, out)
+        return acct, acct_key, fresh
+
+    def _failure(self, attempt: Attempt, rules: TenantRules, out: Outbox, seq: int) -> None:
+        tenant, account, flow = attempt.tenant, attempt.account, attempt.flow
+        renew_holds(self, out)
+        acct_rule = rules.acct
+        acct, acct_key, fresh = self._streak_of(attempt, rules, out, seq)
         if flow in PASSWORD_FLOWS:
             device = attempt.device
             if attempt.trusted and device:
