@@ -78,6 +78,10 @@ class AccountShard(Shard):
             or attempt.tenant in subjects  # a wave challenge (the Engine indexes them here)
         ):
             verdict = index.check(keys_for(attempt), attempt.occurred_ms)
+        elif attempt.flow in PASSWORD_FLOWS and not attempt.trusted:
+            verdict = index.unfamiliar(
+                attempt.tenant, attempt.account, attempt.source, attempt.device, attempt.occurred_ms
+            )
         else:
             verdict = ALLOWED
         rules = self.tenants.get(attempt.tenant) or self.tenant(attempt.tenant)

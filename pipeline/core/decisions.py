@@ -265,8 +265,9 @@ class DecisionIndex:
 
     def put(self, key: Key, active: Active) -> None:
         # An exempt refuses and demands nothing on its own: it is not a subject, so an
-        # account whose only decisions are exempts stays on the two-lookup fast path.
-        if key not in self._active and active.action != "exempt":
+        # account whose only decisions are exempts stays on the two-lookup fast path. Nor
+        # is the tenant's verification: ``unfamiliar`` answers it on that path.
+        if key not in self._active and active.action != "exempt" and key[4] != VERIFY:
             subject = _subject(key)
             self.subjects[subject] = self.subjects.get(subject, 0) + 1
         self._active[key] = active
@@ -318,7 +319,7 @@ class DecisionIndex:
         return out
 
     def _forget(self, key: Key, active: Active) -> None:
-        if active.action == "exempt":
+        if active.action == "exempt" or key[4] == VERIFY:
             return
         subject = _subject(key)
         left = self.subjects[subject] - 1
@@ -332,6 +333,28 @@ class DecisionIndex:
         tenant as a whole (a wave challenge)."""
         subjects = self.subjects
         return bool(subjects) and (account in subjects or source in subjects or tenant in subjects)
+
+    def unfamiliar(
+        self, tenant: str, account: str, source: str, device: str | None, now_ms: int
+    ) -> Verdict:
+        """The verdict of an untrusted password attempt no decision concerns but the
+        tenant's verification (``may_apply`` was False): ``step_up`` while the tenant
+        verifies unfamiliar sign-ins and neither the pair's nor the client's exempt covers
+        it, its observe twin in observe mode, else allowed. What ``check`` answers such an
+        attempt, in one to three lookups."""
+        active = self._active
+        verify = active.get(("tenant", tenant, None, None, VERIFY))
+        if verify is None or verify.expires_ms <= now_ms:
+            return ALLOWED
+        exempt = active.get(("familiar", tenant, account, source, None))
+        if exempt is None and device is not None:
+            exempt = active.get(("familiar", tenant, account, None, device))
+        if exempt is not None and exempt.expires_ms > now_ms and exempt.action == "exempt":
+            return ALLOWED
+        at: Key = ("tenant", tenant, None, None, VERIFY)
+        if verify.action == "challenge":
+            return Verdict(True, 0, None, None, "step_up", at, True)
+        return Verdict(True, 0, None, at)
 
     def get(self, key: Key) -> Active | None:
         return self._active.get(key)

@@ -252,7 +252,10 @@ class DecisionView:
         if entry is None:
             entry = self._keys_of(memo)
         if not self._may_apply(tenant, entry[1], entry[2]):
-            return ALLOWED
+            pair, client = entry[0][0], entry[0][1]
+            if pair[0] != "familiar":  # not an untrusted password attempt
+                return ALLOWED
+            return self.index.unfamiliar(tenant, entry[1], entry[2], client[4], self.now_ms())
         return self.index.check(entry[0], self.now_ms())
 
     def review_session(

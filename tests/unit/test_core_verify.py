@@ -8,7 +8,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.core.decisions import Active, keys_for, verify_key
+from pipeline.core.decisions import ALLOWED, Active, DecisionIndex, keys_for, verify_key
 from pipeline.core.engine import Engine
 from pipeline.core.keys import format_key
 from pipeline.core.policy import Policy
@@ -164,3 +164,50 @@ def test_no_valid_credential_becomes_a_session_unverified_whatever_the_attacker_
 def test_the_default_policy_leaves_verification_off() -> None:
     """Until the figures are re-measured with it on, [verify] mode defaults to off."""
     assert Policy().defaults.verify.mode == "off"
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    mode=st.sampled_from(["challenge", "observe", None]),
+    exempt=st.sampled_from(["pair", "client", "other", None]),
+    device=st.sampled_from([LAPTOP, None]),
+    trusted=st.booleans(),
+    flow=st.sampled_from(["login", "token", "recovery", "mfa", "uia", "reset"]),
+    expired=st.booleans(),
+)
+def test_the_fast_path_answers_what_the_full_check_answers(
+    mode: str | None,
+    exempt: str | None,
+    device: str | None,
+    trusted: bool,
+    flow: str,
+    expired: bool,
+) -> None:
+    """With no decision on the account, source or tenant but the tenant's verification,
+    DecisionIndex.unfamiliar (the worker's and the edge's fast path) gives the verdict
+    check gives, for every flow, client and exempt."""
+    index = DecisionIndex()
+    until = T0 + (-1 if expired else HOUR)
+    if mode is not None:
+        index.put(verify_key(TENANT), Active("v", mode, until, "verify", "step_up"))
+    exempts = {
+        "pair": ("familiar", TENANT, VICTIM, EXIT, None),
+        "client": ("familiar", TENANT, VICTIM, None, LAPTOP),
+        "other": ("familiar", TENANT, OWNER, EXIT, None),
+    }
+    if exempt is not None:
+        index.put(exempts[exempt], Active("x", "exempt", T0 + HOUR, "familiar"))
+    a = att(0, VICTIM, EXIT, device=device, trusted=trusted, flow=flow, success=True)
+    assert not index.may_apply(TENANT, VICTIM, EXIT)
+    full = index.check(keys_for(a), T0)
+    fast = (
+        index.unfamiliar(TENANT, VICTIM, EXIT, a.device, T0)
+        if a.flow in ("login", "token", "recovery") and not a.trusted
+        else ALLOWED
+    )
+    assert (fast.allowed, fast.challenge, fast.step_up, fast.applied) == (
+        full.allowed,
+        full.challenge,
+        full.step_up,
+        full.applied,
+    )
