@@ -96,6 +96,9 @@ class AccountShard(Shard):
         elif flow == "reset":
             if attempt.success:
                 self._reset(attempt, rules, out, seq)
+            elif attempt.failure_reason not in UNCOUNTED:
+                self._reset_failure(attempt, rules, out, seq)
+                self.metrics.counted += 1
         elif attempt.success:
             self._success(attempt, rules, out, seq)
         elif attempt.failure_reason not in UNCOUNTED:  # refused, or a right password stepped up
