@@ -7,17 +7,22 @@ from __future__ import annotations
 import pytest
 
 from pipeline import cli
-from pipeline.contracts.codec import decode_attempt, encode
-from pipeline.contracts.models import Decision, ms_to_datetime
+from pipeline.contracts.codec import decode_attempt, dumps, encode
+from pipeline.contracts.models import AUDIT_COLUMNS, Decision, ms_to_datetime
 from pipeline.core.attempt import Normaliser
 from pipeline.core.decisions import keys_for
 from pipeline.core.engine import Engine
 from pipeline.core.keys import Digester
 from pipeline.core.normalise import NetworkSet, SourceRules
+from pipeline.core.policy import DEFAULT_POLICY
 from pipeline.manual import attempts_topic, render, unlock_attempt
 from pipeline.settings import Settings
+from pipeline.stream.ingest import Record
+from pipeline.stream.memory import MemoryPipeline
 from tests.unit.test_core_support import HOUR, SEC, T0, att, policy
+from tests.unit.test_edge_support import DIGEST_KEY
 
+NOW_MS = 1_790_000_100_000
 NORM = Normaliser(digester=Digester("k" * 32), sources=SourceRules(trusted_proxies=NetworkSet()))
 
 
@@ -46,6 +51,37 @@ def test_an_operators_unlock_lifts_the_lifetime_bound_through_the_worker_path() 
     later = att(2 * HOUR + SEC, digest, tenant="acme", success=True)
     assert engine.accounts.index.check(keys_for(later), later.occurred_ms).allowed
     assert wire.service == "authpipe-unlock by bob: owner on the phone"
+
+
+def test_the_worker_twin_lifts_the_lock_and_audits_the_unlock() -> None:
+    """Through the worker's own ingest and stages (``MemoryPipeline``): five wrong passwords
+    lock the account; the unlock's bytes on the input topic tombstone the lock, and its
+    audit row names the operator and the reason."""
+    twin = MemoryPipeline(Settings(identity={"digest_key": DIGEST_KEY}), DEFAULT_POLICY)
+    failures = [
+        {
+            "event_id": f"e{i}",
+            "occurred_at": f"2026-09-21T14:13:{i:02d}Z",
+            "service": "web",
+            "account": "Alice@Example.com",
+            "peer_ip": "203.0.113.9",
+            "outcome": "failure",
+            "failure_reason": "bad_password",
+        }
+        for i in range(5)
+    ]
+    records = [Record("auth.login-attempts", 0, i, None, dumps(e)) for i, e in enumerate(failures)]
+    wire = unlock_attempt(
+        "default", "Alice@Example.com", operator="bob", reason="ticket 7", now_ms=NOW_MS
+    )
+    records.append(Record("auth.login-attempts", 0, 5, b"Alice@Example.com", encode(wire)))
+    twin.feed(records, NOW_MS)
+    twin.finish()
+    locks = [(key, value is None) for key, value in twin.out.decisions if key.startswith(b"lock|")]
+    assert [lifted for _, lifted in locks] == [False, True]
+    assert locks[0][0] == locks[1][0]
+    service = AUDIT_COLUMNS.index("service")
+    assert twin.out.audit_rows[-1][service] == "authpipe-unlock by bob: ticket 7"
 
 
 def test_an_unlock_goes_to_the_tenants_own_topic_when_one_is_bound() -> None:
