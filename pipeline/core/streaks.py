@@ -321,7 +321,9 @@ def renew_holds(shard: Shard, out: Outbox) -> None:
     the first check after a restore."""
     now = shard.watermark_ms
     for rules in shard.tenants.values():
-        rules.streaks.seen(now)
+        streaks = rules.streaks
+        if now > streaks.now_ms:
+            streaks.now_ms = now  # what the cap's ``pinned`` compares with
         if not rules.renewals_ready:
             _schedule_restored(rules, now)
         renewals = rules.renewals

@@ -74,8 +74,8 @@ class BoundedTable(Generic[E]):
         self.on_drop = on_drop
         self.evicted: list[Key] | None = [] if record_evicted else None
         self.pinned = pinned
-        # The newest time the table was told (``expire``, ``touch``, ``seen``): what
-        # ``pinned`` compares with.
+        # The newest time the table was told (``expire``, ``touch``, or its owner
+        # directly): what ``pinned`` compares with.
         self.now_ms = 0
 
     def __len__(self) -> int:
@@ -120,11 +120,6 @@ class BoundedTable(Generic[E]):
             self._evict()
         self._entries[key] = entry
         self._entries.move_to_end(key)
-
-    def seen(self, now_ms: int) -> None:
-        """The newest time the caller knows of (what ``pinned`` compares with)."""
-        if now_ms > self.now_ms:
-            self.now_ms = now_ms
 
     def _evict(self) -> None:
         """Remove the least recently touched entry to make room (the cap), passing over
