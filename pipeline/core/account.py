@@ -35,6 +35,7 @@ from pipeline.core.streaks import (
     clear_lock,
     device_bound_failure,
     device_bound_key,
+    device_bound_success,
     late_failure,
     lock_failure,
     mark_streak,
@@ -171,13 +172,13 @@ class AccountShard(Shard):
                 # A cookie (or an app's install id) that signed in: its owner's own client.
                 self.familiar(attempt, rules, out, seq, attempt.account, attempt.device)
             # The lock (a trusted device's success clears only a hold until a success,
-            # unless trusted_success_clears), and the device bound; lifted from the index
-            # when the entry is gone.
+            # unless trusted_success_clears; lifted from the index when the entry is
+            # gone), and the device bound's lifetime feed.
             trusted_only = bool(attempt.trusted and attempt.device) and not (
                 rules.policy.lockout.trusted_success_clears
             )
             clear_lock(self, rules, lock_key(tenant, account), out, seq, trusted_only)
-            clear_lock(self, rules, device_bound_key(tenant, account), out, seq)
+            device_bound_success(self, rules, attempt, out, seq)
             key: Key = ("account_source", tenant, account, attempt.source, None)
             entry = rules.pair_rule.entries.get(key)
             if entry is not None and entry.keep_until_ms > wm:

@@ -213,14 +213,42 @@ def device_bound_failure(
         mark_streak(shard, key, streak, seq)
         return
     if not _stale(rules, attempt):
+        window_ms = rules.device.cfg.window_ms
         if now >= streak.notice_until_ms:  # the field ends the current window here
             streak.count = 0
-            streak.notice_until_ms = now + rules.device.cfg.window_ms
+            streak.notice_until_ms = now + window_ms
+            if now >= streak.blocked_until_ms + window_ms:
+                streak.level = 0  # a whole window quiet after its last block: start over
         streak.count += 1
         if streak.count > rules.trusted_devices_per_account and now >= streak.blocked_until_ms:
             streak.level += 1
             expires = now + rules.policy.backoff.block_ms(streak.level)
             _hold(shard, attempt, rules, key, streak, "device_bound", expires, None, None, out)
+    mark_streak(shard, key, streak, seq)
+
+
+def device_bound_success(
+    shard: Shard, rules: TenantRules, attempt: Attempt, out: Outbox, seq: int
+) -> None:
+    """A password success of the account: the device bound's ``run`` (its feed of the
+    lifetime bound) starts over, and an untrusted success ends a hold until a success.
+    Neither the window's count nor the backoff's level is cleared (a trusted device's
+    sign-in says nothing of forged ids, as ``lockout.trusted_success_clears``); a reset
+    clears everything (``clear_lock``)."""
+    key = device_bound_key(attempt.tenant, attempt.account)
+    streak = rules.streaks.mapping.get(key)
+    trusted = bool(attempt.trusted and attempt.device)
+    if streak is None:
+        if not trusted:
+            lift_lock(shard, out, key, trusted_only_hold=True)
+        return
+    if seq >= 0 and streak.seq >= seq:
+        return
+    streak.run = 0
+    if streak.hold_until_ms and not trusted:
+        streak.hold_until_ms = 0
+        streak.blocked_until_ms = 0
+        shard.lift(out, key)
     mark_streak(shard, key, streak, seq)
 
 

@@ -112,3 +112,19 @@ def test_a_reset_lifts_the_device_bound() -> None:
     )
     assert BOUND_KEY in [key for key, value in engine.out.decisions if value is None]
     assert [v.allowed for v in verdicts] == [True, True]
+
+
+def test_the_owners_trusted_sign_ins_do_not_restart_the_forgers_bound() -> None:
+    """A fresh trusted id every 20 s for 2 h while the owner's laptop signs in every
+    3 min: the owner's sign-ins clear neither the bound's count nor its level, so the
+    holds still grow 15, 30, 60, 60 min and 24 forged guesses get through (when each
+    sign-in cleared the bound: 67, under seven 15-minute holds)."""
+    engine = Engine(DEFAULT_POLICY)
+    guesses = forged(0, 360, 20 * SEC)
+    owner = [
+        att(i * 3 * MIN + 7 * SEC, device=LAPTOP, trusted=True, success=True) for i in range(40)
+    ]
+    timeline = sorted([*guesses, *owner], key=lambda a: a.occurred_ms)
+    verdicts = dict(zip([a.event_id for a in timeline], gateway(engine, timeline), strict=True))
+    assert sum(verdicts[a.event_id].allowed for a in guesses) == 24
+    assert [minutes for _, minutes in bounds(engine)] == [15, 30, 60, 60]
