@@ -4,7 +4,9 @@
 An account decision matches a check only if both sides compute the same digest (the same
 ``identity.digest_key``, the same case-sensitive tenants, the same normalisation code) and
 a source decision only if both group sources alike (``ingest.trusted_proxies``, the
-prefixes, the NAT64 prefixes whose clients count as their IPv4 address). Nothing fails when they differ: decisions silently never apply. So the worker
+prefixes, the NAT64 prefixes whose clients count as their IPv4 address); and the edge
+verifies unfamiliar sign-ins as the policy's ``[verify]`` says, so it must read the
+workers' policy. Nothing fails when they differ: decisions silently never apply. So the worker
 publishes ``fingerprint(settings)`` at start to a compacted topic beside its decisions
 (``fingerprint_topic``: ``<decisions topic>.normalisation``, keyed by the decisions
 topic), and the edge (not ready) and ``decisions add`` (exit 1) refuse with one line
@@ -26,7 +28,7 @@ import orjson
 from pipeline.core.normalise import Address, format_source, parse_network
 from pipeline.errors import AuthpipeError
 from pipeline.logs import get_logger
-from pipeline.wiring import build_normaliser
+from pipeline.wiring import build_normaliser, load_policy
 
 if TYPE_CHECKING:
     from pipeline.core.policy import Policy
@@ -49,12 +51,14 @@ _LABELS = {
     "ipv4_prefix": "ingest.ipv4_prefix",
     "ipv6_prefix": "ingest.ipv6_prefix",
     "nat64_prefixes": "ingest.nat64_prefixes",
+    "verify": "the policy's [verify] mode per tenant (* = [defaults])",
 }
-_LISTS = ("case_sensitive_tenants", "trusted_proxies", "nat64_prefixes")
+_LISTS = ("case_sensitive_tenants", "trusted_proxies", "nat64_prefixes", "verify")
 _ORDERED = {"nat64_prefixes": "the first that holds an address folds it"}
 """List parts whose order counts too, and why."""
-_ABSENT = {"nat64_prefixes": ""}
-"""Parts an older worker does not publish, as what it computes: no NAT64 prefixes."""
+_ABSENT = {"nat64_prefixes": "", "verify": "*=off"}
+"""Parts an older worker does not publish, as what it computes: no NAT64 prefixes, no
+verification of unfamiliar sign-ins."""
 _VERSION_ADVICE = "run the same authpipe version on both (upgrade the older one)"
 _SETTINGS_ADVICE = "start both with the same identity.digest_key, [ingest] settings and policy"
 
@@ -82,6 +86,8 @@ def _canonical_network(text: str) -> str:
 def fingerprint(settings: Settings, policy: Policy | None = None) -> dict[str, str]:
     """The parts of ``settings`` (and the policy) that decide digests and sources, as text;
     the digest key only as the keyed digest of a fixed probe."""
+    if policy is None:
+        policy = load_policy(settings.policy_path)
     normaliser = build_normaliser(settings, policy)
     ingest = settings.ingest
     proxies = sorted({_canonical_network(text) for text in ingest.trusted_proxies})
@@ -94,7 +100,20 @@ def fingerprint(settings: Settings, policy: Policy | None = None) -> dict[str, s
         "ipv4_prefix": str(ingest.ipv4_prefix),
         "ipv6_prefix": str(ingest.ipv6_prefix),
         "nat64_prefixes": ",".join(nat64),
+        # The edge answers [verify] itself, from its copy of the policy (issue 44).
+        "verify": _verify_modes(policy),
     }
+
+
+def _verify_modes(policy: Policy) -> str:
+    """``*=<the defaults' mode>`` and ``tenant=<mode>`` for each tenant that differs."""
+    default = policy.defaults.verify.mode
+    tenants = sorted(
+        f"{name}={rules.verify.mode}"
+        for name, rules in policy.tenants.items()
+        if rules.verify.mode != default
+    )
+    return ",".join([f"*={default}", *tenants])
 
 
 def encode_fingerprint(decisions_topic: str, parts: Mapping[str, str]) -> bytes:

@@ -12,7 +12,6 @@ from __future__ import annotations
 from pipeline.core.attempt import FAMILIAR, PASSWORD_FLOWS, UNCOUNTED, Attempt, repeat_of
 from pipeline.core.decisions import (
     ALLOWED,
-    VERIFY,
     Verdict,
     keys_for,
     lock_key,
@@ -21,12 +20,9 @@ from pipeline.core.decisions import (
     reset_key,
     uia_device_key,
     uia_key,
-    verify_key,
 )
 from pipeline.core.keys import Key
-from pipeline.core.lockout import FOREVER_MS
 from pipeline.core.outbox import Outbox
-from pipeline.core.policy_rules import MAX_WINDOW_MS, RuleConfig
 from pipeline.core.records import build_alert
 from pipeline.core.rules import CounterRule, TenantRules
 from pipeline.core.shard import Shard
@@ -66,9 +62,6 @@ class AccountShard(Shard):
         if dedupe is not None and dedupe.seen(attempt.event_id, self.watermark_ms, attempt.tenant):
             self.metrics.duplicates += 1
             return None
-        due = self.verify_due_ms.get(attempt.tenant)
-        if due is None or attempt.occurred_ms >= due:
-            self.verify(attempt.tenant, attempt.occurred_ms, out)
         index = self.index
         subjects = index.subjects
         # Only an account or source with an active decision can be refused: two string
@@ -106,43 +99,6 @@ class AccountShard(Shard):
             self._failure(attempt, rules, out, seq)
             self.metrics.counted += 1
         return verdict
-
-    def verify(self, tenant: str, now_ms: int, out: Outbox) -> None:
-        """Publish (or renew) the tenant's verification of unfamiliar sign-ins
-        (``VerifyConfig``): from the first attempt of the tenant this shard sees, for
-        ``publish_ms``, again once half of it is left. Event time only, so a replay
-        publishes what the stream did; a restored shard reads when it is due from its
-        decision index. ``off`` publishes nothing."""
-        cfg = (self.tenants.get(tenant) or self.tenant(tenant)).policy.verify
-        if cfg.mode == "off":
-            self.verify_due_ms[tenant] = FOREVER_MS
-            return
-        key = verify_key(tenant)
-        half = cfg.publish_ms // 2
-        active = self.index.get(key)
-        if active is not None and active.expires_ms - half > now_ms:
-            self.verify_due_ms[tenant] = active.expires_ms - half
-            return
-        rule = RuleConfig(threshold=1, window_ms=MAX_WINDOW_MS, mode=cfg.mode)
-        # window_ms: no lead-in (``evidence_since_ms`` reads issued - window only for
-        # the wave's own key); the decision says it reaches the whole tenant.
-        self.issue(
-            out,
-            VERIFY,
-            "tenant",
-            key,
-            tenant,
-            None,
-            None,
-            VERIFY,
-            rule,
-            0,
-            now_ms,
-            now_ms + cfg.publish_ms,
-            "challenge",
-            "step_up",
-        )
-        self.verify_due_ms[tenant] = now_ms + half
 
     # -- successes ----------------------------------------------------------------------
 

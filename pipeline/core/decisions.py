@@ -42,11 +42,14 @@ from typing import NamedTuple
 from pipeline.contracts.models import Decision, datetime_to_ms
 from pipeline.core.attempt import PASSWORD_FLOWS, Attempt
 from pipeline.core.keys import Key, decision_key
+from pipeline.core.policy import Policy
 
 MANUAL = "manual"
 """The device slot of an operator's decision key."""
 VERIFY = "verify"
-"""The device slot of a tenant's verification decision (``VerifyConfig``)."""
+"""The device slot of ``verify_key``: the name a verification's verdict gives its rule
+(``Verdict.challenge_key``), never a decision's key: verification is policy, read by the
+worker, the edge and a replay alike from the same file (``VerifyConfig``)."""
 
 
 def uia_key(tenant: str, account: str, source: str, session: str | None, device: str | None) -> Key:
@@ -78,7 +81,7 @@ def tenant_key(tenant: str) -> Key:
 
 
 def verify_key(tenant: str) -> Key:
-    """The tenant's verification of unfamiliar sign-ins (``VerifyConfig``)."""
+    """What a verdict names as the key of the tenant's verification (``VerifyConfig``)."""
     return ("tenant", tenant, None, None, VERIFY)
 
 
@@ -141,7 +144,6 @@ def applicable_keys(
             ("account", tenant, account, None, None),
             ("lock", tenant, account, None, None),
             ("tenant", tenant, None, None, None),
-            ("tenant", tenant, None, None, VERIFY),
             manual_source,
             manual_account,
         )
@@ -245,9 +247,26 @@ class DecisionIndex:
     instead of building the attempt's keys. That is the common case on the hot path.
     """
 
-    __slots__ = ("_active", "_announce", "_announced", "_heap", "_wall_heap", "subjects")
+    __slots__ = (
+        "_active",
+        "_announce",
+        "_announced",
+        "_heap",
+        "_verify",
+        "_verify_default",
+        "_wall_heap",
+        "subjects",
+    )
 
-    def __init__(self, announce: bool = True) -> None:
+    def __init__(self, announce: bool = True, policy: Policy | None = None) -> None:
+        # Per tenant, [verify] mode (off, observe, enforce): the policy's, so the worker,
+        # the edge and a replay given the same file answer alike, with no decision.
+        self._verify_default = policy.defaults.verify.mode if policy is not None else "off"
+        self._verify: dict[str, str] = (
+            {name: rules.verify.mode for name, rules in policy.tenants.items()}
+            if policy is not None
+            else {}
+        )
         self._active: dict[Key, Active] = {}
         self._heap: list[tuple[int, str, Key]] = []
         # Decisions already tombstoned because the wall clock passed their expiry
@@ -265,9 +284,8 @@ class DecisionIndex:
 
     def put(self, key: Key, active: Active) -> None:
         # An exempt refuses and demands nothing on its own: it is not a subject, so an
-        # account whose only decisions are exempts stays on the two-lookup fast path. Nor
-        # is the tenant's verification: ``unfamiliar`` answers it on that path.
-        if key not in self._active and active.action != "exempt" and key[4] != VERIFY:
+        # account whose only decisions are exempts stays on the two-lookup fast path.
+        if key not in self._active and active.action != "exempt":
             subject = _subject(key)
             self.subjects[subject] = self.subjects.get(subject, 0) + 1
         self._active[key] = active
@@ -319,7 +337,7 @@ class DecisionIndex:
         return out
 
     def _forget(self, key: Key, active: Active) -> None:
-        if active.action == "exempt" or key[4] == VERIFY:
+        if active.action == "exempt":
             return
         subject = _subject(key)
         left = self.subjects[subject] - 1
@@ -334,25 +352,29 @@ class DecisionIndex:
         subjects = self.subjects
         return bool(subjects) and (account in subjects or source in subjects or tenant in subjects)
 
+    def verify_mode(self, tenant: str) -> str:
+        """The tenant's ``[verify] mode``: off, observe or enforce."""
+        return self._verify.get(tenant, self._verify_default)
+
     def unfamiliar(
         self, tenant: str, account: str, source: str, device: str | None, now_ms: int
     ) -> Verdict:
-        """The verdict of an untrusted password attempt no decision concerns but the
-        tenant's verification (``may_apply`` was False): ``step_up`` while the tenant
-        verifies unfamiliar sign-ins and neither the pair's nor the client's exempt covers
-        it, its observe twin in observe mode, else allowed. What ``check`` answers such an
-        attempt, in one to three lookups."""
-        active = self._active
-        verify = active.get(("tenant", tenant, None, None, VERIFY))
-        if verify is None or verify.expires_ms <= now_ms:
+        """The verdict of an untrusted password attempt that no decision concerns
+        (``may_apply`` was False): ``step_up`` when the tenant verifies unfamiliar sign-ins
+        and neither the pair's nor the client's familiar exempt covers it, its observe
+        twin in observe mode, else allowed. What ``check`` answers such an attempt, in one
+        to three lookups."""
+        mode = self._verify.get(tenant, self._verify_default)
+        if mode == "off":
             return ALLOWED
+        active = self._active
         exempt = active.get(("familiar", tenant, account, source, None))
         if exempt is None and device is not None:
             exempt = active.get(("familiar", tenant, account, None, device))
         if exempt is not None and exempt.expires_ms > now_ms and exempt.action == "exempt":
             return ALLOWED
         at: Key = ("tenant", tenant, None, None, VERIFY)
-        if verify.action == "challenge":
+        if mode == "enforce":
             return Verdict(True, 0, None, None, "step_up", at, True)
         return Verdict(True, 0, None, at)
 
@@ -383,7 +405,7 @@ class DecisionIndex:
         rules' source decisions for this attempt; operators' decisions still apply. An
         ``exempt`` on the source alone (some account succeeded there: a known place) turns
         the wave's challenge into a ``step_up``, asked only after a correct password,
-        unless the tenant verifies unfamiliar sign-ins (``tenant|t|-|-|verify``): then
+        unless the tenant verifies unfamiliar sign-ins (``VerifyConfig``): then
         every attempt the familiar exempts do not cover is asked a ``step_up`` after a
         correct password (``Verdict.step_up``), after the wave's CAPTCHA if one is in
         force, and a known place buys nothing (one account's success there proves nothing
@@ -409,12 +431,6 @@ class DecisionIndex:
                 continue
             if exempt and (key[0] == "tenant" or (key[0] == "source" and key[4] is None)):
                 continue
-            if key[4] == VERIFY and key[0] == "tenant":
-                if action == "challenge":
-                    verify = key
-                elif observed is None:
-                    observed = key
-                continue
             if action == "block":
                 remaining = entry.expires_ms - now_ms
                 if remaining > retry_ms:
@@ -428,6 +444,13 @@ class DecisionIndex:
                 observed = key
         if matched is not None:
             return Verdict(False, retry_ms, matched, observed)
+        first = keys[0]
+        if first[0] == "familiar" and not exempt:  # an untrusted password attempt, unfamiliar
+            mode = self._verify.get(first[1], self._verify_default)
+            if mode == "enforce":
+                verify = ("tenant", first[1], None, None, VERIFY)
+            elif mode == "observe" and observed is None:
+                observed = ("tenant", first[1], None, None, VERIFY)
         if verify is not None:
             if challenge is None or kind == "step_up":
                 challenge, kind = verify, "step_up"

@@ -12,7 +12,6 @@ from pydantic import Field, model_validator
 
 from pipeline.contracts.models import ChallengeKind
 from pipeline.core.policy_rules import (
-    DAY_MS,
     HOUR_MS,
     MAX_WINDOW_MS,
     MINUTE_MS,
@@ -113,16 +112,14 @@ class VerifyConfig(Frozen):
     anyone else, and no pace, duration, number of exits or bought CAPTCHA changes the
     answer. A device trusted for the account is never asked (seed 001).
 
-    The account stage publishes it per tenant as ``tenant|t|-|-|verify`` (action
-    ``challenge``, challenge ``step_up``; ``observe`` in observe mode), for
-    ``publish_ms`` from the tenant's first attempt it sees, renewed once half of that is
-    left, so an edge that misses a renewal stops asking within ``publish_ms`` and a
-    tenant turned ``off`` stops being asked when its last record expires. ``off`` (the
-    default until the figures in docs/policy.md are re-measured with it on) publishes
-    nothing."""
+    It is policy, not a decision: the worker, the edge (which reads the same policy
+    file, ``settings.policy_path``) and a replay answer it alike from the familiar
+    exempts in force, with nothing published (``pipeline.core.decisions``). ``observe``
+    marks the attempts it would ask (audit ``decision = "observe"``) and asks nothing;
+    ``off`` (the default until docs/policy.md's figures are re-measured with it on)
+    does neither."""
 
     mode: Literal["off", "observe", "enforce"] = "off"
-    publish_ms: int = Field(2 * DAY_MS, ge=HOUR_MS, le=30 * DAY_MS)
 
 
 class TenantSprayConfig(Frozen):

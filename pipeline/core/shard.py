@@ -40,7 +40,7 @@ class Shard:
         self.part = part
         self.version = policy.policy_version
         self.tenants: dict[str, TenantRules] = {}
-        self.index = DecisionIndex()
+        self.index = DecisionIndex(policy=policy)
         # A zero horizon turns dedupe off (the source stage of a single-process Engine is
         # fed only by the already-deduplicated account stage).
         self.dedupe = Deduper(dedupe_horizon_ms, dedupe_capacity) if dedupe_horizon_ms else None
@@ -53,9 +53,6 @@ class Shard:
         # its first step, or the record would grow with every key ever seen.
         self.dirty: Dirty = {}
         self.track_changes = True
-        # Per tenant, the event time at which its verification decision is due again
-        # (``AccountShard.verify``); derived from the index after a restore.
-        self.verify_due_ms: dict[str, int] = {}
 
     def tenant(self, tenant: str) -> TenantRules:
         tables = self.tenants.get(tenant)

@@ -35,7 +35,7 @@ from pipeline.edge.errors import EdgeError
 from pipeline.edge.view import DecisionView
 from pipeline.fingerprint import fingerprint, mismatch, read_fingerprint
 from pipeline.logs import get_logger
-from pipeline.wiring import build_normaliser
+from pipeline.wiring import build_normaliser, load_policy
 
 if TYPE_CHECKING:
     from pipeline.settings import Settings
@@ -119,7 +119,8 @@ class DecisionFeed:
     ) -> DecisionFeed:
         """A feed of ``settings.kafka.decisions_topic`` into a view normalising exactly as
         the worker does (``build_normaliser``)."""
-        view = DecisionView(build_normaliser(settings), now_ms=now_ms)
+        policy = load_policy(settings.policy_path)
+        view = DecisionView(build_normaliser(settings, policy), now_ms=now_ms, policy=policy)
         from pipeline.kafka_client import security_kwargs
 
         kafka = settings.kafka

@@ -41,6 +41,7 @@ from pipeline.core.decisions import (
 )
 from pipeline.core.errors import InvalidAttempt
 from pipeline.core.keys import Key, format_key
+from pipeline.core.policy import Policy
 from pipeline.core.review import review_session
 from pipeline.edge.blocklist import BlockEntry, valid_source
 from pipeline.edge.changes import ChangeSignal
@@ -105,10 +106,12 @@ class DecisionView:
         *,
         now_ms: Callable[[], int] = wall_ms,
         cache_entries: int = CACHE_ENTRIES,
+        policy: Policy | None = None,
     ) -> None:
         self.normaliser = normaliser
         self.now_ms = now_ms
-        self.index = DecisionIndex(announce=False)
+        # The policy's [verify]: the workers' file (settings.policy_path), read alike here.
+        self.index = DecisionIndex(announce=False, policy=policy)
         self.stats = ViewStats()
         self.changes = ChangeSignal()
         self.blocklist_changes = ChangeSignal()

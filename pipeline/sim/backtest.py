@@ -69,7 +69,7 @@ class PolicyRun:
     @classmethod
     def run(cls, events: Sequence[TruthEvent], policy: Policy) -> PolicyRun:
         outputs = run_engine(events, policy)
-        return cls(policy, outputs, replay(events, outputs.decisions))
+        return cls(policy, outputs, replay(events, outputs.decisions, policy))
 
     def decision_ids(self) -> dict[tuple[str, int, str], str]:
         """(key, issued_ms, action) -> rule of every decision (not tombstones, not the

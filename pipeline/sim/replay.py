@@ -40,6 +40,7 @@ from pipeline.core.decisions import (
     mfa_account_key,
 )
 from pipeline.core.keys import Key, decision_key, parse_key
+from pipeline.core.policy import Policy
 from pipeline.core.review import review_session
 from pipeline.sim.outputs import DecisionRecord
 from pipeline.sim.truth import TruthEvent
@@ -113,9 +114,14 @@ REVIEW_HORIZON_MS = 10 * 60_000
 """How long after its sign-in a session is still reviewed (``replay_sessions``)."""
 
 
-def replay(events: Sequence[TruthEvent], records: Sequence[DecisionRecord]) -> list[Verdict]:
-    """Each event's verdict under the decision stream, as a gateway would have given it."""
-    return replay_sessions(events, records)[0]
+def replay(
+    events: Sequence[TruthEvent],
+    records: Sequence[DecisionRecord],
+    policy: Policy | None = None,
+) -> list[Verdict]:
+    """Each event's verdict under the decision stream, as a gateway would have given it
+    (with ``policy``'s ``[verify]``, which the gateway's edge reads from the same file)."""
+    return replay_sessions(events, records, policy)[0]
 
 
 def _open_session(a: Attempt, verdict: Verdict) -> bool:
@@ -131,11 +137,13 @@ def _open_session(a: Attempt, verdict: Verdict) -> bool:
 
 
 def replay_sessions(
-    events: Sequence[TruthEvent], records: Sequence[DecisionRecord]
+    events: Sequence[TruthEvent],
+    records: Sequence[DecisionRecord],
+    policy: Policy | None = None,
 ) -> tuple[list[Verdict], set[int]]:
     """Each event's verdict, and the positions of the sign-ins a session review later
-    stepped up (see the module docstring)."""
-    index = DecisionIndex(announce=False)
+    stepped up (see the module docstring); ``policy`` sets ``[verify]``."""
+    index = DecisionIndex(announce=False, policy=policy)
     sessions: dict[str, deque[int]] = defaultdict(deque)
     reviewed: set[int] = set()
     pending: dict[Key, str] = {}

@@ -31,6 +31,7 @@ import orjson
 
 from pipeline.contracts.models import datetime_to_ms, format_utc_ms, ms_to_datetime
 from pipeline.core.decisions import Verdict
+from pipeline.core.policy import Policy
 from pipeline.errors import AuthpipeError
 from pipeline.settings import Settings
 from pipeline.sim.matching import match_alerts
@@ -59,6 +60,8 @@ class ReportInputs:
     scorecard: dict[str, Any] | None
     title: str = "authpipe report"
     plain_accounts: bool = False
+    policy: Policy | None = None
+    """The policy that decided (its ``[verify]`` is part of every verdict)."""
 
 
 def _zooms(
@@ -228,7 +231,7 @@ def build_data(inputs: ReportInputs) -> dict[str, Any]:
     refused = None
     taken: Counter[tuple[str, str]] = Counter()
     if inputs.outputs is not None:
-        verdicts, reviewed = replay_sessions(events, inputs.outputs.decisions)
+        verdicts, reviewed = replay_sessions(events, inputs.outputs.decisions, inputs.policy)
         refused = [not v.allowed for v in verdicts]
         if any(e.role != UNKNOWN for e in events):
             taken = takeovers(events, verdicts, reviewed)
@@ -363,6 +366,7 @@ def run_report_command(
     card = load_scorecard_json(scorecard) if scorecard is not None else None
     if card is None and outputs is not None and any(e.role != UNKNOWN for e in loaded):
         card = score(loaded, outputs, decided_by).as_json()
-    path = write_report(ReportInputs(loaded, outputs, card, title, plain_accounts), out)
+    inputs = ReportInputs(loaded, outputs, card, title, plain_accounts, decided_by)
+    path = write_report(inputs, out)
     print(f"report: {path} ({path.stat().st_size:,} bytes)")
     return 0

@@ -45,7 +45,7 @@ def score(
 ) -> Scorecard:
     """The scorecard of ``outputs`` against the labelled ``events``; ``policy`` (the one
     that decided) sets how far each attack's wave may reach (``near_attacks``)."""
-    verdicts, reviewed = replay_sessions(events, outputs.decisions)
+    verdicts, reviewed = replay_sessions(events, outputs.decisions, policy)
     design = design_reasons(events, verdicts)
     attacks = AttackIndex.build(events)
     scores = {name: new_score(name, evs) for name, evs in sorted(attacks.events.items())}

@@ -13,8 +13,8 @@ MANUAL_KEYS = (("source", "t", None, S, "manual"), ("account", "t", A, None, "ma
 
 def test_untrusted_password_flow_keys() -> None:
     """An untrusted login is checked against familiar (the pair, the cookie, the place:
-    first), source, account_source, account, lock, the tenant's wave, the tenant's
-    verification of unfamiliar sign-ins and the operator's source and account keys."""
+    first), source, account_source, account, lock, the tenant's wave and the operator's
+    source and account keys (the tenant's [verify] is policy, not a key)."""
     assert applicable_keys("t", A, S, D, None, False, "login") == (
         ("familiar", "t", A, S, None),
         ("familiar", "t", A, None, D),
@@ -24,7 +24,6 @@ def test_untrusted_password_flow_keys() -> None:
         ("account", "t", A, None, None),
         ("lock", "t", A, None, None),
         ("tenant", "t", None, None, None),
-        ("tenant", "t", None, None, "verify"),
         *MANUAL_KEYS,
     )
 

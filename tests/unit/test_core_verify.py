@@ -10,10 +10,10 @@ from hypothesis import strategies as st
 
 from pipeline.core.decisions import ALLOWED, Active, DecisionIndex, keys_for, verify_key
 from pipeline.core.engine import Engine
-from pipeline.core.keys import format_key
 from pipeline.core.policy import Policy
+from pipeline.core.policy_waves import VerifyConfig
 from pipeline.sim.gateway import reported
-from tests.unit.test_core_support import HOUR, MIN, SEC, T0, TENANT, att, decisions, policy
+from tests.unit.test_core_support import HOUR, SEC, T0, TENANT, att, decisions, policy
 
 OWNER, VICTIM, ABSENT = "a" * 32, "b" * 32, "c" * 32
 HOME, EXIT = "198.51.100.7", "203.0.113.9"
@@ -25,35 +25,26 @@ def _check(engine: Engine, t: int, account: str, source: str, **kw: object):  # 
     return engine.accounts.index.check(keys_for(att(t, account, source, **kw)), T0 + t)  # type: ignore[arg-type]
 
 
-def test_the_tenants_first_attempt_publishes_the_verification_for_publish_ms() -> None:
-    """The first attempt of a tenant publishes tenant|t|-|-|verify: a step_up challenge,
-    for two days; nothing is published with the default policy (off)."""
-    engine = Engine(ENFORCE)
-    engine.step(att(0, success=True), T0)
-    [d] = [d for d in decisions(engine.out) if d.rule == "verify"]
-    assert (d.key, d.action, d.challenge, d.scope, d.device_id) == (
-        format_key(verify_key(TENANT)),
-        "challenge",
-        "step_up",
-        "tenant",
-        "verify",
+def test_verification_is_policy_per_tenant_and_publishes_nothing() -> None:
+    """[verify] is read from the policy by every checker alike: the defaults' enforce asks
+    a step-up of an unfamiliar right password, a tenant set to off asks nothing, and no
+    decision is published for it (the edge reads the same policy file)."""
+    pol = policy(verify={"mode": "enforce"})
+    pol = pol.model_copy(
+        update={
+            "tenants": {
+                "acme": pol.defaults.model_copy(update={"verify": VerifyConfig(mode="off")})
+            }
+        }
     )
-    assert (d.expires_at - d.issued_at).total_seconds() == 2 * 24 * 3600
-    plain = Engine()
-    plain.step(att(0, success=True), T0)
-    assert [d for d in decisions(plain.out) if d.rule == "verify"] == []
-
-
-def test_it_is_renewed_once_half_of_it_is_left() -> None:
-    """An attempt a day after the first renews the record (two days from then); one
-    just before the day does not."""
-    engine = Engine(ENFORCE)
-    issued = []
-    for t in (0, 24 * HOUR - SEC, 24 * HOUR, 24 * HOUR + MIN):
-        engine.step(att(t, success=True), T0 + t)
-        issued += [d.issued_at for d in decisions(engine.out) if d.rule == "verify"]
-        engine.out.clear()
-    assert [int(x.timestamp() * 1000) - T0 for x in issued] == [0, 24 * HOUR]
+    engine = Engine(pol)
+    engine.step(att(0, success=True), T0)
+    engine.step(att(0, success=True, tenant="acme"), T0)
+    assert [(d.rule, d.scope) for d in decisions(engine.out) if d.scope != "familiar"] == []
+    verify = _check(engine, SEC, VICTIM, EXIT)
+    off = engine.accounts.index.check(keys_for(att(SEC, VICTIM, EXIT, tenant="acme")), T0 + SEC)
+    assert (verify.challenge, verify.step_up) == ("step_up", True)
+    assert (off.challenge, off.step_up) == (None, False)
 
 
 def test_an_unfamiliar_right_password_meets_a_step_up_a_familiar_one_does_not() -> None:
@@ -168,7 +159,7 @@ def test_the_default_policy_leaves_verification_off() -> None:
 
 @settings(max_examples=200, deadline=None)
 @given(
-    mode=st.sampled_from(["challenge", "observe", None]),
+    mode=st.sampled_from(["enforce", "observe", "off"]),
     exempt=st.sampled_from(["pair", "client", "other", None]),
     device=st.sampled_from([LAPTOP, None]),
     trusted=st.booleans(),
@@ -176,27 +167,25 @@ def test_the_default_policy_leaves_verification_off() -> None:
     expired=st.booleans(),
 )
 def test_the_fast_path_answers_what_the_full_check_answers(
-    mode: str | None,
+    mode: str,
     exempt: str | None,
     device: str | None,
     trusted: bool,
     flow: str,
     expired: bool,
 ) -> None:
-    """With no decision on the account, source or tenant but the tenant's verification,
-    DecisionIndex.unfamiliar (the worker's and the edge's fast path) gives the verdict
-    check gives, for every flow, client and exempt."""
-    index = DecisionIndex()
+    """With no decision on the account, source or tenant (at most a familiar exempt, in
+    force or expired), DecisionIndex.unfamiliar (the worker's and the edge's fast path)
+    gives the verdict check gives, for every mode, flow, client and exempt."""
+    index = DecisionIndex(policy=policy(verify={"mode": mode}))
     until = T0 + (-1 if expired else HOUR)
-    if mode is not None:
-        index.put(verify_key(TENANT), Active("v", mode, until, "verify", "step_up"))
     exempts = {
         "pair": ("familiar", TENANT, VICTIM, EXIT, None),
         "client": ("familiar", TENANT, VICTIM, None, LAPTOP),
         "other": ("familiar", TENANT, OWNER, EXIT, None),
     }
     if exempt is not None:
-        index.put(exempts[exempt], Active("x", "exempt", T0 + HOUR, "familiar"))
+        index.put(exempts[exempt], Active("x", "exempt", until, "familiar"))
     a = att(0, VICTIM, EXIT, device=device, trusted=trusted, flow=flow, success=True)
     assert not index.may_apply(TENANT, VICTIM, EXIT)
     full = index.check(keys_for(a), T0)

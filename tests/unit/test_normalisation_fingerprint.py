@@ -28,7 +28,7 @@ def _parts(**kw: Any) -> dict[str, str]:
 
 
 def test_the_fingerprint_names_each_part_and_never_the_key() -> None:
-    """Seven parts; the key is present only as a keyed digest of a fixed probe."""
+    """Eight parts; the key is present only as a keyed digest of a fixed probe."""
     parts = _parts(ingest={"trusted_proxies": ["10.1.2.3/8", "2001:db8::/32"]})
     assert sorted(parts) == [
         "case_sensitive_tenants",
@@ -38,6 +38,7 @@ def test_the_fingerprint_names_each_part_and_never_the_key() -> None:
         "nat64_prefixes",
         "normalisation",
         "trusted_proxies",
+        "verify",
     ]
     assert DIGEST_KEY not in orjson.dumps(parts).decode()
     assert len(parts["digest_key"]) == 32
@@ -222,3 +223,23 @@ def test_the_worker_publishes_its_fingerprint_before_it_starts(
     assert cli.main(["worker", "--policy", str(policy)]) == 0
     assert [parts["case_sensitive_tenants"] for parts in sent] == ["acme", "acme"]
     assert ran == [policy, policy]
+
+
+def test_the_policys_verify_modes_are_part_of_the_fingerprint(tmp_path: Path) -> None:
+    """The edge answers [verify] from its own copy of the policy: a worker verifying
+    unfamiliar sign-ins (by default, or only for acme) and an edge that does not are told
+    apart in one line; a tenant at the defaults' mode is not listed, and an older worker
+    (no part) counts as verifying nothing."""
+    policy = tmp_path / "policy.toml"
+    policy.write_text('[defaults.verify]\nmode = "enforce"\n[tenants.acme.verify]\nmode = "off"\n')
+    worker = fingerprint.fingerprint(
+        Settings(identity={"digest_key": DIGEST_KEY}, policy_path=policy)
+    )
+    assert (worker["verify"], _parts()["verify"]) == ("*=enforce,acme=off", "*=off")
+    assert fingerprint.mismatch(worker, _parts(), "edge") == (
+        "the worker's normalisation differs from this edge's: the policy's [verify] mode per "
+        "tenant (* = [defaults]): only the worker has *=enforce, acme=off, only here *=off; "
+        "start both with the same identity.digest_key, [ingest] settings and policy"
+    )
+    older = {k: v for k, v in _parts().items() if k != "verify"}
+    assert fingerprint.mismatch(older, _parts(), "edge") is None
