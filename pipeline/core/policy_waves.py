@@ -116,10 +116,9 @@ class VerifyConfig(Frozen):
     file, ``settings.policy_path``) and a replay answer it alike from the familiar
     exempts in force, with nothing published (``pipeline.core.decisions``). ``observe``
     marks the attempts it would ask (audit ``decision = "observe"``) and asks nothing;
-    ``off`` (the default until docs/policy.md's figures are re-measured with it on)
-    does neither."""
+    ``off`` does neither (a tenant whose login service cannot ask a possession check)."""
 
-    mode: Literal["off", "observe", "enforce"] = "off"
+    mode: Literal["off", "observe", "enforce"] = "enforce"
 
 
 class TenantSprayConfig(Frozen):

@@ -165,7 +165,7 @@ class Scorecard:
     legit_challenged_in_wave: int = 0
     legit_challenged_outside_attacks: int = 0
     """Legitimate attempts challenged while no attack's password attempts ran (the truth),
-    a wave's hold after an attack included."""
+    a wave's hold after an attack included; [verify]'s own step-ups left out."""
     legit_challenged_away_from_attacks: int = 0
     """Those of them away from every attack (``pipeline.sim.waves.near_attacks``): beyond
     the wave's lead-in and first window before its first attempt and its paced sum and
@@ -176,6 +176,10 @@ class Scorecard:
     """Those of them signed in while no attack's password attempts ran."""
     legit_stepped_up_away_from_attacks: int = 0
     """Those of them signed in away from every attack."""
+    legit_verified: int = 0
+    """Legitimate right passwords at an unfamiliar place and client asked a step-up by
+    ``[verify]`` alone (no wave): asked whether or not an attack runs, so not in the
+    ``challenged_outside_attacks`` figures, which look for waves ordinary traffic raised."""
     legit_people: int = 0
     """Distinct legitimate actors (people) with an attempt in the run (its history, the
     warm start's past, left out)."""
@@ -238,6 +242,7 @@ class Scorecard:
                 "attempts": sum(self.legit_attempts.values()),
                 "refused": self.legit_refused_total,
                 "challenged": sum(self.legit_challenged.values()),
+                "stepped_up_unfamiliar": self.legit_verified,
                 "people": self.legit_people,
                 "people_challenged": self.legit_people_challenged,
                 "known_people": self.legit_known_people,

@@ -57,7 +57,9 @@ def render(card: Scorecard) -> str:
         f" {card.legit_stepped_up_away_from_attacks} away from attacks)"
     )
     lines.append(
-        f"legitimate people challenged at least once: {card.legit_people_challenged}"
+        f"legitimate sign-ins at an unfamiliar place and client stepped up: {card.legit_verified}"
+        "; legitimate people challenged at least once: "
+        f"{card.legit_people_challenged}"
         f" of {card.legit_people} ({_percent(card.legit_people_challenged, card.legit_people)});"
         f" of those who signed in during the history: {card.legit_known_people_challenged}"
         f" of {card.legit_known_people}"

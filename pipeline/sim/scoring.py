@@ -20,7 +20,7 @@ from collections import Counter, defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from pipeline.core.decisions import Verdict
+from pipeline.core.decisions import VERIFY, Verdict
 from pipeline.core.policy import DEFAULT_POLICY, Policy
 from pipeline.sim.by_design import design_reasons
 from pipeline.sim.card import AttackScore, Scorecard
@@ -73,6 +73,7 @@ def score(
     known_people: set[str] = set()
     # legitimate sessions stepped up after sign-in; of them outside attacks; away from them
     legit_reviewed = [0, 0, 0]
+    verified = 0  # legitimate right passwords [verify] stepped up (unfamiliar sign-ins)
     for i, (event, verdict, reason) in enumerate(zip(events, verdicts, design, strict=True)):
         if event.role == ATTACKER:
             taken_over = takeover(event, verdict, i in reviewed)
@@ -108,11 +109,15 @@ def score(
                 legit_challenged[event.cohort] += 1
                 if not in_history:
                     people_challenged.add(event.actor)
+                if _verified(verdict):
+                    verified += 1
             a = event.attempt
             if a.password_flow and not a.trusted and during(waves, a.tenant, a.occurred_ms):
                 in_wave[0] += 1
                 in_wave[1] += shown
-            if shown and not during(running, a.tenant, a.occurred_ms):
+            # What only a wave could bring: [verify]'s step-up of an unfamiliar sign-in is
+            # asked whether or not an attack runs, and counted apart (``verified``).
+            if shown and not _verified(verdict) and not during(running, a.tenant, a.occurred_ms):
                 outside[0] += 1
                 outside[1] += not during(near, a.tenant, a.occurred_ms)
             if not verdict.allowed:
@@ -148,6 +153,7 @@ def score(
         legit_stepped_up_after_sign_in=legit_reviewed[0],
         legit_stepped_up_outside_attacks=legit_reviewed[1],
         legit_stepped_up_away_from_attacks=legit_reviewed[2],
+        legit_verified=verified,
         legit_people=len(people),
         legit_people_challenged=len(people_challenged),
         legit_known_people=len(people & known_people),
@@ -206,6 +212,12 @@ def _count_valid(
         s.valid_captcha_only += 1
         if not reviewed:
             bought[event.scenario].add((a.tenant, a.account))
+
+
+def _verified(verdict: Verdict) -> bool:
+    """The step-up is [verify]'s alone (an unfamiliar sign-in), no wave's or source's."""
+    key = verdict.challenge_key
+    return verdict.challenge == "step_up" and key is not None and key[4] == VERIFY
 
 
 def most_in_a_day(times: Sequence[int]) -> int:

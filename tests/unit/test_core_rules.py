@@ -32,13 +32,14 @@ SESSION = "5" * 32
 
 
 def window_rules(**defaults: Any) -> Policy:
-    """The policy with seed 002's lock and seed 004's mfa curve out of the way, so each
-    window rule is seen alone (those have their own tests in test_core_lockout.py)."""
+    """The policy with seed 002's lock, seed 004's mfa curve and the verification of
+    unfamiliar sign-ins out of the way, so each window rule is seen alone (those have
+    their own tests: test_core_lockout.py, test_core_verify.py)."""
     return policy(
         version="default-1",
         lockout={"threshold": 1_000_000},
         mfa_curve={"enabled": False},
-        **defaults,
+        **{"verify": {"mode": "off"}, **defaults},
     )
 
 

@@ -227,19 +227,23 @@ def test_the_worker_publishes_its_fingerprint_before_it_starts(
 
 def test_the_policys_verify_modes_are_part_of_the_fingerprint(tmp_path: Path) -> None:
     """The edge answers [verify] from its own copy of the policy: a worker verifying
-    unfamiliar sign-ins (by default, or only for acme) and an edge that does not are told
-    apart in one line; a tenant at the defaults' mode is not listed, and an older worker
-    (no part) counts as verifying nothing."""
+    unfamiliar sign-ins only for acme and an edge that verifies them for every tenant are
+    told apart in one line; a tenant at the defaults' mode is not listed, and an older
+    worker (no part) counts as verifying nothing."""
     policy = tmp_path / "policy.toml"
-    policy.write_text('[defaults.verify]\nmode = "enforce"\n[tenants.acme.verify]\nmode = "off"\n')
+    policy.write_text('[defaults.verify]\nmode = "off"\n[tenants.acme.verify]\nmode = "enforce"\n')
     worker = fingerprint.fingerprint(
         Settings(identity={"digest_key": DIGEST_KEY}, policy_path=policy)
     )
-    assert (worker["verify"], _parts()["verify"]) == ("*=enforce,acme=off", "*=off")
+    assert (worker["verify"], _parts()["verify"]) == ("*=off,acme=enforce", "*=enforce")
     assert fingerprint.mismatch(worker, _parts(), "edge") == (
         "the worker's normalisation differs from this edge's: the policy's [verify] mode per "
-        "tenant (* = [defaults]): only the worker has *=enforce, acme=off, only here *=off; "
+        "tenant (* = [defaults]): only the worker has *=off, acme=enforce, only here *=enforce; "
         "start both with the same identity.digest_key, [ingest] settings and policy"
     )
-    older = {k: v for k, v in _parts().items() if k != "verify"}
-    assert fingerprint.mismatch(older, _parts(), "edge") is None
+    older = {k: v for k, v in worker.items() if k != "verify"}
+    assert fingerprint.mismatch(older, worker, "edge") is not None
+    off = tmp_path / "off.toml"
+    off.write_text('[defaults.verify]\nmode = "off"\n')
+    here = fingerprint.fingerprint(Settings(identity={"digest_key": DIGEST_KEY}, policy_path=off))
+    assert fingerprint.mismatch(older, here, "edge") is None

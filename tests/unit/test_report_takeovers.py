@@ -43,9 +43,10 @@ def test_no_takeover_in_the_scorecard_is_none_in_the_report(tmp_path: Path) -> N
     """A sign-in the session review stepped up, an attacker's own account and a success met
     by a captcha are no takeover: the scorecard and the report's banner both count 0."""
     events = load(tmp_path, stream())
-    outputs = run_engine(events, wave_policy(60_000))
-    card = score(events, outputs)
-    data = build_data(ReportInputs(events, outputs, card.as_json()))
+    policy = wave_policy(60_000)
+    outputs = run_engine(events, policy)
+    card = score(events, outputs, policy)
+    data = build_data(ReportInputs(events, outputs, card.as_json(), policy=policy))
     assert (card.takeovers, card.attacks[0].account_takeovers) == (0, 0)
     assert data["takeovers"] == []
     assert not any(r["takeover"] for r in data["top_accounts"])
@@ -59,7 +60,7 @@ def test_report_scorecard_and_verdicts_name_the_same_takeover(tmp_path: Path) ->
     policy = wave_policy(0)
     outputs = run_engine(events, policy)
     card = score(events, outputs, policy)
-    data = build_data(ReportInputs(events, outputs, card.as_json()))
+    data = build_data(ReportInputs(events, outputs, card.as_json(), policy=policy))
     summary = VerdictSummary()
     lines = list(verdicts(events, policy, summary))
     assert (card.takeovers, card.attacks[0].account_takeovers) == (1, 1)

@@ -218,14 +218,17 @@ EXPECTED_ATTACKS = [
 
 
 def check_hand_card(card: dict[str, Any]) -> None:
+    """bob's sign-in from a place new to his account meets [verify]'s step-up: the one
+    legitimate challenge, counted apart from the challenges a wave brings."""
     assert card["attacks"] == EXPECTED_ATTACKS
     assert card["all_attacks_caught"] is True
     assert card["legitimate"] == {
         "attempts": 3,
         "refused": 0,
-        "challenged": 0,
+        "challenged": 1,
+        "stepped_up_unfamiliar": 1,
         "people": 2,
-        "people_challenged": 0,
+        "people_challenged": 1,
         "known_people": 0,
         "known_people_challenged": 0,
         "untrusted_during_waves": 0,
@@ -237,7 +240,7 @@ def check_hand_card(card: dict[str, Any]) -> None:
         "sessions_stepped_up_away_from_attacks": 0,
         "refused_by_design": {},
         "by_cohort": {
-            "ordinary": {"attempts": 2, "refused": 0, "challenged": 0},
+            "ordinary": {"attempts": 2, "refused": 0, "challenged": 1},
             "owner_trusted_device": {"attempts": 1, "refused": 0, "challenged": 0},
         },
         "examples": [],
@@ -457,8 +460,12 @@ def stuffing_stream() -> list[dict[str, Any]]:
 
 
 def wave_policy(lead_in_ms: int) -> Any:
+    """A small wave, and no [verify]: these tests are about the wave's own mechanics (with
+    [verify], the default, every unfamiliar sign-in is stepped up anyway)."""
     return policy_from_toml(f"""
 policy_version = "hand-2"
+[defaults.verify]
+mode = "off"
 [defaults.tenant_spray]
 min_accounts = 3
 min_sources = 1
@@ -477,11 +484,13 @@ def test_a_credential_signed_in_in_a_waves_lead_in_is_stepped_up_not_taken_over(
     """carol's sign-in before the wave fired is stepped up by the session review (no
     takeover), and so is erin's (she passes it); with the review off it is a takeover."""
     events = load(tmp_path, stuffing_stream())
-    card = score(events, run_engine(events, wave_policy(60_000)))
+    review = wave_policy(60_000)
+    card = score(events, run_engine(events, review), review)
     (stuffing,) = card.attacks
     assert (stuffing.account_takeovers, stuffing.stepped_up_after_sign_in) == (0, 1)
     assert (card.legit_stepped_up_after_sign_in, card.legit_stepped_up_outside_attacks) == (1, 0)
-    off = score(events, run_engine(events, wave_policy(0)))
+    no_review = wave_policy(0)
+    off = score(events, run_engine(events, no_review), no_review)
     assert (off.attacks[0].account_takeovers, off.attacks[0].stepped_up_after_sign_in) == (1, 0)
     assert off.legit_stepped_up_after_sign_in == 0
 
@@ -498,7 +507,8 @@ def test_a_challenge_in_the_waves_tail_is_outside_the_attack_but_not_away_from_i
         row(10, T0 + 40 * SEC, "grace", "198.18.0.91", tenant="shop"),
     ]
     events = load(tmp_path, sorted(rows, key=lambda r: str(r["event"]["occurred_at"])))
-    card = score(events, run_engine(events, wave_policy(60_000)))
+    review = wave_policy(60_000)
+    card = score(events, run_engine(events, review), review)
     assert (card.legit_challenged_outside_attacks, card.legit_challenged_away_from_attacks) == (
         1,
         0,
