@@ -62,6 +62,9 @@ class AccountShard(Shard):
         if dedupe is not None and dedupe.seen(attempt.event_id, self.watermark_ms, attempt.tenant):
             self.metrics.duplicates += 1
             return None
+        # Holds are published for lifetime.publish_ms and renewed at half-time: on every
+        # attempt, refused ones too, so a shard that sees only refused attempts renews them.
+        renew_holds(self, out)
         index = self.index
         subjects = index.subjects
         # Only an account or source with an active decision can be refused: two string
@@ -105,7 +108,6 @@ class AccountShard(Shard):
     def _success(self, attempt: Attempt, rules: TenantRules, out: Outbox, seq: int) -> None:
         tenant, account = attempt.tenant, attempt.account
         wm = self.watermark_ms
-        renew_holds(self, out)
         acct_key: Key = ("account", tenant, account, None, None)
         acct = rules.acct.entries.get(acct_key)
         if acct is not None and acct.keep_until_ms > wm and (seq < 0 or acct.seq < seq):
@@ -173,7 +175,6 @@ class AccountShard(Shard):
         bound are lifted whether or not their entries survive (the decision index knows
         their keys): an operator's ``authpipe decisions unlock`` is such a reset."""
         tenant, account = attempt.tenant, attempt.account
-        renew_holds(self, out)
         for key in (
             lock_key(tenant, account),
             mfa_account_key(tenant, account),
@@ -219,7 +220,6 @@ class AccountShard(Shard):
         rule 7's streak. Never the lock's run: a stream of failing links, which nothing
         refuses, would hold the owner under the lifetime bound in seconds."""
         tenant, account = attempt.tenant, attempt.account
-        renew_holds(self, out)
         acct, acct_key, fresh = self._streak_of(attempt, rules, out, seq)
         key: Key = ("account_source", tenant, account, attempt.source, None)
         self._count(attempt, rules.pair_rule, key, attempt.source, None, out, seq)
@@ -247,7 +247,6 @@ class AccountShard(Shard):
 
     def _failure(self, attempt: Attempt, rules: TenantRules, out: Outbox, seq: int) -> None:
         tenant, account, flow = attempt.tenant, attempt.account, attempt.flow
-        renew_holds(self, out)
         acct_rule = rules.acct
         acct, acct_key, fresh = self._streak_of(attempt, rules, out, seq)
         if flow in PASSWORD_FLOWS:

@@ -133,6 +133,20 @@ def test_the_hold_is_published_for_a_day_and_renewed() -> None:
     assert streak is not None and streak.hold_until_ms == FOREVER_MS
 
 
+def test_a_shard_that_sees_only_refused_attempts_still_renews_the_hold() -> None:
+    """The held account's own attempts, reported refused by the gateway, are all the shard
+    sees for three days: the hold is renewed every 12 h all the same and never lapses."""
+    engine = Engine(policy(lifetime={"threshold": 6}))
+    t = lifetime(engine)
+    for hour in range(1, 73):
+        engine.step_batch([att(t + hour * HOUR, reason="refused")])
+    bounds = [d for d in decisions(engine.out) if d.rule == "lifetime_bound"]
+    assert [datetime_to_ms(d.issued_at) - T0 - t for d in bounds] == [
+        h * HOUR for h in (0, 12, 24, 36, 48, 60, 72)
+    ]
+    assert held(engine, t + 72 * HOUR + SEC)
+
+
 def test_one_burst_counts_at_most_in_flight_max() -> None:
     """100 wrong passwords inside 0.1 s: 5 lock, 10 more are counted in flight (the
     curve's 15th: an hour), the other 85 are taken as refused; no lifetime bound (before:
