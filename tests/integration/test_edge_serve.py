@@ -101,7 +101,7 @@ async def test_edge_serve_enforces_and_stops_on_sigterm(
             body = orjson.loads(await response.read())
         assert body["allowed"] is False
         assert 9 * MIN < body["retry_after_ms"] <= 10 * MIN
-        assert set(body) == {"allowed", "retry_after_ms", "challenge"}
+        assert set(body) == {"allowed", "retry_after_ms", "challenge", "step_up"}
     edge_process.send_signal(signal.SIGTERM)
     assert edge_process.wait(STOP_TIMEOUT_S) == 0
     out = edge_process.stdout.read().decode() if edge_process.stdout else ""

@@ -78,7 +78,8 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_report_renders_every_chart_without_errors(report: Path, tmp_path: Path) -> None:
     """The dumped DOM has the success marker for 6 sections, an SVG per chart with its marks,
     the scorecard rows with their statuses and closing line, the role legend, the overlap
-    note, alerts clustered (every alert counted once), round-minute ticks, no error element,
+    note, alerts clustered (every alert counted once per timeline it falls on), each busy
+    run's zoom with its range, round-minute ticks (round 10 s on a zoom), no error element,
     and Chromium logged no console error."""
     done = headless(report, tmp_path / "profile", "--dump-dom")
     assert done.returncode == 0, done.stderr[-2000:]
@@ -97,9 +98,19 @@ def test_report_renders_every_chart_without_errors(report: Path, tmp_path: Path)
     assert 'data-note="overlap"' in dom
     data = json.loads(re.search(r'id="report-data">(.*?)</script>', report.read_text(), re.S)[1])
     marks = [int(n) for n in re.findall(r'data-alerts="(\d+)"', dom)]
-    assert sum(marks) == len(data["alerts"]) and len(marks) < len(data["alerts"])  # clustered
-    ticks = [int(t) for t in re.findall(r'data-tick="(\d+)"', dom)]
+    # Each alert counted once on the whole run's timeline and once more on the zoom of the
+    # busy run it falls in (a second chart, issue 46 item 8).
+    zoomed = sum(len(zoom["alerts"]) for zoom in data.get("zooms", []))
+    assert sum(marks) == len(data["alerts"]) + zoomed
+    assert len(marks) < len(data["alerts"]) + zoomed  # clustered
+    for i, zoom in enumerate(data.get("zooms", [])):
+        start, end = zoom["range"]["start_ms"], zoom["range"]["end_ms"]
+        assert f'data-zoom="{i}" data-zoom-start="{start}" data-zoom-end="{end}"' in dom
+    whole, _, zooms = dom.partition('id="zooms"')
+    ticks = [int(t) for t in re.findall(r'data-tick="(\d+)"', whole)]
     assert ticks and all(t % 60_000 == 0 for t in ticks), ticks  # round minutes
+    zoom_ticks = [int(t) for t in re.findall(r'data-tick="(\d+)"', zooms)]
+    assert all(t % 10_000 == 0 for t in zoom_ticks), zoom_ticks  # round 10 s on a zoom
     assert not re.search(r"CONSOLE|Uncaught|SyntaxError", done.stderr), done.stderr[-2000:]
 
 
