@@ -110,6 +110,7 @@ def _demo(args: argparse.Namespace, settings: Settings) -> int:
 def _decisions(args: argparse.Namespace, settings: Settings) -> int:
     from pipeline.core.grouping import check_block_source
     from pipeline.manual import Target, default_operator, run_decisions_command
+    from pipeline.wiring import nat64_networks
 
     if args.decisions_action == "unlock":
         return run_decisions_command(
@@ -129,7 +130,10 @@ def _decisions(args: argparse.Namespace, settings: Settings) -> int:
     if args.source is not None:
         try:
             check_block_source(
-                args.source, settings.ingest.ipv4_prefix, settings.ingest.ipv6_prefix
+                args.source,
+                settings.ingest.ipv4_prefix,
+                settings.ingest.ipv6_prefix,
+                nat64_networks(settings),
             )
         except ValueError as exc:
             args.parser.error(f"--source {exc}")

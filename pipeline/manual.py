@@ -133,7 +133,9 @@ def manual_decision(
     rules = normaliser.sources
     source = digest = None
     if target.source is not None:
-        source = check_block_source(target.source, rules.ipv4_prefix, rules.ipv6_prefix)
+        source = check_block_source(
+            target.source, rules.ipv4_prefix, rules.ipv6_prefix, rules.nat64_prefixes
+        )
         key = format_key(decision_key("source", target.tenant, None, source, MANUAL))
     else:
         assert target.account is not None

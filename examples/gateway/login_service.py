@@ -573,9 +573,16 @@ class NoticeMailer:
         if account is None or notice["notice_id"] in self.mailed:
             return False
         link = self.links.link(tenant, account)
+        # The lifetime bound holds until a success or a reset: its expires_at is only how
+        # long the hold is published before it is renewed, no end the owner can wait for.
+        until = (
+            "until you sign in with this link or reset your password"
+            if notice["reason"] == "lifetime_bound"
+            else f"until {notice['expires_at']}"
+        )
         body = (
             f"Someone failed to sign in to your account many times ({notice['reason']}); "
-            f"sign-ins from new devices are paused until {notice['expires_at']}. If it was "
+            f"sign-ins from new devices are paused {until}. If it was "
             f"you, this link (valid {UNLOCK_TTL_S // 60} minutes, once) signs you in and "
             f"remembers the device you open it on: {link}"
         )

@@ -174,3 +174,10 @@ async def test_login_service_mails_the_owner_for_a_notice_about_its_account() ->
     assert await mailer.handle(other) is False and len(sent) == 1
     # A copy re-sent after a worker's restart (same notice_id) is not mailed again.
     assert await mailer.handle(orjson.loads(encode(notice))) is False and len(sent) == 1
+    assert f"paused until {orjson.loads(encode(notice))['expires_at']}" in body
+    # The lifetime bound holds until a success or a reset (issue 46 item 10): no date, as
+    # if waiting would end it (its expires_at is only its publication's, renewed).
+    held = {**orjson.loads(encode(notice)), "notice_id": "n-held", "reason": "lifetime_bound"}
+    assert await mailer.handle(held) is True
+    assert "paused until you sign in with this link or reset your password" in sent[-1][2]
+    assert held["expires_at"] not in sent[-1][2]

@@ -190,3 +190,18 @@ def test_readers_refuse_a_source_written_in_ipv6_that_ingest_counts_as_ipv4(
     view = new_view(settings=SETTINGS)
     assert view.apply(wire.encode(), orjson.dumps(body)) == ("put" if ok else "bad")
     assert view.stats.bad_reasons == ({} if ok else {"bad_source": 1})
+
+
+def test_decisions_add_folds_a_translated_range_through_the_configured_prefix() -> None:
+    """manual_decision given the raw range (as `authpipe decisions add --source` passes it)
+    folds it with the deployment's NAT64 prefixes: 192.0.2.0/24, the source its clients'
+    attempts count under, not a /64 no check has."""
+    block = manual_decision(
+        Target("default", source="2001:db8:122:c000:2::/80"),
+        build_normaliser(SETTINGS),
+        ttl_ms=3_600_000,
+        reason="x",
+        operator="op",
+        now_ms=T0,
+    )
+    assert (block.source, block.key) == ("192.0.2.0/24", "source|default|-|192.0.2.0/24|manual")
