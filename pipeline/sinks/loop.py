@@ -57,6 +57,7 @@ from pipeline.sinks.rows import Message, decode_record
 from pipeline.sinks.stats import SinkStats, monotonic_ms
 from pipeline.sinks.tables import INSERT_SETTINGS, LaneKind
 from pipeline.sinks.writer import AfterInsert, TableWriter
+from pipeline.wiring import grouping_check
 
 log = get_logger("sink")
 
@@ -87,6 +88,8 @@ class ClickHouseSink:
         after_insert: AfterInsert | None = None,
     ) -> None:
         self.settings = settings
+        # The decisions' grouping check, NAT64 prefixes included: built once.
+        self._source_ok = grouping_check(settings)
         kafka = settings.kafka
         self.group_id = f"{kafka.app_id}-sink"
         self.kinds: dict[str, LaneKind] = {
@@ -260,10 +263,9 @@ class ClickHouseSink:
                 self._consumer.pause(tp)
 
     def _decode(self, lane: Lane, record: Any) -> Message:
-        ingest = self.settings.ingest
         error = "written with defaults"
         try:
-            message = decode_record(lane.kind, record, (ingest.ipv4_prefix, ingest.ipv6_prefix))
+            message = decode_record(lane.kind, record, self._source_ok)
         except DecodeError as exc:
             message = Message(record.offset, [], bad_reason=exc.reason)
             error = str(exc)[:300]

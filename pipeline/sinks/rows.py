@@ -9,7 +9,7 @@ column can hold are kept on the ``Message`` as rejects for the quarantine.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -27,6 +27,9 @@ from pipeline.sinks.ratecap import MINUTE_MS, TS_MS
 from pipeline.sinks.tables import UINT16_MAX, LaneKind, decision_row
 from pipeline.wiring import source_check
 
+DEFAULT_GROUPING = source_check(32, 64)
+"""The grouping check of the default ``[ingest]`` settings (no NAT64 prefixes)."""
+
 
 @dataclass(slots=True)
 class Message:
@@ -40,15 +43,16 @@ class Message:
     rejects: list[tuple[str, Any]] = field(default_factory=list)  # (reason, row) to quarantine
 
 
-def decode_record(kind: LaneKind, record: Any, grouping: tuple[int, int]) -> Message:
+def decode_record(kind: LaneKind, record: Any, source_ok: Callable[[str], bool]) -> Message:
     """A consumer record (``topic``, ``partition``, ``offset``, ``timestamp``, ``key``,
-    ``value``, ``headers``) of a lane of ``kind``; raises DecodeError."""
+    ``value``, ``headers``) of a lane of ``kind``; raises DecodeError. ``source_ok`` is the
+    deployment's grouping check (``pipeline.wiring.grouping_check``)."""
     topic, partition, offset = record.topic, record.partition, record.offset
     if kind == "audit":
         return decode_audit(offset, record.value)
     if kind == "decisions":
         return decision_message(
-            topic, partition, offset, record.timestamp, record.key, record.value, grouping
+            topic, partition, offset, record.timestamp, record.key, record.value, source_ok
         )
     if kind == "alerts":
         return decode_alert(topic, partition, offset, record.value)
@@ -144,19 +148,19 @@ def decision_message(
     timestamp_ms: int,
     key: bytes | None,
     value: bytes | None,
-    grouping: tuple[int, int] = (32, 64),
+    source_ok: Callable[[str], bool] = DEFAULT_GROUPING,
 ) -> Message:
     """A decision (or a tombstone: null value, fields from the key) as a decisions row.
 
     The Kafka key is read first (``bad_key``: not UTF-8, malformed, or a tenant the one
     tenant validator refuses); a value must carry that same key (``key_mismatch``) and
-    its tenant (``tenant_mismatch``). A source decision wider than the grouping
-    (``(ipv4_prefix, ipv6_prefix)``) is bad."""
+    its tenant (``tenant_mismatch``). A source decision the grouping check ``source_ok``
+    refuses (wider than one source, or written in IPv6 inside a NAT64 prefix) is bad."""
     text, parsed = _wire_key(key)
     if value is None:
         decision = _tombstone(text, parsed, timestamp_ms)
     else:
-        decision = decode_decision(value, source_ok=source_check(*grouping), key=text)
+        decision = decode_decision(value, source_ok=source_ok, key=text)
         if decision.tenant != parsed[1]:
             raise DecodeError(
                 "tenant_mismatch",

@@ -12,11 +12,12 @@ import orjson
 import pytest
 
 from pipeline import cli
-from pipeline.contracts.codec import encode
+from pipeline.contracts.codec import DecodeError, encode
 from pipeline.core.grouping import check_block_source, within_grouping
 from pipeline.core.normalise import parse_nat64_prefix
 from pipeline.manual import Target, manual_decision
 from pipeline.settings import Settings
+from pipeline.sinks.rows import decision_message
 from pipeline.wiring import build_normaliser, grouping_check
 from tests.unit.test_edge_support import DIGEST_KEY, T0, message, new_view, source_key
 from tests.unit.test_nat64_prefixes import RFC6052_EXAMPLES
@@ -205,3 +206,15 @@ def test_decisions_add_folds_a_translated_range_through_the_configured_prefix() 
         now_ms=T0,
     )
     assert (block.source, block.key) == ("192.0.2.0/24", "source|default|-|192.0.2.0/24|manual")
+
+
+def test_the_audit_sink_refuses_a_source_written_in_ipv6_inside_a_configured_prefix() -> None:
+    """The sink decodes decisions with the deployment's grouping check (NAT64 prefixes
+    included): a source decision on a translated client's address is bad (invalid_field)
+    under SETTINGS (ingest counts it as 192.0.2.33), and a row under the defaults, which
+    know no such prefix."""
+    key, value = message(source_key(TRANSLATED), T0 + 60_000)
+    with pytest.raises(DecodeError) as caught:
+        decision_message("auth.throttle-decisions", 0, 1, T0, key, value, grouping_check(SETTINGS))
+    assert caught.value.reason == "invalid_field"
+    assert len(decision_message("auth.throttle-decisions", 0, 1, T0, key, value).rows) == 1
