@@ -14,6 +14,7 @@ from pipeline.core.normalise import NetworkSet, SourceRules
 from pipeline.manual import Target, manual_decision
 from pipeline.sinks.clickhouse import ClickHouse
 from pipeline.sinks.rows import decision_message as decode_decision
+from pipeline.wiring import source_check
 from tests.integration.test_audit_sink import (
     SINK_TIMEOUT_S,
     SinkProcess,
@@ -61,7 +62,9 @@ def test_decode_decision_keeps_operator_and_reason_and_refuses_wide_sources() ->
     wide = _manual().replace(b'"203.0.113.66"', b'"203.0.113.0/24"')
     with pytest.raises(BadMessage, match="wider than one source"):
         decode_decision("t", 0, 1, 0, MANUAL_KEY, wide)
-    assert decode_decision("t", 0, 1, 0, MANUAL_KEY, wide, (24, 64)).rows[0][5] == "203.0.113.0/24"
+    assert decode_decision("t", 0, 1, 0, MANUAL_KEY, wide, source_check(24, 64)).rows[0][5] == (
+        "203.0.113.0/24"
+    )
 
 
 async def test_sink_audits_operator_decisions(
