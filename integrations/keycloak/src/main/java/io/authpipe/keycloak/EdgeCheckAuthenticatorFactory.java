@@ -1,0 +1,126 @@
+package io.authpipe.keycloak;
+
+import io.authpipe.keycloak.captcha.CaptchaVerifier;
+import java.util.List;
+import java.util.Map;
+import org.jboss.logging.Logger;
+import org.keycloak.Config;
+import org.keycloak.authentication.Authenticator;
+import org.keycloak.authentication.AuthenticatorFactory;
+import org.keycloak.models.AuthenticationExecutionModel;
+import org.keycloak.models.KeycloakSession;
+import org.keycloak.models.KeycloakSessionFactory;
+import org.keycloak.provider.ProviderConfigProperty;
+
+/** {@code authpipe-edge-check}: see {@link EdgeCheckAuthenticator}. */
+public final class EdgeCheckAuthenticatorFactory implements AuthenticatorFactory {
+
+  public static final String ID = "authpipe-edge-check";
+  private static final Logger LOG = Logger.getLogger(EdgeCheckAuthenticatorFactory.class);
+  private static volatile EdgeSettings defaults = new EdgeSettings(
+      "http://127.0.0.1:8080", null, 250, true, EdgeSettings.DEFAULT_VERIFIER, 3);
+  private volatile CaptchaVerifier verifier;
+
+  static EdgeSettings defaults() {
+    return defaults;
+  }
+
+  @Override
+  public Authenticator create(KeycloakSession session) {
+    return new EdgeCheckAuthenticator(defaults, verifier);
+  }
+
+  @Override
+  public void init(Config.Scope config) {
+    try {
+      defaults = EdgeSettings.from(config);
+    } catch (RuntimeException e) {
+      LOG.errorf("authpipe: bad edge settings (%s); using the defaults (%s, fail open)",
+          e.getMessage(), defaults.url());
+    }
+    verifier = loadVerifier(defaults.captchaVerifier(), config);
+  }
+
+  /** The verifier class: a constructor taking the SPI scope, a Map, or none. */
+  static CaptchaVerifier loadVerifier(String className, Config.Scope config) {
+    if (className == null || className.isBlank()) {
+      return null;
+    }
+    try {
+      Class<?> type = Class.forName(className, true, EdgeCheckAuthenticatorFactory.class.getClassLoader());
+      Object made;
+      try {
+        made = type.getConstructor(Config.Scope.class).newInstance(config);
+      } catch (NoSuchMethodException e) {
+        try {
+          made = type.getConstructor(Map.class).newInstance(Map.of());
+        } catch (NoSuchMethodException e2) {
+          made = type.getConstructor().newInstance();
+        }
+      }
+      LOG.infof("authpipe: CAPTCHA answers checked by %s", className);
+      return (CaptchaVerifier) made;
+    } catch (ClassNotFoundException e) {
+      LOG.warnf("authpipe: no CAPTCHA verifier %s here; a demanded CAPTCHA is refused", className);
+    } catch (ReflectiveOperationException | RuntimeException e) {
+      LOG.errorf("authpipe: the CAPTCHA verifier %s could not be made (%s); a demanded CAPTCHA "
+          + "is refused", className, e.toString());
+    }
+    return null;
+  }
+
+  @Override
+  public void postInit(KeycloakSessionFactory factory) {}
+
+  @Override
+  public void close() {}
+
+  @Override
+  public String getId() {
+    return ID;
+  }
+
+  @Override
+  public String getDisplayType() {
+    return "authpipe: edge check";
+  }
+
+  @Override
+  public String getReferenceCategory() {
+    return "authpipe";
+  }
+
+  @Override
+  public boolean isConfigurable() {
+    return true;
+  }
+
+  @Override
+  public AuthenticationExecutionModel.Requirement[] getRequirementChoices() {
+    return new AuthenticationExecutionModel.Requirement[] {
+      AuthenticationExecutionModel.Requirement.REQUIRED,
+      AuthenticationExecutionModel.Requirement.DISABLED
+    };
+  }
+
+  @Override
+  public boolean isUserSetupAllowed() {
+    return false;
+  }
+
+  @Override
+  public String getHelpText() {
+    return "Asks the authpipe edge before the password: refuses (429), demands a CAPTCHA, or "
+        + "notes a step-up. Place it after the username and before the password.";
+  }
+
+  @Override
+  public List<ProviderConfigProperty> getConfigProperties() {
+    return EdgeSettings.executionProperties();
+  }
+
+  @Override
+  public List<ProviderConfigProperty> getConfigMetadata() {
+    return EdgeSettings.serverProperties();
+  }
+}
