@@ -1,0 +1,293 @@
+//! authpipe's compiled engine (issue 45), as the Python module `authpipe_engine`.
+//!
+//! The first piece: `FamiliarStore`, the edge's familiar exempts as fixed-size records
+//! (`table.rs`) keyed by `familiar_digest` (`digest.rs`), with no Python object per record.
+
+mod digest;
+mod table;
+
+use std::borrow::Cow;
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyList, PyString};
+
+use table::{Digest, Table, Value, KEY_BYTES, RECORD_BYTES};
+
+fn utf8<'a>(s: &'a Bound<'_, PyString>) -> PyResult<Cow<'a, [u8]>> {
+    match s.to_str() {
+        Ok(text) => Ok(Cow::Borrowed(text.as_bytes())),
+        // A lone surrogate has no UTF-8: encoded as the digester encodes it.
+        Err(_) => {
+            let raw = s.call_method1("encode", ("utf-8", "surrogatepass"))?;
+            Ok(Cow::Owned(raw.cast_into::<PyBytes>()?.as_bytes().to_vec()))
+        }
+    }
+}
+
+fn opt_utf8<'a>(s: &'a Option<Bound<'_, PyString>>) -> PyResult<Option<Cow<'a, [u8]>>> {
+    s.as_ref().map(utf8).transpose()
+}
+
+fn digest_of(raw: &[u8]) -> PyResult<Digest> {
+    raw.try_into().map_err(|_| {
+        PyValueError::new_err(format!(
+            "a familiar digest is {KEY_BYTES} bytes (authpipe_engine.familiar_digest), got {}",
+            raw.len()
+        ))
+    })
+}
+
+fn time_ms(name: &str, value: i64) -> PyResult<i64> {
+    if value < 0 {
+        return Err(PyValueError::new_err(format!(
+            "{name} must be epoch milliseconds, at least 0; got {value}"
+        )));
+    }
+    Ok(value)
+}
+
+fn since_ms(value: i64) -> PyResult<i64> {
+    if value < -1 {
+        return Err(PyValueError::new_err(format!(
+            "since_ms must be epoch milliseconds, or -1 for unknown; got {value}"
+        )));
+    }
+    Ok(value)
+}
+
+/// The 16-byte digest of a familiar record's key (see `digest.rs` for the encoding).
+#[pyfunction]
+#[pyo3(signature = (tenant, account, source, device))]
+fn familiar_digest<'py>(
+    py: Python<'py>,
+    tenant: Bound<'py, PyString>,
+    account: Option<Bound<'py, PyString>>,
+    source: Option<Bound<'py, PyString>>,
+    device: Option<Bound<'py, PyString>>,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let d = key_digest(&tenant, &account, &source, &device)?;
+    Ok(PyBytes::new(py, &d))
+}
+
+fn key_digest(
+    tenant: &Bound<'_, PyString>,
+    account: &Option<Bound<'_, PyString>>,
+    source: &Option<Bound<'_, PyString>>,
+    device: &Option<Bound<'_, PyString>>,
+) -> PyResult<Digest> {
+    let t = utf8(tenant)?;
+    let (a, s, d) = (opt_utf8(account)?, opt_utf8(source)?, opt_utf8(device)?);
+    Ok(digest::familiar_digest(
+        &t,
+        a.as_deref(),
+        s.as_deref(),
+        d.as_deref(),
+    ))
+}
+
+/// The 64-bit fingerprint of a decision id (see `digest.rs`).
+#[pyfunction]
+fn id_fingerprint(decision_id: Bound<'_, PyString>) -> PyResult<u64> {
+    Ok(digest::id_fingerprint(&utf8(&decision_id)?))
+}
+
+/// Familiar exempts by digest: expiry, evidence start and decision-id fingerprint, in
+/// about 48 bytes per record (40 a slot, at most 85 % of slots full).
+#[pyclass(module = "authpipe_engine")]
+struct FamiliarStore {
+    table: Table,
+}
+
+fn value_tuple(v: Value) -> (i64, i64, u64) {
+    (v.expires_ms, v.since_ms, v.id_fp)
+}
+
+#[pymethods]
+impl FamiliarStore {
+    #[new]
+    #[pyo3(signature = (capacity = 0))]
+    fn new(capacity: usize) -> Self {
+        FamiliarStore {
+            table: Table::with_capacity(capacity),
+        }
+    }
+
+    /// Insert or replace ``digest``'s record (the last one put wins, expired or not).
+    #[pyo3(signature = (digest, expires_ms, since_ms = -1, id_fp = 0))]
+    fn put(&mut self, digest: &[u8], expires_ms: i64, since_ms: i64, id_fp: u64) -> PyResult<()> {
+        let key = digest_of(digest)?;
+        let value = Value {
+            expires_ms: time_ms("expires_ms", expires_ms)?,
+            since_ms: self::since_ms(since_ms)?,
+            id_fp,
+        };
+        self.table.put(key, value);
+        Ok(())
+    }
+
+    /// Put every record of ``packed`` (``RECORD_BYTES`` each, ``RECORD_FORMAT``) in order;
+    /// returns how many. Checked whole first: a bad record puts nothing.
+    fn put_many(&mut self, py: Python<'_>, packed: &[u8]) -> PyResult<usize> {
+        if packed.len() % RECORD_BYTES != 0 {
+            return Err(PyValueError::new_err(format!(
+                "packed records are {RECORD_BYTES} bytes each (RECORD_FORMAT); got {} bytes, \
+                 not a multiple",
+                packed.len()
+            )));
+        }
+        for (n, record) in packed.chunks_exact(RECORD_BYTES).enumerate() {
+            let (_, v) = table::unpack(record);
+            if v.expires_ms < 0 || v.since_ms < -1 {
+                return Err(PyValueError::new_err(format!(
+                    "packed record {n}: expires_ms must be at least 0 and since_ms at least \
+                     -1; got {} and {}",
+                    v.expires_ms, v.since_ms
+                )));
+            }
+        }
+        let count = packed.len() / RECORD_BYTES;
+        let table = &mut self.table;
+        py.detach(|| {
+            table.reserve(count);
+            for record in packed.chunks_exact(RECORD_BYTES) {
+                let (k, v) = table::unpack(record);
+                table.put(k, v);
+            }
+        });
+        Ok(count)
+    }
+
+    /// Remove ``digest``'s record, only if its fingerprint is ``id_fp`` when one is given
+    /// (a stale lift leaves a newer record); True when one was removed.
+    #[pyo3(signature = (digest, id_fp = None))]
+    fn lift(&mut self, digest: &[u8], id_fp: Option<u64>) -> PyResult<bool> {
+        Ok(self.table.lift(&digest_of(digest)?, id_fp).is_some())
+    }
+
+    /// ``(expires_ms, since_ms, id_fp)`` of ``digest``'s record, expired or not, or None.
+    fn get(&self, digest: &[u8]) -> PyResult<Option<(i64, i64, u64)>> {
+        Ok(self.table.get(&digest_of(digest)?).map(value_tuple))
+    }
+
+    /// The expiry of ``digest``'s record, or None.
+    fn expiry(&self, digest: &[u8]) -> PyResult<Option<i64>> {
+        Ok(self.table.get(&digest_of(digest)?).map(|v| v.expires_ms))
+    }
+
+    /// True when ``digest`` has a record alive at ``now_ms`` (its expiry after it).
+    fn contains_at(&self, digest: &[u8], now_ms: i64) -> PyResult<bool> {
+        let now = time_ms("now_ms", now_ms)?;
+        Ok(matches!(self.table.get(&digest_of(digest)?), Some(v) if v.expires_ms > now))
+    }
+
+    /// ``contains_at`` of the key's digest (``familiar_digest``), without a bytes object.
+    #[pyo3(signature = (tenant, account, source, device, now_ms))]
+    fn familiar_at(
+        &self,
+        tenant: Bound<'_, PyString>,
+        account: Option<Bound<'_, PyString>>,
+        source: Option<Bound<'_, PyString>>,
+        device: Option<Bound<'_, PyString>>,
+        now_ms: i64,
+    ) -> PyResult<bool> {
+        let now = time_ms("now_ms", now_ms)?;
+        let key = key_digest(&tenant, &account, &source, &device)?;
+        Ok(matches!(self.table.get(&key), Some(v) if v.expires_ms > now))
+    }
+
+    /// ``get`` of the key's digest (``familiar_digest``).
+    #[pyo3(signature = (tenant, account, source, device))]
+    fn get_key(
+        &self,
+        tenant: Bound<'_, PyString>,
+        account: Option<Bound<'_, PyString>>,
+        source: Option<Bound<'_, PyString>>,
+        device: Option<Bound<'_, PyString>>,
+    ) -> PyResult<Option<(i64, i64, u64)>> {
+        let key = key_digest(&tenant, &account, &source, &device)?;
+        Ok(self.table.get(&key).map(value_tuple))
+    }
+
+    /// Remove every record expired at ``now_ms`` (expiry at or before it); returns how
+    /// many. Scans every slot: see ``prune_step`` for a bounded step.
+    fn prune(&mut self, py: Python<'_>, now_ms: i64) -> PyResult<usize> {
+        let now = time_ms("now_ms", now_ms)?;
+        let table = &mut self.table;
+        Ok(py.detach(|| table.prune(now, &mut |_| {})))
+    }
+
+    /// ``prune``, returning the removed records' digests.
+    fn prune_keys<'py>(&mut self, py: Python<'py>, now_ms: i64) -> PyResult<Bound<'py, PyList>> {
+        let now = time_ms("now_ms", now_ms)?;
+        let mut removed: Vec<Digest> = Vec::new();
+        self.table.prune(now, &mut |k| removed.push(*k));
+        PyList::new(py, removed.iter().map(|k| PyBytes::new(py, k)))
+    }
+
+    /// Prune the next ``max_slots`` slots after the last step's (wrapping): a whole sweep
+    /// takes ``slot_count / max_slots`` steps. Returns how many records were removed.
+    fn prune_step(&mut self, now_ms: i64, max_slots: usize) -> PyResult<usize> {
+        let now = time_ms("now_ms", now_ms)?;
+        Ok(self.table.prune_step(now, max_slots))
+    }
+
+    /// Records alive at ``now_ms`` (a scan of every slot).
+    fn count_alive(&self, now_ms: i64) -> PyResult<usize> {
+        Ok(self.table.count_alive(time_ms("now_ms", now_ms)?))
+    }
+
+    /// Make room for ``more`` records beyond those held, so loading them never rehashes.
+    fn reserve(&mut self, more: usize) {
+        self.table.reserve(more);
+    }
+
+    /// Every record as ``(digest, expires_ms, since_ms, id_fp)``, in slot order.
+    fn items<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let mut out: Vec<(Bound<'py, PyBytes>, i64, i64, u64)> =
+            Vec::with_capacity(self.table.len());
+        self.table.for_each(&mut |k, v| {
+            out.push((PyBytes::new(py, k), v.expires_ms, v.since_ms, v.id_fp))
+        });
+        PyList::new(py, out)
+    }
+
+    /// Bytes the store holds (slots, tags): its resident size once touched.
+    fn approx_bytes(&self) -> usize {
+        self.table.approx_bytes()
+    }
+
+    /// Slots allocated (records held at most 85 % of them).
+    fn slot_count(&self) -> usize {
+        self.table.slot_count()
+    }
+
+    fn __len__(&self) -> usize {
+        self.table.len()
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "FamiliarStore(records={}, slots={}, bytes={})",
+            self.table.len(),
+            self.table.slot_count(),
+            self.table.approx_bytes()
+        )
+    }
+}
+
+#[pymodule]
+fn authpipe_engine(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<FamiliarStore>()?;
+    m.add_function(wrap_pyfunction!(familiar_digest, m)?)?;
+    m.add_function(wrap_pyfunction!(id_fingerprint, m)?)?;
+    m.add("KEY_BYTES", KEY_BYTES)?;
+    m.add("RECORD_BYTES", RECORD_BYTES)?;
+    m.add("RECORD_FORMAT", "<16sqqQ")?;
+    m.add(
+        "FAMILIAR_DOMAIN",
+        PyBytes::new(m.py(), digest::FAMILIAR_DOMAIN),
+    )?;
+    m.add("ID_DOMAIN", PyBytes::new(m.py(), digest::ID_DOMAIN))?;
+    Ok(())
+}
