@@ -129,8 +129,10 @@ class TenantSprayConfig(Frozen):
     previous ``baseline_windows`` windows seen that did not fire (a low quantile, not the
     mean: a wave, or a spray from too few sources to fire, does not raise it while it
     lasts, so one wave does not mask the next; when every window of the last hour fired,
-    all of them are the sample, so a lasting change of the norm is a wave for an hour at
-    most). ``min_history_windows`` keeps it quiet until the rollup
+    only those whose strangers' failing sources a sign-in mostly redeemed are the sample,
+    none leaving the baseline at 0: an attack of a day stays a wave for its day, and a
+    lasting rise of people who mistype and then sign in is a wave for an hour at most).
+    ``min_history_windows`` keeps it quiet until the rollup
     has seen that many earlier windows of the tenant: with no history the baseline is 0
     and a busy tenant's ordinary typos pass ``min_accounts``. Short windows (10 s) answer
     a wave within seconds. A paced wave (a spray from hundreds of addresses at a couple of

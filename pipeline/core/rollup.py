@@ -301,15 +301,21 @@ class TenantRollup:
         # next wave (or the same one's later windows) would hide under it. Leaving the
         # fired windows out keeps a paced spray of an hour firing in a tenant whose norm
         # is a few failures; a lasting change of the norm is a wave for at most
-        # ``baseline_windows``: once only fired windows are left, they are the sample. A
+        # ``baseline_windows``: once only fired windows are left, those people redeemed
+        # are the sample (an attack's are not, however long it lasts). A
         # quantile of raw counts is a function of the counts alone, and ``fired`` is in
         # the changelog, so a restored rollup computes the same.
         seen = min(cfg.baseline_windows, window - self.first_window.get(tenant, window))
         accounts, fired = self.accounts, self.fired
         slots = [(tenant, w) for w in range(window - seen, window)]
         sample = sorted(accounts.get(slot, 0) for slot in slots if slot not in fired)
-        if not sample:  # nothing but waves: the waves are all there is to go on
-            sample = sorted(accounts.get(slot, 0) for slot in slots)
+        if not sample:
+            # Nothing but waves: a wave longer than the horizon stays a wave. Of the fired
+            # windows, only those whose strangers a sign-in mostly redeemed are a norm (a
+            # true change of it: more people, who mistype and then sign in); none left:
+            # baseline 0, the floors (``StrangersTier.people_like``).
+            people = self.tier.people_like(tenant)
+            sample = sorted(accounts.get(slot, 0) for slot in slots if people(slot[1]))
         last = len(sample) - 1
         baseline = float(sample[int(cfg.baseline_quantile * last)]) if sample else 0.0
         self.baselines[(tenant, window)] = baseline

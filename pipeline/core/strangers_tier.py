@@ -332,6 +332,23 @@ class StrangersTier:
 
         return unredeemed
 
+    def people_like(self, tenant: str) -> Callable[[int], bool]:
+        """Whether a window's failures were mostly people's: at least one stranger's
+        source failed in it and a sign-in redeemed at least half of them (``redeem_ms``
+        later at most; a window not yet settled may still gain). An attack's exits are
+        redeemed only by the few valid credentials they tried and an attacker's own
+        accounts' ``new_per_day``; a rise of people who mistype at new places, then sign
+        in, is redeemed like the norm it becomes. Rule 8 takes such fired windows as its
+        baseline once no calm window is left in its horizon (``TenantRollup``)."""
+        strangers = self.strangers.get(tenant, {})
+        redeemed = self.redeemed.get(tenant, {})
+
+        def people(window: int) -> bool:
+            failed = strangers.get(window, 0)
+            return failed > 0 and 2 * redeemed.get(window, 0) >= failed
+
+        return people
+
     def keep_windows(self, tenant: str) -> int:
         """How many windows back the tier looks: ``max_wave_ms`` plus a span for its
         sums, then ``baseline_windows`` for a baseline's sample."""
