@@ -59,6 +59,7 @@ PARTS = (
     "core",
     "edge",
     "sink",
+    "b8",
 )
 B1_SEGMENTS = 2
 """B1 (1M) in two stretches of account rows, as b1_3m's six (bench.stream.B1_3M_SEGMENTS)."""
@@ -105,9 +106,10 @@ class Plan:
                     "20000",
                 ],
                 "sink": ["--rows", "20000", "--backend", "chdb"],
+                "b8": ["--records", "3000000", "--python-records", "50000"],
             }
             return cls(True, stream.Scale.of(True), 20_000, 300.0, external)
-        external = {"core": [], "edge": [], "sink": []}
+        external = {"core": [], "edge": [], "sink": [], "b8": []}
         return cls(False, stream.Scale.of(False), 300_000, 900.0, external)
 
 
@@ -253,6 +255,8 @@ class Runner:
         )
         for name in ("core", "edge", "sink"):
             self.guarded(name, lambda name=name: self.external(name))  # type: ignore[misc]
+        # B8 (issue 45): one edge's familiar records, the compiled store against the index
+        self.guarded("b8", self.b8)
         return self.results
 
     def preload(self) -> dict[str, Any]:
@@ -368,6 +372,10 @@ class Runner:
             python, self.ctx.bootstrap, topic, events, state, self.plan.peer_timeout_s
         )
         return run_peer(command, self.plan.peer_timeout_s + 300, self._log("quix"))
+
+    def b8(self) -> dict[str, Any]:
+        command = [sys.executable, "-m", "bench.b8_familiar", *self.plan.external["b8"]]
+        return run_peer(command, 1800, self._log("b8"))
 
     def external(self, name: str) -> dict[str, Any]:
         module = f"bench.bench_{name}"
@@ -663,6 +671,7 @@ def markdown(report: dict[str, Any]) -> str:
         ("core", "core (bench_core)"),
         ("edge", "edge (bench_edge, B4)"),
         ("sink", "sink (bench_sink, B5)"),
+        ("b8", "B8 familiar records (b8_familiar)"),
     ):
         part = r.get(key)
         if part is None:
