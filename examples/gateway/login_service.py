@@ -60,8 +60,10 @@ Run the edge with ``authpipe edge serve`` next to the login service.
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
 import hmac
+import html
 import json
 import logging
 import os
@@ -72,9 +74,12 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import aiohttp
+import altcha
+from aiohttp import web
 
 if TYPE_CHECKING:
     from pipeline.core.attempt import Normaliser
@@ -183,10 +188,8 @@ class CaptchaVerifier(Protocol):
 
 
 class StubCaptcha:
-    """A stand-in CAPTCHA: THIS IS WHERE A REAL CAPTCHA PROVIDER GOES. Replace ``verify``
-    with a call to your provider's verification API (send it the client's response token
-    and address; believe only its answer). The stub accepts the tokens it issued itself,
-    once each, so the example and its tests can run without a provider."""
+    """A stand-in CAPTCHA for tests that are about the flow, not the puzzle (``AltchaCaptcha``
+    is the real one): it accepts the tokens it issued itself, once each."""
 
     def __init__(self) -> None:
         self.tokens = OneTimeSecrets(STEP_UP_TTL_S)
@@ -197,6 +200,160 @@ class StubCaptcha:
 
     async def verify(self, response: str, peer_ip: str) -> bool:
         return self.tokens.redeem(response, (peer_ip,))
+
+
+# -- the real CAPTCHA: ALTCHA, a proof of work, self-hosted (issue 47) --------------------
+
+ALTCHA_KEY_ENV = "AUTHPIPE_ALTCHA_HMAC_KEY"  # signs the challenges; the same on every instance
+ALTCHA_MIN_KEY_BYTES = 32
+ALTCHA_ALGORITHM = "PBKDF2/SHA-256"  # ALTCHA's default; WebCrypto in the browser
+ALTCHA_COST = 5_000  # PBKDF2 iterations per try
+ALTCHA_KEY_PREFIX = "00"  # a try succeeds with probability 1/256: 256 tries on average
+ALTCHA_TTL_S = 10 * 60
+ALTCHA_MAX_PAYLOAD = 4_096  # characters of base64; the widget's is about 600
+ALTCHA_WIDGET_ENV = "AUTHPIPE_ALTCHA_WIDGET_JS"
+ALTCHA_WIDGET_JS = Path(__file__).resolve().parents[2] / ".state" / "altcha" / "altcha.min.js"
+ALTCHA_FIELD = "altcha"  # the form field the widget fills with its payload
+# What AltchaCaptcha.check answers: "ok", or why the payload is refused.
+ALTCHA_VERDICTS = ("ok", "malformed", "expired", "bad_signature", "bad_solution", "replayed")
+
+
+class CaptchaConfigError(ValueError):
+    """The CAPTCHA cannot run as configured (a missing or short key, no widget file)."""
+
+
+def altcha_key(env: Mapping[str, str] = os.environ) -> bytes:
+    """The challenges' HMAC key from ``AUTHPIPE_ALTCHA_HMAC_KEY``; raises CaptchaConfigError
+    when it is missing or shorter than ``ALTCHA_MIN_KEY_BYTES``."""
+    value = env.get(ALTCHA_KEY_ENV, "")
+    if not value:
+        raise CaptchaConfigError(
+            f"{ALTCHA_KEY_ENV} is not set: the login service signs its CAPTCHA challenges "
+            f"with it; set it to a random secret of at least {ALTCHA_MIN_KEY_BYTES} bytes, the "
+            "same on every instance (python3 -c 'import secrets; print(secrets.token_urlsafe(32))')"
+        )
+    return _checked_key(value.encode())
+
+
+def _checked_key(key: bytes) -> bytes:
+    if len(key) < ALTCHA_MIN_KEY_BYTES:
+        raise CaptchaConfigError(
+            f"the ALTCHA HMAC key ({ALTCHA_KEY_ENV}) is {len(key)} bytes: a key that short "
+            f"can be guessed and challenges forged; use at least {ALTCHA_MIN_KEY_BYTES} random "
+            "bytes (python3 -c 'import secrets; print(secrets.token_urlsafe(32))')"
+        )
+    return key
+
+
+def altcha_widget_js(env: Mapping[str, str] = os.environ) -> Path:
+    """The widget's script, served by the login service itself (no CDN): the file
+    ``scripts/altcha-widget`` vendors from npm, or ``AUTHPIPE_ALTCHA_WIDGET_JS``."""
+    path = Path(env.get(ALTCHA_WIDGET_ENV) or ALTCHA_WIDGET_JS)
+    if not path.is_file():
+        raise CaptchaConfigError(
+            f"the ALTCHA widget {path} is missing: run scripts/altcha-widget (it vendors the "
+            f"pinned npm package), or point {ALTCHA_WIDGET_ENV} at altcha.min.js"
+        )
+    return path
+
+
+class AltchaCaptcha:
+    """ALTCHA (proof of work, PoW v2 of the ``altcha`` package): ``challenge_json`` signs a
+    new challenge (HMAC-SHA-256 over its parameters, expiry included); ``check`` verifies
+    the widget's payload: the signature, the expiry, the work, and that no payload of the
+    same challenge was accepted before (single use). A solved challenge is a cost paid,
+    bound to no account or address: a bot with CPU pays it too (docs/policy.md).
+
+    The challenges accepted are remembered until they expire, at most ``max_entries`` (the
+    oldest go first); a service with several instances keeps them in a shared store."""
+
+    def __init__(
+        self,
+        hmac_key: bytes | str,
+        *,
+        cost: int = ALTCHA_COST,
+        key_prefix: str = ALTCHA_KEY_PREFIX,
+        ttl_s: int = ALTCHA_TTL_S,
+        clock: Callable[[], float] = time.time,
+        max_entries: int = 100_000,
+    ) -> None:
+        key = hmac_key.encode() if isinstance(hmac_key, str) else hmac_key
+        self.key = _checked_key(key)
+        self.cost, self.key_prefix, self.ttl_s = cost, key_prefix, ttl_s
+        self.clock, self.max_entries = clock, max_entries
+        self._used: OrderedDict[str, int] = OrderedDict()  # signature -> expires (epoch s)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> AltchaCaptcha:
+        return cls(altcha_key(env))
+
+    def challenge(self) -> dict[str, Any]:
+        """A new signed challenge, as the widget reads it."""
+        made = altcha.create_challenge(
+            ALTCHA_ALGORITHM,
+            self.cost,
+            key_prefix=self.key_prefix,
+            expires_at=int(self.clock()) + self.ttl_s,
+            hmac_secret=self.key,
+        )
+        return dict(made.to_dict())
+
+    def challenge_json(self) -> str:
+        return json.dumps(self.challenge(), separators=(",", ":"))
+
+    def check(self, payload: object) -> str:
+        """``"ok"`` once per solved challenge, else the reason (``ALTCHA_VERDICTS``). Never
+        raises for what a client sent."""
+        parsed = _altcha_payload(payload)
+        if parsed is None:
+            return "malformed"
+        expires = parsed.challenge.parameters.expires_at
+        if type(expires) is not int:  # every challenge this service signs expires
+            return "malformed"
+        now = self.clock()
+        if expires <= now:
+            return "expired"
+        try:
+            result = altcha.verify_solution(parsed, self.key)
+        except (ValueError, TypeError, KeyError, AttributeError, RecursionError, OverflowError):
+            return "malformed"  # signed by us, so not reachable; a client never makes a 500
+        if result.expired:
+            return "expired"
+        if result.invalid_signature or not isinstance(parsed.challenge.signature, str):
+            return "bad_signature"
+        if not result.verified:
+            return "bad_solution"
+        return self._first_use(parsed.challenge.signature, expires, now)
+
+    def _first_use(self, signature: str, expires: int, now: float) -> str:
+        while self._used and next(iter(self._used.values())) <= now:
+            self._used.popitem(last=False)  # expired: refused on expiry from now on
+        if signature in self._used:
+            return "replayed"
+        self._used[signature] = expires
+        while len(self._used) > self.max_entries:
+            self._used.popitem(last=False)
+        return "ok"
+
+    async def verify(self, response: str, peer_ip: str) -> bool:
+        verdict = self.check(response)
+        if verdict != "ok":
+            log.info("ALTCHA payload from %s refused: %s", peer_ip, verdict)
+        return verdict == "ok"
+
+
+def _altcha_payload(payload: object) -> altcha.Payload | None:
+    """The widget's base64 JSON as an ``altcha.Payload``, or None when it is not one."""
+    if not isinstance(payload, str) or not 0 < len(payload) <= ALTCHA_MAX_PAYLOAD:
+        return None
+    try:
+        data = json.loads(base64.b64decode(payload, validate=True))
+        if not isinstance(data, dict):
+            return None
+        parsed = altcha.Payload.from_dict(data)
+    except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
+        return None
+    return parsed
 
 
 async def print_mail(to: str, subject: str, body: str) -> None:
@@ -494,6 +651,114 @@ def kafka_report(producer: Any, topic: str = "auth.login-attempts") -> Report:
         await producer.send(topic, json.dumps(event).encode())
 
     return send
+
+
+# -- the login page: a form, and the ALTCHA widget when the edge asks for a CAPTCHA ------
+
+# The page loads scripts from this service only (the widget runs its proof of work in
+# workers it starts from data: URLs, and injects its own styles).
+PAGE_CSP = (
+    "default-src 'none'; script-src 'self'; worker-src 'self' data: blob:; "
+    "style-src 'self' 'unsafe-inline'; img-src 'self' data:; connect-src 'self'; "
+    "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+)
+
+
+def login_page(account: str = "", challenge_json: str | None = None, message: str = "") -> str:
+    """The sign-in form; with ``challenge_json`` the ALTCHA widget solves that challenge
+    as the page loads and puts its payload in the form's ``altcha`` field."""
+    widget = ""
+    if challenge_json is not None:
+        widget = (
+            '<script type="module" src="/altcha/altcha.min.js"></script>\n'
+            f'<altcha-widget name="{ALTCHA_FIELD}" auto="onload" '
+            f'challenge="{html.escape(challenge_json)}"></altcha-widget>\n'
+        )
+    note = f'<p role="alert" data-message="1">{html.escape(message)}</p>\n' if message else ""
+    return (
+        '<!doctype html>\n<html lang="en"><head><meta charset="utf-8"><title>Sign in</title>'
+        '</head><body>\n<form method="post" action="/login" id="login">\n'
+        f"{note}"
+        '<label>Account <input name="account" autocomplete="username" '
+        f'value="{html.escape(account)}"></label>\n'
+        '<label>Password <input name="password" type="password" '
+        'autocomplete="current-password"></label>\n'
+        f"{widget}"
+        '<button type="submit">Sign in</button>\n</form>\n</body></html>\n'
+    )
+
+
+_EDGE_SESSION = web.AppKey("edge_session", aiohttp.ClientSession)
+
+
+def _page(body: str, status: int = 200, **headers: str) -> web.Response:
+    headers = {"Content-Security-Policy": PAGE_CSP, "Cache-Control": "no-store", **headers}
+    return web.Response(text=body, status=status, content_type="text/html", headers=headers)
+
+
+def login_app(
+    edge_url: str,
+    password_hashes: Mapping[str, str],
+    captcha: AltchaCaptcha,
+    report: Report | None = None,
+    step_ups: StepUps | None = None,
+    widget_js: Path | None = None,
+) -> web.Application:
+    """``GET /login`` the form; ``POST /login`` one attempt through ``login`` (the edge,
+    the CAPTCHA when it asks for one, one hash, the events); ``GET /altcha/altcha.min.js``
+    the widget, from a local file (``altcha_widget_js``)."""
+    script = widget_js or altcha_widget_js()
+    app = web.Application()
+
+    async def on_startup(app: web.Application) -> None:
+        app[_EDGE_SESSION] = aiohttp.ClientSession()
+
+    async def on_cleanup(app: web.Application) -> None:
+        await app[_EDGE_SESSION].close()
+
+    async def form(request: web.Request) -> web.Response:
+        return _page(login_page())
+
+    async def widget(request: web.Request) -> web.FileResponse:
+        return web.FileResponse(
+            script,
+            headers={"Content-Type": "text/javascript", "Cache-Control": "max-age=3600"},
+        )
+
+    async def submit(request: web.Request) -> web.Response:
+        posted = await request.post()
+        account, password = str(posted.get("account", "")), str(posted.get("password", ""))
+        answer = str(posted.get(ALTCHA_FIELD, "")) or None  # an unsolved widget posts ""
+        attempt = Attempt(account, password, request.remote or "", captcha_response=answer)
+        result = await login(
+            attempt,
+            EdgeClient(request.app[_EDGE_SESSION], edge_url),
+            password_hashes,
+            report,
+            captcha=captcha,
+            step_ups=step_ups,
+        )
+        if result.ok:
+            return _page(f'<p data-result="signed-in">Signed in as {html.escape(account)}.</p>')
+        if result.challenge == "captcha":
+            message = "The check did not pass: it runs again, then sign in." if answer else ""
+            page = login_page(account, captcha.challenge_json(), message)
+            return _page(page, 403 if answer else 401)
+        if result.challenge == "step_up":
+            return _page('<p data-result="step-up">We mailed you a code.</p>', 401)
+        if result.retry_after_ms:
+            retry = str(-(-result.retry_after_ms // 1000))
+            return _page(
+                login_page(account, None, "Too many attempts."), 429, **{"Retry-After": retry}
+            )
+        return _page(login_page(account, None, "Wrong account or password."), 401)
+
+    app.on_startup.append(on_startup)
+    app.on_cleanup.append(on_cleanup)
+    app.router.add_get("/login", form)
+    app.router.add_post("/login", submit)
+    app.router.add_get("/altcha/altcha.min.js", widget)
+    return app
 
 
 # -- the owner's way out: notices from auth.account-notices ---------------------------------
