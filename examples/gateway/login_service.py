@@ -7,7 +7,9 @@ The flow of one attempt:
    "step_up": bool}`` (``challenge`` and ``step_up`` may be absent: an older edge). It is read defensively (``read_answer``):
    anything but a JSON object with a boolean ``allowed`` is an edge failure;
 2. ``challenge == "captcha"``: before the password is looked at, the client must answer a
-   CAPTCHA (``CaptchaVerifier``; ``StubCaptcha`` marks where a real provider goes). No
+   CAPTCHA (``CaptchaVerifier``): ``AltchaCaptcha``, a self-hosted proof of work (ALTCHA),
+   whose widget ``login_app``'s page serves from a local file (``scripts/altcha-widget``)
+   and whose payload is verified here (signature, expiry, work, single use). No
    answer yet: the demand goes back and nothing is reported. An answer is reported as an
    event with ``flow="challenge"``, ``challenge="captcha"`` and its outcome; a failed one
    ends the attempt there (the password is never checked, so the answer says nothing
@@ -52,7 +54,9 @@ every authpipe client (``pipeline.kafka_client.client_kwargs``); a malformed not
 mail that cannot be sent, is logged and skipped, never stops the mail of the others. Here
 it prints what it would send.
 
-The login handler needs only the standard library and aiohttp (for the edge); the notice
+The login handler needs only the standard library, aiohttp (the edge, the page) and
+``altcha`` (the CAPTCHA's challenges and their check); ``python login_service.py serve``
+runs the page on 127.0.0.1:8000 (``AUTHPIPE_ALTCHA_HMAC_KEY`` must be set). The notice
 consumer also uses authpipe itself (the Normaliser and the Kafka options) and aiokafka.
 Run the edge with ``authpipe edge serve`` next to the login service.
 """
@@ -913,5 +917,13 @@ if __name__ == "__main__":
 
     if sys.argv[1:2] == ["notices"]:  # login_service.py notices alice@example.com ...
         asyncio.run(notices_main(sys.argv[2:]))
+    elif sys.argv[1:2] == ["serve"]:  # the login page, alice's password as in main()
+        try:
+            captcha = AltchaCaptcha.from_env()
+            users = {"alice@example.com": hash_password("correct horse battery staple")}
+            app = login_app(EDGE_URL, users, captcha, step_ups=StepUps())
+        except CaptchaConfigError as exc:
+            sys.exit(f"login_service.py: {exc}")
+        web.run_app(app, host="127.0.0.1", port=8000)
     else:
         asyncio.run(main())
