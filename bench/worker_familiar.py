@@ -3,7 +3,8 @@
 A success from an untrusted client makes the account familiar at its place
 (``familiar|t|a|s|-``) and with its client (``familiar|t|a|-|d``) in the account shard,
 and the place known (``familiar|t|-|s|-``) in the source shard: three table entries, each
-also a changelog record and a published exempt. This feeds ``users`` such successes (one
+also a changelog record; the first two are published exempts (a known place is the
+source stage's own since issue 44 item 7). This feeds ``users`` such successes (one
 per user, each its own account, place and cookie, a second apart) to the core's
 ``Engine``, the code the worker's stages run, and reports the Python heap the tables hold
 per user (tracemalloc, after a collection: all the engine holds, its decision index of

@@ -138,7 +138,6 @@ def applicable_keys(
         return (
             ("familiar", tenant, account, source, None),  # first: they qualify the ones after
             ("familiar", tenant, account, None, device) if device else _NO_KEY,
-            ("familiar", tenant, None, source, None),
             source_key,
             ("account_source", tenant, account, source, None),
             ("account", tenant, account, None, None),
@@ -401,22 +400,19 @@ class DecisionIndex:
     def check(self, keys: tuple[Key, ...], now_ms: int) -> Verdict:
         """Refused iff an unexpired block applies; retry after the longest remaining one.
         Else the first unexpired challenge names what to demand. An ``exempt`` on the
-        familiar pair (first among the keys) voids the tenant's wave challenge and the
-        rules' source decisions for this attempt; operators' decisions still apply. An
-        ``exempt`` on the source alone (some account succeeded there: a known place) turns
-        the wave's challenge into a ``step_up``, asked only after a correct password,
-        unless the tenant verifies unfamiliar sign-ins (``VerifyConfig``): then
-        every attempt the familiar exempts do not cover is asked a ``step_up`` after a
-        correct password (``Verdict.step_up``), after the wave's CAPTCHA if one is in
-        force, and a known place buys nothing (one account's success there proves nothing
-        about another's)."""
+        familiar pair or client (first among the keys) voids the tenant's wave challenge
+        and the rules' source decisions for this attempt; operators' decisions still
+        apply. When the tenant verifies unfamiliar sign-ins (``VerifyConfig``), every
+        untrusted password attempt the familiar exempts do not cover is asked a
+        ``step_up`` after a correct password (``Verdict.step_up``), after the wave's or
+        the source's CAPTCHA if one is in force. Nothing else softens a challenge: one
+        account's success at a place proves nothing about another's."""
         retry_ms = 0
         matched: Key | None = None
         observed: Key | None = None
         challenge: Key | None = None
         kind: str | None = None
-        exempt = known = False
-        verify: Key | None = None
+        exempt = False
         active = self._active
         for key in keys:
             entry = active.get(key)
@@ -424,10 +420,7 @@ class DecisionIndex:
                 continue
             action = entry.action
             if action == "exempt":
-                if key[2] is None:
-                    known = True
-                else:
-                    exempt = True
+                exempt = True
                 continue
             if exempt and (key[0] == "tenant" or (key[0] == "source" and key[4] is None)):
                 continue
@@ -448,16 +441,12 @@ class DecisionIndex:
         if first[0] == "familiar" and not exempt:  # an untrusted password attempt, unfamiliar
             mode = self._verify.get(first[1], self._verify_default)
             if mode == "enforce":
-                verify = ("tenant", first[1], None, None, VERIFY)
-            elif mode == "observe" and observed is None:
+                if challenge is None:
+                    challenge, kind = ("tenant", first[1], None, None, VERIFY), "step_up"
+                return Verdict(True, 0, None, observed, kind, challenge, True)
+            if mode == "observe" and observed is None:
                 observed = ("tenant", first[1], None, None, VERIFY)
-        if verify is not None:
-            if challenge is None or kind == "step_up":
-                challenge, kind = verify, "step_up"
-            return Verdict(True, 0, None, observed, kind, challenge, True)
         if challenge is not None:
-            if known and challenge[0] == "tenant":
-                kind = "step_up"  # a known place: a correct password proves more than a bot
             return Verdict(True, 0, None, observed, kind, challenge, kind == "step_up")
         return Verdict(True, 0, None, observed) if observed else ALLOWED
 

@@ -10,7 +10,6 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from pipeline.contracts.models import ChallengeKind
 from pipeline.core.policy_rules import (
     HOUR_MS,
     MAX_WINDOW_MS,
@@ -76,8 +75,9 @@ class WaveConfig(Frozen):
 
     When ``spray_tenant`` (rule 8: distinct failing accounts, existence-blind) fires, the
     rollup publishes a decision on
-    the tenant's key (``tenant|t|-|-|-``, action ``challenge``) demanding ``challenge``
-    of untrusted password attempts for ``hold_ms`` after the firing; each firing of the
+    the tenant's key (``tenant|t|-|-|-``, action ``challenge``) demanding a CAPTCHA
+    of untrusted password attempts for ``hold_ms`` after the firing (a cost for bots, no
+    verification: whether a right password becomes a session is ``VerifyConfig``'s); each firing of the
     same wave extends it, so it ends ``hold_ms`` after the wave's last firing. A device
     trusted for the account is never challenged by it, nor an account at a source it
     succeeded from before (``FamiliarConfig``). ``mode = "observe"`` publishes it as
@@ -92,7 +92,6 @@ class WaveConfig(Frozen):
     review off."""
 
     enabled: bool = True
-    challenge: ChallengeKind = "captcha"
     hold_ms: int = Field(MINUTE_MS, ge=1000, le=MAX_WINDOW_MS)
     lead_in_ms: int = Field(MINUTE_MS, ge=0, le=MAX_WINDOW_MS)
     mode: Mode = "enforce"

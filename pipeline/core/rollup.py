@@ -267,7 +267,7 @@ class TenantRollup:
             issued,
             expires,
             version,
-            challenge=cfg.challenge,
+            challenge="captcha",
         )
         self.decisions.append((wire_key, decision))
 

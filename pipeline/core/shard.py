@@ -120,9 +120,10 @@ class Shard:
     ) -> bool:
         """A success made ``account`` familiar at the attempt's source (the account shard's
         ``familiar|t|a|s|-``) or with its device cookie (``familiar|t|a|-|d``, ``device``
-        given), or the source known for some account (the source shard's
-        ``familiar|t|-|s|-``, ``account`` None): publish it, or renew it at most once per
-        ``familiar.renew_ms``. True when published."""
+        given): publish it, or renew it at most once per ``familiar.renew_ms``; True when
+        published. The source known for some account (the source shard's
+        ``familiar|t|-|s|-``, ``account`` None) is kept, never published: only the
+        strangers tier reads it (a known place softens no challenge, issue 44 item 7)."""
         if not rules.familiar_on:
             return False
         source = None if device else attempt.source
@@ -143,6 +144,9 @@ class Shard:
         entry.blocked_until_ms = entry.keep_until_ms = expires
         entry.notice_until_ms = now + rules.familiar_renew_ms
         entry.rule = "familiar"
+        if account is None:
+            self._mark_familiar(key, entry, seq)
+            return False
         entry.decision_id = self.issue(
             out,
             "familiar",
@@ -325,9 +329,12 @@ class Shard:
             if familiar.evicted:
                 # A restore into a smaller cap (lowered, or fewer shards' worth) evicted
                 # entries whose exempts are still published: lift them (not indexed yet).
-                # (A new password's entry, ``reset_key``, was never published.)
+                # (A new password's entry, ``reset_key``, and a known place, were never
+                # published.)
                 gone = dict.fromkeys(
-                    k for k in familiar.evicted if k not in familiar and (k[3] or k[4])
+                    k
+                    for k in familiar.evicted
+                    if k not in familiar and k[2] is not None and (k[3] or k[4])
                 )
                 out.decisions.extend((format_key(key), None) for key in gone)
                 self.metrics.lifts += len(gone)
