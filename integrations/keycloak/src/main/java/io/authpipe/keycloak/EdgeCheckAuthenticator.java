@@ -144,17 +144,34 @@ final class EdgeCheckAuthenticator implements Authenticator {
   }
 
   private Response captchaPage(AuthenticationFlowContext ctx, String error) {
-    if (!hasTemplate(ctx.getSession())) {
+    if (!hasTemplate(ctx.getSession()) || verifier == null) {
       LOG.warn("authpipe: the edge asked for a CAPTCHA and the login theme has no "
-          + CAPTCHA_TEMPLATE + "; the attempt is refused");
+          + CAPTCHA_TEMPLATE + " or no CaptchaVerifier is installed; the attempt is refused");
       return Flows.page(ctx, Response.Status.TOO_MANY_REQUESTS,
           "Sign-in is paused for this account. Please try again later.", 60_000L);
     }
     var form = ctx.form().setAttribute("authpipeCaptchaField", CAPTCHA_FIELD);
+    String challenge = challengeOf(verifier);
+    if (challenge != null) {
+      form.setAttribute("altchaChallenge", challenge);
+    }
     if (error != null) {
       form.setError(error);
     }
     return form.createForm(CAPTCHA_TEMPLATE);
+  }
+
+  /** A fresh challenge from a verifier that issues them ({@code String newChallengeJson()}). */
+  private static String challengeOf(CaptchaVerifier verifier) {
+    if (verifier == null) {
+      return null;
+    }
+    try {
+      Object made = verifier.getClass().getMethod("newChallengeJson").invoke(verifier);
+      return made instanceof String text ? text : null;
+    } catch (ReflectiveOperationException | RuntimeException e) {
+      return null;
+    }
   }
 
   private static boolean hasTemplate(KeycloakSession session) {

@@ -2,7 +2,6 @@ package io.authpipe.keycloak;
 
 import io.authpipe.keycloak.captcha.CaptchaVerifier;
 import java.util.List;
-import java.util.Map;
 import org.jboss.logging.Logger;
 import org.keycloak.Config;
 import org.keycloak.authentication.Authenticator;
@@ -41,7 +40,11 @@ public final class EdgeCheckAuthenticatorFactory implements AuthenticatorFactory
     verifier = loadVerifier(defaults.captchaVerifier(), config);
   }
 
-  /** The verifier class: a constructor taking the SPI scope, a Map, or none. */
+  /**
+   * The verifier class, made with the first constructor it has of: {@code (String)} given the
+   * {@code captcha-key} option (ALTCHA's HMAC key), {@code (Config.Scope)} given this SPI's
+   * options, or none.
+   */
   static CaptchaVerifier loadVerifier(String className, Config.Scope config) {
     if (className == null || className.isBlank()) {
       return null;
@@ -50,10 +53,10 @@ public final class EdgeCheckAuthenticatorFactory implements AuthenticatorFactory
       Class<?> type = Class.forName(className, true, EdgeCheckAuthenticatorFactory.class.getClassLoader());
       Object made;
       try {
-        made = type.getConstructor(Config.Scope.class).newInstance(config);
+        made = type.getConstructor(String.class).newInstance(config.get("captcha-key"));
       } catch (NoSuchMethodException e) {
         try {
-          made = type.getConstructor(Map.class).newInstance(Map.of());
+          made = type.getConstructor(Config.Scope.class).newInstance(config);
         } catch (NoSuchMethodException e2) {
           made = type.getConstructor().newInstance();
         }
@@ -62,6 +65,9 @@ public final class EdgeCheckAuthenticatorFactory implements AuthenticatorFactory
       return (CaptchaVerifier) made;
     } catch (ClassNotFoundException e) {
       LOG.warnf("authpipe: no CAPTCHA verifier %s here; a demanded CAPTCHA is refused", className);
+    } catch (java.lang.reflect.InvocationTargetException e) {
+      LOG.errorf("authpipe: the CAPTCHA verifier %s refused its settings (%s); a demanded CAPTCHA "
+          + "is refused", className, e.getCause() == null ? e.toString() : e.getCause().getMessage());
     } catch (ReflectiveOperationException | RuntimeException e) {
       LOG.errorf("authpipe: the CAPTCHA verifier %s could not be made (%s); a demanded CAPTCHA "
           + "is refused", className, e.toString());

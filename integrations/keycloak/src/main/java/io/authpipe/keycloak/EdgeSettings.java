@@ -82,6 +82,8 @@ record EdgeSettings(String url, String token, long timeoutMs, boolean failOpen,
         .property().name(FAIL_OPEN).type("boolean").defaultValue(true).helpText("fail open (true) or closed").add()
         .property().name(CAPTCHA).type("string").defaultValue(DEFAULT_VERIFIER)
         .helpText("class name of the io.authpipe.keycloak.captcha.CaptchaVerifier").add()
+        .property().name("captcha-key").type("password")
+        .helpText("the verifier's secret (ALTCHA: the HMAC key, at least 32 bytes, the same on every node)").add()
         .property().name(STEP_UP_ATTEMPTS).type("int").defaultValue(3).helpText("wrong codes per step-up").add()
         .build();
   }
