@@ -31,6 +31,12 @@ def _stack(args: argparse.Namespace, settings: Settings) -> int:
     return run_stack_command(args.action, settings, args.brokers, args.tls)
 
 
+def _keycloak(args: argparse.Namespace, settings: Settings) -> int:
+    from pipeline.dev.keycloak import run_keycloak_command
+
+    return run_keycloak_command(args.action, settings, args.port, fail_open=not args.fail_closed)
+
+
 def _clickhouse(args: argparse.Namespace, settings: Settings) -> int:
     from pipeline.sinks.migrate import run_migrate_command
 
@@ -223,6 +229,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="up: add TLS and mutual-TLS listeners and a local CA (keytool)",
     )
     stack.set_defaults(handler=_stack)
+
+    keycloak = sub.add_parser(
+        "keycloak", help="a local Keycloak with authpipe's provider (after scripts/keycloak-setup)"
+    )
+    keycloak.add_argument("action", choices=["up", "down", "status"])
+    keycloak.add_argument(
+        "--port", type=args_type.port, help="up: HTTP port (default 8180; management on port+1)"
+    )
+    keycloak.add_argument(
+        "--fail-closed", action="store_true", help="up: refuse sign-ins while the edge is down"
+    )
+    keycloak.set_defaults(handler=_keycloak)
 
     ch = sub.add_parser("clickhouse", help="ClickHouse schema")
     ch.add_argument("action", choices=["migrate"])
