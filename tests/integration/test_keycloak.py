@@ -247,6 +247,69 @@ def test_a_captcha_is_demanded_before_the_password(keycloak_stack: KeycloakStack
     ]
 
 
+def test_an_unreachable_edge_fails_open_or_closed(keycloak_stack: KeycloakStack) -> None:
+    """With the edge unreachable, a client whose flow fails closed is refused (429, reported
+    refused) and one that fails open has its password tried (bad_password), both at once."""
+    source = "203.0.113.17"
+    started = time.monotonic()
+    status, headers, body = grant(
+        keycloak_stack, "carol", "guess", source, client_id="authpipe-fail-closed"
+    )
+    assert (status, body["error"], headers["Retry-After"]) == (429, "too_many_requests", "1")
+    status, _, body = grant(
+        keycloak_stack, "carol", "guess", source, client_id="authpipe-fail-open"
+    )
+    assert (status, body["error"]) == (401, "invalid_grant")
+    assert time.monotonic() - started < 3.0
+    assert [summary(r) for r in records_from(keycloak_stack, source, 2)] == [
+        ("carol", "login", "failure", "refused", None),
+        ("carol", "login", "failure", "bad_password", None),
+    ]
+
+
+def solve(challenge: dict[str, Any]) -> str:
+    """What the ALTCHA widget posts for ``challenge`` (the proof of work, done here)."""
+    import altcha
+
+    parsed = altcha.Challenge.from_dict(challenge)
+    solution = altcha.solve_challenge(parsed)
+    assert solution is not None
+    return str(altcha.Payload(parsed, solution).to_base64())
+
+
+def test_a_solved_captcha_lets_the_password_be_tried(keycloak_stack: KeycloakStack) -> None:
+    """The grant's 401 carries a challenge; its solution lets the password be checked (then
+    the edge's step-up); the browser's page solved the same way leads to the password page;
+    a solution used twice is refused. Each answer is reported as a captcha challenge."""
+    source = "203.0.113.16"
+    decide(keycloak_stack, source, action="challenge", challenge="captcha")
+    status, _, body = grant(keycloak_stack, "carol", "guess", source)
+    assert (status, body["error"]) == (401, "captcha_required")
+    payload = solve(body["captcha_challenge"])
+    status, _, body = grant(
+        keycloak_stack, "carol", "guess", source, **{"authpipe-captcha": payload}
+    )
+    assert (status, body["error"]) == (401, "invalid_grant")
+    status, _, body = grant(
+        keycloak_stack, "carol", "guess", source, **{"authpipe-captcha": payload}
+    )
+    assert (status, body["error_description"]) == (401, "the CAPTCHA answer was not accepted")
+    browser = Browser(keycloak_stack, source)
+    page = browser.submit(browser.start(), {"username": "carol"})
+    match = re.search(r'<altcha-widget[^>]*challenge="([^"]+)"', page)
+    assert match, page[:2000]
+    page = browser.submit(
+        page, {"authpipe-captcha": solve(json.loads(html.unescape(match.group(1))))}
+    )
+    assert 'name="password"' in page
+    assert [summary(r) for r in records_from(keycloak_stack, source, 4)] == [
+        ("carol", "challenge", "success", None, "captcha"),
+        ("carol", "login", "failure", "bad_password", None),
+        ("carol", "challenge", "failure", "other", "captcha"),
+        ("carol", "challenge", "success", None, "captcha"),
+    ]
+
+
 def test_browser_step_up_with_a_one_time_code(keycloak_stack: KeycloakStack) -> None:
     """The browser flow: username page, the edge's check, password page, the code page;
     the sign-in ends at the client with a code, reported step_up, mfa, success."""

@@ -85,7 +85,8 @@ final class EdgeCheckAuthenticator implements Authenticator {
         String payload = Flows.formValue(ctx, CAPTCHA_FIELD);
         if (payload == null) {
           ctx.challenge(Flows.json(401, "captcha_required",
-              "answer the CAPTCHA and send it as '" + CAPTCHA_FIELD + "'", null));
+              "answer the CAPTCHA and send it as '" + CAPTCHA_FIELD + "'", null,
+              challengeField(verifier)));
           return;
         }
         if (!captcha(ctx, flow, account, payload)) {
@@ -159,6 +160,19 @@ final class EdgeCheckAuthenticator implements Authenticator {
       form.setError(error);
     }
     return form.createForm(CAPTCHA_TEMPLATE);
+  }
+
+  /** {@code captcha_challenge}: a fresh challenge as JSON, for a client of the grant. */
+  private static java.util.Map<String, Object> challengeField(CaptchaVerifier verifier) {
+    String challenge = challengeOf(verifier);
+    if (challenge == null) {
+      return java.util.Map.of();
+    }
+    try {
+      return java.util.Map.of("captcha_challenge", Attempts.mapper().readTree(challenge));
+    } catch (Exception e) {
+      return java.util.Map.of();
+    }
   }
 
   /** A fresh challenge from a verifier that issues them ({@code String newChallengeJson()}). */

@@ -71,12 +71,19 @@ final class Flows {
 
   /** A token-endpoint error in OAuth's JSON shape. */
   static Response json(int status, String error, String description, Long retryAfterMs) {
+    return json(status, error, description, retryAfterMs, Map.of());
+  }
+
+  /** The same with {@code extra} fields in the body. */
+  static Response json(int status, String error, String description, Long retryAfterMs,
+      Map<String, Object> extra) {
     Map<String, Object> body = new LinkedHashMap<>();
     body.put("error", error);
     body.put("error_description", description);
     if (retryAfterMs != null) {
       body.put("retry_after_ms", retryAfterMs);
     }
+    body.putAll(extra);
     Response.ResponseBuilder r = Response.status(status).type(MediaType.APPLICATION_JSON_TYPE)
         .entity(Attempts.json(body)).header("Cache-Control", "no-store");
     if (retryAfterMs != null) {
