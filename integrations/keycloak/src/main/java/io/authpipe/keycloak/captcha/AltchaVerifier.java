@@ -97,6 +97,14 @@ public final class AltchaVerifier implements CaptchaVerifier {
     this.maxEntries = maxEntries;
   }
 
+  /** The variable the example login service reads its key from too. */
+  public static final String KEY_ENV = "AUTHPIPE_ALTCHA_HMAC_KEY";
+
+  /** A verifier with the defaults and the key in {@link #KEY_ENV} (checked as below). */
+  public static AltchaVerifier fromEnvironment() {
+    return new AltchaVerifier(System.getenv(KEY_ENV));
+  }
+
   /**
    * The key's UTF-8 bytes; an {@link IllegalArgumentException} saying what to do when it is
    * missing or shorter than {@link #MIN_KEY_BYTES}.
