@@ -5,14 +5,11 @@ import java.util.List;
 import org.jboss.logging.Logger;
 import org.keycloak.Config;
 import org.keycloak.authentication.Authenticator;
-import org.keycloak.authentication.AuthenticatorFactory;
-import org.keycloak.models.AuthenticationExecutionModel;
 import org.keycloak.models.KeycloakSession;
-import org.keycloak.models.KeycloakSessionFactory;
 import org.keycloak.provider.ProviderConfigProperty;
 
 /** {@code authpipe-edge-check}: see {@link EdgeCheckAuthenticator}. */
-public final class EdgeCheckAuthenticatorFactory implements AuthenticatorFactory {
+public final class EdgeCheckAuthenticatorFactory extends AuthpipeAuthenticatorFactory {
 
   public static final String ID = "authpipe-edge-check";
   private static final Logger LOG = Logger.getLogger(EdgeCheckAuthenticatorFactory.class);
@@ -76,12 +73,6 @@ public final class EdgeCheckAuthenticatorFactory implements AuthenticatorFactory
   }
 
   @Override
-  public void postInit(KeycloakSessionFactory factory) {}
-
-  @Override
-  public void close() {}
-
-  @Override
   public String getId() {
     return ID;
   }
@@ -92,37 +83,9 @@ public final class EdgeCheckAuthenticatorFactory implements AuthenticatorFactory
   }
 
   @Override
-  public String getReferenceCategory() {
-    return "authpipe";
-  }
-
-  @Override
-  public boolean isConfigurable() {
-    return true;
-  }
-
-  @Override
-  public AuthenticationExecutionModel.Requirement[] getRequirementChoices() {
-    return new AuthenticationExecutionModel.Requirement[] {
-      AuthenticationExecutionModel.Requirement.REQUIRED,
-      AuthenticationExecutionModel.Requirement.DISABLED
-    };
-  }
-
-  @Override
-  public boolean isUserSetupAllowed() {
-    return false;
-  }
-
-  @Override
   public String getHelpText() {
     return "Asks the authpipe edge before the password: refuses (429), demands a CAPTCHA, or "
         + "notes a step-up. Place it after the username and before the password.";
-  }
-
-  @Override
-  public List<ProviderConfigProperty> getConfigProperties() {
-    return EdgeSettings.executionProperties();
   }
 
   @Override
