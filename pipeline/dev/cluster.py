@@ -6,6 +6,10 @@ node is formatted with one cluster id. ``up`` spawns every node before waiting f
 (a node answers only once a majority of controllers runs). Invariant: topics created on
 the cluster are replicated ``brokers`` times and writes need ``cluster_min_insync`` of
 them in sync (the brokers' defaults; authpipe's own topics say so explicitly too).
+
+A node may listen on another local address than 127.0.0.1 (``NodePorts.host``), and run
+inside a network namespace (``NodePorts.netns``, made beforehand, e.g. with ``ip netns
+add`` and a veth pair): the fault tests cut such a node off the others by its link.
 """
 
 from __future__ import annotations
@@ -13,14 +17,15 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipeline.dev.broker_config import new_cluster_id
-from pipeline.dev.errors import StackError
-from pipeline.dev.processes import run_sync
+from pipeline.dev.errors import BrokerStartError, StackError
+from pipeline.dev.processes import pid_alive, run_sync
 from pipeline.dev.stack import LocalKafka, TlsListeners
 from pipeline.dev.tls import TlsFiles
 
@@ -37,6 +42,57 @@ class NodePorts:
     controller_port: int
     ssl_port: int | None = None
     mtls_port: int | None = None
+    host: str = "127.0.0.1"
+    netns: str | None = None
+
+
+LOOPBACK = "127.0.0.1"
+
+
+class HostedKafka(LocalKafka):
+    """A LocalKafka node listening on ``host`` instead of 127.0.0.1 and, with ``netns``,
+    run (and formatted) inside that network namespace with ``ip netns exec``; the
+    namespace and the route to ``host`` are the caller's (``LocalCluster`` sets both)."""
+
+    host: str = LOOPBACK
+    netns: str | None = None
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def _write_config(self) -> None:
+        super()._write_config()
+        lines = []
+        for line in self.properties_path.read_text().splitlines():
+            key = line.partition("=")[0]
+            if key in ("listeners", "advertised.listeners"):
+                line = line.replace(f"//{LOOPBACK}:", f"//{self.host}:")
+            lines.append(line)
+        self.properties_path.write_text("\n".join(lines) + "\n")
+
+    def _jvm(self, java: str) -> list[str]:
+        prefix = ["ip", "netns", "exec", self.netns] if self.netns is not None else []
+        return [*prefix, *super()._jvm(java)]
+
+    def wait_ready(self, pid: int) -> None:
+        """Until the node answers metadata at ``host`` (the base class probes 127.0.0.1)."""
+        from pipeline.kafka_admin import BrokerUnavailableError, wait_for_broker
+
+        deadline = time.monotonic() + self.start_timeout_s
+        while pid_alive(pid) and time.monotonic() < deadline:
+            try:
+                run_sync(wait_for_broker(self.bootstrap, timeout_s=5.0))
+            except BrokerUnavailableError:
+                continue
+            return
+        alive = pid_alive(pid)
+        if alive:
+            self.down()
+        raise BrokerStartError(
+            f"the Kafka broker (pid {pid}) {'did not answer' if alive else 'exited'} at "
+            f"{self.bootstrap} (netns {self.netns}); {self.log_path} ends with:\n{self.log_tail()}"
+        )
 
 
 class LocalCluster:
@@ -55,14 +111,16 @@ class LocalCluster:
         if not ports:
             raise StackError("a cluster needs at least one node; give one NodePorts per node")
         self.state_dir = state_dir.resolve()
-        voters = ",".join(f"{i}@127.0.0.1:{p.controller_port}" for i, p in enumerate(ports, 1))
+        voters = ",".join(f"{i}@{p.host}:{p.controller_port}" for i, p in enumerate(ports, 1))
         id_path = self.state_dir / "cluster.id"
         if not id_path.exists():
             self.state_dir.mkdir(parents=True, exist_ok=True)
             id_path.write_text(new_cluster_id() + "\n")
         cluster_id = id_path.read_text().strip()
-        self.nodes = [
-            LocalKafka(
+        self.nodes: list[LocalKafka] = []
+        for i, p in enumerate(ports, 1):
+            kind = LocalKafka if p.host == LOOPBACK and p.netns is None else HostedKafka
+            node = kind(
                 self.state_dir / f"node-{i}",
                 p.port,
                 p.controller_port,
@@ -76,8 +134,9 @@ class LocalCluster:
                 cluster_id=cluster_id,
                 tls=_node_tls(tls, p),
             )
-            for i, p in enumerate(ports, 1)
-        ]
+            if isinstance(node, HostedKafka):
+                node.host, node.netns = p.host, p.netns
+            self.nodes.append(node)
 
     @property
     def bootstrap(self) -> str:
