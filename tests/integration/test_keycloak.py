@@ -328,6 +328,16 @@ def test_browser_step_up_with_a_one_time_code(keycloak_stack: KeycloakStack) -> 
         ("alice", "login", "success", None, "step_up"),
     ]
     assert records[0]["device_id"] == records[2]["device_id"] and len(records[0]["device_id"]) == 32
+    assert [r["device_trusted"] for r in records] == [False, False, False]
+    # The same browser again (its session forgotten): the device passed a step-up, so it is
+    # trusted: no code asked, the sign-in reported from a trusted device.
+    browser.forget_session()
+    page = browser.submit(browser.start(), {"username": "alice"})
+    location = browser.submit_redirect(page, {"password": PASSWORDS["alice"]})
+    assert location.startswith(REDIRECT) and "code=" in location
+    again = records_from(keycloak_stack, source, 4)[3]
+    assert summary(again) == ("alice", "login", "success", None, None)
+    assert (again["device_id"], again["device_trusted"]) == (records[0]["device_id"], True)
 
 
 class _LoopbackIsSecure(http.cookiejar.DefaultCookiePolicy):
@@ -344,10 +354,16 @@ class Browser:
     def __init__(self, stack: KeycloakStack, source: str) -> None:
         self.stack = stack
         self.headers = {"X-Forwarded-For": source}
+        self.jar = http.cookiejar.CookieJar(_LoopbackIsSecure())
         self.opener = urllib.request.build_opener(
-            _Stay(),
-            urllib.request.HTTPCookieProcessor(http.cookiejar.CookieJar(_LoopbackIsSecure())),
+            _Stay(), urllib.request.HTTPCookieProcessor(self.jar)
         )
+
+    def forget_session(self) -> None:
+        """Drop every cookie but the device's (a new visit of the same browser)."""
+        for cookie in list(self.jar):
+            if cookie.name != "AUTHPIPE_DEVICE":
+                self.jar.clear(cookie.domain, cookie.path, cookie.name)
 
     def start(self) -> str:
         query = urllib.parse.urlencode(

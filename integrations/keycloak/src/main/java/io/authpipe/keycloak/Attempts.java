@@ -13,6 +13,7 @@ import java.util.Map;
 import java.util.UUID;
 import org.keycloak.common.ClientConnection;
 import org.keycloak.models.KeycloakSession;
+import org.keycloak.models.UserModel;
 import org.keycloak.sessions.AuthenticationSessionModel;
 
 /**
@@ -39,8 +40,53 @@ public final class Attempts {
 
   private Attempts() {}
 
-  /** The request's facts shared by a check and its records. */
-  public record Client(String peerIp, List<String> forwardedFor, String deviceId, String userAgent) {}
+  /** User attribute: digests of the devices trusted for the user (a step-up passed there). */
+  public static final String TRUSTED_ATTRIBUTE = "authpipe-trusted-devices";
+  private static final int MAX_TRUSTED = 10;
+
+  /**
+   * The request's facts shared by a check and its records. {@code deviceTrusted}: the device
+   * cookie came with the request and a step-up passed on it for this user before.
+   */
+  public record Client(String peerIp, List<String> forwardedFor, String deviceId, String userAgent,
+      boolean fromCookie, boolean deviceTrusted) {
+
+    /** This client with its trust for {@code user} looked up. */
+    public Client trustFor(UserModel user) {
+      boolean trusted = user != null && fromCookie && deviceId != null
+          && user.getAttributeStream(TRUSTED_ATTRIBUTE).anyMatch(digest(deviceId)::equals);
+      return new Client(peerIp, forwardedFor, deviceId, userAgent, fromCookie, trusted);
+    }
+
+    public Client withPeer(String peer) {
+      return new Client(peer, List.of(), deviceId, userAgent, fromCookie, deviceTrusted);
+    }
+  }
+
+  /** Trust this request's device cookie for {@code user} (the newest {@value #MAX_TRUSTED}). */
+  public static void trust(UserModel user, Client client) {
+    if (user == null || client.deviceId() == null) {
+      return;
+    }
+    String mine = digest(client.deviceId());
+    List<String> kept = new ArrayList<>(
+        user.getAttributeStream(TRUSTED_ATTRIBUTE).filter(d -> !d.equals(mine)).toList());
+    kept.add(mine);
+    while (kept.size() > MAX_TRUSTED) {
+      kept.remove(0);
+    }
+    user.setAttribute(TRUSTED_ATTRIBUTE, kept);
+  }
+
+  static String digest(String deviceId) {
+    try {
+      byte[] hash = java.security.MessageDigest.getInstance("SHA-256")
+          .digest(deviceId.getBytes(java.nio.charset.StandardCharsets.UTF_8));
+      return java.util.HexFormat.of().formatHex(hash, 0, 16);
+    } catch (java.security.NoSuchAlgorithmException e) {
+      throw new IllegalStateException(e);
+    }
+  }
 
   public static Client client(KeycloakSession session, String addressMode) {
     ClientConnection connection = session.getContext().getConnection();
@@ -49,6 +95,7 @@ public final class Attempts {
     List<String> hops = new ArrayList<>();
     String userAgent = null;
     String device = null;
+    boolean fromCookie = false;
     if (headers != null) {
       if (Settings.ADDRESS_CONNECTION.equals(addressMode)) {
         List<String> lines = headers.getRequestHeader("X-Forwarded-For");
@@ -66,6 +113,7 @@ public final class Attempts {
       Cookie cookie = headers.getCookies().get(DEVICE_COOKIE);
       if (cookie != null && validDevice(cookie.getValue())) {
         device = cookie.getValue();
+        fromCookie = true;
       }
     }
     AuthenticationSessionModel auth = session.getContext().getAuthenticationSession();
@@ -75,7 +123,7 @@ public final class Attempts {
     if (userAgent != null && userAgent.length() > MAX_USER_AGENT) {
       userAgent = userAgent.substring(0, MAX_USER_AGENT);
     }
-    return new Client(peer == null ? "0.0.0.0" : peer, hops, device, userAgent);
+    return new Client(peer == null ? "0.0.0.0" : peer, hops, device, userAgent, fromCookie, false);
   }
 
   static boolean validDevice(String value) {
@@ -102,7 +150,7 @@ public final class Attempts {
     if (client.deviceId() != null) {
       r.put("device_id", client.deviceId());
     }
-    r.put("device_trusted", false);
+    r.put("device_trusted", client.deviceId() != null && client.deviceTrusted());
     if (sessionId != null) {
       r.put("session_id", sessionId);
     }

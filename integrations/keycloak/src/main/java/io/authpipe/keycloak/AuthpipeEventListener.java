@@ -101,8 +101,12 @@ public final class AuthpipeEventListener implements EventListenerProvider {
     String sessionId = "uia".equals(flow) ? event.getSessionId() : null;
     Attempts.Client client = Attempts.client(session, settings.clientAddress());
     if (event.getIpAddress() != null && Settings.ADDRESS_KEYCLOAK.equals(settings.clientAddress())) {
-      client = new Attempts.Client(event.getIpAddress(), client.forwardedFor(), client.deviceId(),
-          client.userAgent());
+      client = client.withPeer(event.getIpAddress());
+    }
+    // The sign-in that completed a step-up is reported as the attempt was: untrusted (its
+    // device is trusted from the next sign-in on, as the reference login service reports it).
+    if (realm != null && event.getUserId() != null && challenge == null) {
+      client = client.trustFor(session.users().getUserById(realm, event.getUserId()));
     }
     AuthpipeEventListenerFactory.publish(Attempts.record(event.getId(), event.getTime(), tenant,
         settings.service(), flow, account, client, outcome, reason, challenge, sessionId));

@@ -96,13 +96,13 @@ public final class AuthpipeEventListenerFactory implements EventListenerProvider
     }
     try {
       AuthenticationSessionModel auth = session.getContext().getAuthenticationSession();
-      String sessionId = null;
-      if (auth != null && "uia".equals(flow) && auth.getAuthenticatedUser() != null) {
-        sessionId = auth.getParentSession().getId();
+      String sessionId = null; // Keycloak's LOGIN event carries the re-authenticated session
+      Attempts.Client client = Attempts.client(session, s.clientAddress());
+      if (auth != null) {
+        client = client.trustFor(auth.getAuthenticatedUser());
       }
       publish(Attempts.record(null, System.currentTimeMillis(), s.tenantOf(realm.getName()),
-          s.service(), flow, account, Attempts.client(session, s.clientAddress()), outcome,
-          reason, challenge, sessionId));
+          s.service(), flow, account, client, outcome, reason, challenge, sessionId));
     } catch (RuntimeException e) {
       LOG.warnf("authpipe: a record could not be built: %s", e.toString());
     }

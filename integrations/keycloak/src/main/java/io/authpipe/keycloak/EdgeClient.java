@@ -46,7 +46,7 @@ final class EdgeClient {
     if (client.deviceId() != null) {
       query.put("device", client.deviceId());
     }
-    query.put("trusted", "false");
+    query.put("trusted", client.deviceId() != null && client.deviceTrusted() ? "true" : "false");
     query.put("flow", flow);
     StringBuilder url = new StringBuilder(edge.url()).append("/v1/check?");
     query.forEach((k, v) -> url.append(k).append('=')

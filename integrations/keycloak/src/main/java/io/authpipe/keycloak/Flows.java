@@ -55,7 +55,8 @@ final class Flows {
 
   static Attempts.Client client(AuthenticationFlowContext ctx) {
     Settings s = AuthpipeEventListenerFactory.settings();
-    return Attempts.client(ctx.getSession(), s == null ? Settings.ADDRESS_CONNECTION : s.clientAddress());
+    return Attempts.client(ctx.getSession(), s == null ? Settings.ADDRESS_CONNECTION : s.clientAddress())
+        .trustFor(ctx.getUser());
   }
 
   static void report(AuthenticationFlowContext ctx, String flow, String account, String outcome,

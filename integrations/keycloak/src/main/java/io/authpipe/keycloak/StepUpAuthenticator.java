@@ -42,8 +42,9 @@ final class StepUpAuthenticator implements Authenticator {
   public void authenticate(AuthenticationFlowContext ctx) {
     AuthenticationSessionModel auth = ctx.getAuthenticationSession();
     UserModel user = ctx.getUser();
-    if (!"true".equals(auth.getAuthNote(Attempts.NOTE_STEP_UP)) || user == null) {
-      ctx.success();
+    if (!"true".equals(auth.getAuthNote(Attempts.NOTE_STEP_UP)) || user == null
+        || Flows.client(ctx).deviceTrusted()) {
+      ctx.success(); // no step-up asked, or the owner's trusted device (one passed there before)
       return;
     }
     String account = Flows.account(ctx);
@@ -159,6 +160,10 @@ final class StepUpAuthenticator implements Authenticator {
   }
 
   private static void steppedUp(AuthenticationFlowContext ctx) {
+    Attempts.Client client = Flows.client(ctx);
+    if (client.fromCookie()) {
+      Attempts.trust(ctx.getUser(), client); // possession proven on this browser: trusted
+    }
     ctx.getAuthenticationSession().setAuthNote(Attempts.NOTE_STEPPED_UP, "true");
     ctx.getEvent().detail(Attempts.DETAIL_CHALLENGE, "step_up");
   }
