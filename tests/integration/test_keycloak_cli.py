@@ -69,3 +69,40 @@ def test_down_when_nothing_runs_is_fine(authpipe: Any, tmp_path: Path) -> None:
     """down with nothing running exits 0 and says stopped."""
     result = authpipe("down")
     assert (result.returncode, result.stdout.splitlines()[0]) == (0, "keycloak: stopped")
+
+
+def test_the_provider_takes_the_settings_broker_and_edge(tmp_path: Path) -> None:
+    """keycloak up points the provider at the settings' broker, with their SASL/TLS
+    choices, and at the edge (a wildcard bind is reached on loopback), as SPI options."""
+    from pipeline.dev.keycloak import provider_config
+    from pipeline.settings import Settings
+
+    (tmp_path / "ca.pem").write_text("-----BEGIN CERTIFICATE-----\n")
+    settings = Settings(
+        kafka={
+            "bootstrap_servers": "127.0.0.1:9093",
+            "security_protocol": "SASL_SSL",
+            "sasl_mechanism": "SCRAM-SHA-256",
+            "sasl_username": "login-keycloak",
+            "sasl_password": "s3cret-pass",
+            "ssl_cafile": str(tmp_path / "ca.pem"),
+        },
+        edge={"host": "0.0.0.0", "port": 8099, "token": "edge-token-1"},
+    )
+    options = provider_config(settings, "k" * 40, fail_open=False).spi_options()
+    listener = "--spi-events-listener--authpipe--"
+    check = "--spi-authenticator--authpipe-edge-check--"
+    assert options == [
+        f"{listener}bootstrap-servers=127.0.0.1:9093",
+        f"{listener}topic=auth.login-attempts",
+        f"{listener}security-protocol=SASL_SSL",
+        f"{listener}sasl-mechanism=SCRAM-SHA-256",
+        f"{listener}sasl-username=login-keycloak",
+        f"{listener}sasl-password=s3cret-pass",
+        f"{listener}ssl-cafile={tmp_path / 'ca.pem'}",
+        f"{check}edge-url=http://127.0.0.1:8099",
+        f"{check}edge-token=edge-token-1",
+        f"{check}timeout-ms=250",
+        f"{check}fail-open=false",
+        f"{check}captcha-key={'k' * 40}",
+    ]
