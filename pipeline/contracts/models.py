@@ -51,8 +51,20 @@ completed sign-in does (issue 44). The possession check itself is reported as
 ``flow = "mfa"``."""
 FailureReason = Literal["bad_password", "unknown_account", "bad_second_factor", "refused", "other"]
 Scope = Literal[
-    "account_source", "account", "device", "uia", "mfa", "source", "lock", "tenant", "familiar"
+    "account_source",
+    "account",
+    "device",
+    "uia",
+    "mfa",
+    "source",
+    "lock",
+    "tenant",
+    "familiar",
+    "passed",
 ]
+"""A decision's scope, its key's first part. ``passed``: a client passed a CAPTCHA for the
+account (action ``exempt``: no CAPTCHA again for that account and client for
+``[wave] captcha_pass_ms``; never a refusal or a step-up lifted)."""
 NoticeReason = Literal["consecutive_lock", "account_ceiling", "lifetime_bound"]
 AppliesTo = Literal["untrusted", "device", "uia", "mfa", "all"]
 Action = Literal["block", "observe", "challenge", "exempt"]

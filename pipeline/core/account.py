@@ -82,6 +82,9 @@ class AccountShard(Shard):
         else:
             verdict = ALLOWED
         rules = self.tenants.get(attempt.tenant) or self.tenant(attempt.tenant)
+        streaks = rules.streaks
+        if self.watermark_ms > streaks.now_ms:
+            streaks.now_ms = self.watermark_ms  # what the cap's ``pinned`` compares with
         if attempt.occurred_ms <= self.watermark_ms - rules.max_span_ms:
             self.metrics.late += 1
             if not attempt.success and attempt.failure_reason not in UNCOUNTED:
@@ -90,6 +93,8 @@ class AccountShard(Shard):
         flow = attempt.flow
         if flow == "challenge":
             out.forwards.append(attempt)  # bot evidence is the source stage's
+            if attempt.success:
+                self.passed(attempt, rules, out, seq)
         elif flow == "reset":
             if attempt.success:
                 self._reset(attempt, rules, out, seq)

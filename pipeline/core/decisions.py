@@ -14,8 +14,10 @@ dict lookups:
 * other password flows: ``familiar|t|a|s|-`` (the account succeeded from this source:
   an ``exempt`` that lifts the wave's challenge and rule-issued source decisions for the
   pair) and ``familiar|t|a|-|d`` (the account succeeded with this untrusted device
-  cookie or app install id: the same exempt for that client), ``familiar|t|-|s|-`` (some account succeeded there: the wave asks a step-up,
-  never a CAPTCHA), ``account_source|t|a|s|-``, ``account|t|a|-|-``, the consecutive-failure lock
+  cookie or app install id: the same exempt for that client), ``passed|t|a|-|d``
+  (``passed|t|a|s|-`` without a cookie: the client passed a CAPTCHA for the account, which
+  voids CAPTCHAs only), ``account_source|t|a|s|-``, ``account|t|a|-|-``, the
+  consecutive-failure lock
   ``lock|t|a|-|-`` (seed 002, and the lifetime bound) and the tenant's wave challenge
   ``tenant|t|-|-|-``;
 * ``reset`` (a reset proven through the mailbox): operators' decisions only;
@@ -138,6 +140,9 @@ def applicable_keys(
         return (
             ("familiar", tenant, account, source, None),  # first: they qualify the ones after
             ("familiar", tenant, account, None, device) if device else _NO_KEY,
+            ("passed", tenant, account, None, device)
+            if device
+            else ("passed", tenant, account, source, None),
             source_key,
             ("account_source", tenant, account, source, None),
             ("account", tenant, account, None, None),
@@ -402,7 +407,8 @@ class DecisionIndex:
         Else the first unexpired challenge names what to demand. An ``exempt`` on the
         familiar pair or client (first among the keys) voids the tenant's wave challenge
         and the rules' source decisions for this attempt; operators' decisions still
-        apply. When the tenant verifies unfamiliar sign-ins (``VerifyConfig``), every
+        apply. A ``passed`` exempt (the client passed a CAPTCHA for the account, third
+        among the keys) voids every CAPTCHA, nothing else. When the tenant verifies unfamiliar sign-ins (``VerifyConfig``), every
         untrusted password attempt the familiar exempts do not cover is asked a
         ``step_up`` after a correct password (``Verdict.step_up``), after the wave's or
         the source's CAPTCHA if one is in force. Nothing else softens a challenge: one
@@ -412,7 +418,7 @@ class DecisionIndex:
         observed: Key | None = None
         challenge: Key | None = None
         kind: str | None = None
-        exempt = False
+        exempt = passed = False
         active = self._active
         for key in keys:
             entry = active.get(key)
@@ -420,7 +426,10 @@ class DecisionIndex:
                 continue
             action = entry.action
             if action == "exempt":
-                exempt = True
+                if key[0] == "passed":
+                    passed = True
+                else:
+                    exempt = True
                 continue
             if exempt and (key[0] == "tenant" or (key[0] == "source" and key[4] is None)):
                 continue
@@ -431,6 +440,8 @@ class DecisionIndex:
             elif action == "challenge":
                 if key[0] == "source" and keys[0][0] != "familiar":
                     continue  # a source's CAPTCHA is for password flows (they lead with familiar)
+                if passed and entry.challenge == "captcha":
+                    continue
                 if challenge is None:
                     challenge, kind = key, entry.challenge
             elif observed is None:

@@ -83,6 +83,12 @@ class WaveConfig(Frozen):
     succeeded from before (``FamiliarConfig``). ``mode = "observe"`` publishes it as
     ``observe`` (it demands nothing).
 
+    A passed CAPTCHA (a ``flow = "challenge"`` success) is not asked again: for
+    ``captcha_pass_ms`` the account shard's ``passed|t|a|-|d`` (the client's cookie, else
+    ``passed|t|a|s|-``, its source) voids every CAPTCHA (the wave's, a source's) for that
+    account and client, never a refusal nor ``[verify]``'s step-up. Per account: a bot
+    that bought one CAPTCHA gets nothing for the next name it tries.
+
     The wave's **lead-in**: the decision's ``window_ms`` reaches back ``lead_in_ms``
     before the end of the wave's first firing window, so its evidence began at
     ``issued_at - window_ms``. A session signed in since then from an untrusted client
@@ -93,8 +99,25 @@ class WaveConfig(Frozen):
 
     enabled: bool = True
     hold_ms: int = Field(MINUTE_MS, ge=1000, le=MAX_WINDOW_MS)
+    captcha_pass_ms: int = Field(
+        HOUR_MS,
+        ge=0,
+        le=MAX_WINDOW_MS,
+        description="a client that passed a CAPTCHA for an account is asked none again for "
+        "that account this long (0: every time)",
+    )
     lead_in_ms: int = Field(MINUTE_MS, ge=0, le=MAX_WINDOW_MS)
     mode: Mode = "enforce"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_challenge_kind(cls, data: Any) -> Any:
+        if isinstance(data, Mapping) and "challenge" in data:
+            raise ValueError(
+                "challenge: removed (issue 44): the wave always asks a CAPTCHA, and whether "
+                "a right password becomes a session is [verify]'s; delete this key"
+            )
+        return data
 
 
 class VerifyConfig(Frozen):

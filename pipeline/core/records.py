@@ -17,6 +17,7 @@ APPLIES_TO = {
     "lock": "untrusted",
     "tenant": "untrusted",
     "familiar": "untrusted",
+    "passed": "untrusted",
 }
 """Which attempts a decision of each scope refuses (``pipeline.core.decisions``)."""
 

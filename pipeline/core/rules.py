@@ -157,6 +157,7 @@ class TenantRules:
         self.familiar_renew_ms = familiar.renew_ms
         self.familiar_after_reset_ms = familiar.after_reset_ms if familiar.enabled else 0
         self.familiar_new_per_day = familiar.new_per_day
+        self.captcha_pass_ms = policy.wave.captcha_pass_ms if familiar.enabled else 0
         self.familiar_cfg = RuleConfig.model_construct(
             threshold=familiar.shared_accounts, window_ms=familiar.memory_ms, mode="enforce"
         )

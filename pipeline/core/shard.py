@@ -45,6 +45,10 @@ class Shard:
         # fed only by the already-deduplicated account stage).
         self.dedupe = Deduper(dedupe_horizon_ms, dedupe_capacity) if dedupe_horizon_ms else None
         self.watermark_ms = 0
+        self.renew_due_ms = 0
+        """The earliest renewal due in any tenant's heap (``streaks.renew_holds``): below
+        it an attempt looks at no tenant. 0 after a restore: the first attempt schedules
+        the restored holds."""
         self.metrics = Metrics()
         # This shard's share of distinct failing subjects per (tenant, window) (rule 8).
         self.tenant_shares: Shares = {}
@@ -140,30 +144,70 @@ class Shard:
             table.mapping.move_to_end(key)
             if now < entry.notice_until_ms or (seq >= 0 and entry.seq >= seq):
                 return False  # published within the renew period (the field is its end)
-        expires = now + rules.familiar_memory_ms
+        publish = account is not None
+        memory_ms, renew_ms = rules.familiar_memory_ms, rules.familiar_renew_ms
+        self._exempt(out, rules, key, entry, seq, now, memory_ms, renew_ms, publish)
+        return publish
+
+    def passed(self, attempt: Attempt, rules: TenantRules, out: Outbox, seq: int) -> None:
+        """A client passed a CAPTCHA for the account (``WaveConfig.captcha_pass_ms``):
+        publish ``passed|t|a|-|d`` (``passed|t|a|s|-`` without a cookie), an exempt from
+        CAPTCHAs only, kept in the familiar table (bounded, in the changelog, lifted on
+        eviction), published again once half its time has passed."""
+        pass_ms = rules.captcha_pass_ms
+        if not pass_ms:
+            return
+        device = attempt.device
+        source = None if device else attempt.source
+        key: Key = ("passed", attempt.tenant, attempt.account, source, device)
+        table = rules.familiar
+        entry = table.mapping.get(key)
+        now = attempt.occurred_ms
+        if entry is None:
+            entry = self._new_familiar_entry(table, key, out)
+        else:
+            table.mapping.move_to_end(key)
+            if now < entry.notice_until_ms or (seq >= 0 and entry.seq >= seq):
+                return
+        self._exempt(out, rules, key, entry, seq, now, pass_ms, pass_ms // 2, True)
+
+    def _exempt(
+        self,
+        out: Outbox,
+        rules: TenantRules,
+        key: Key,
+        entry: StreakState,
+        seq: int,
+        now: int,
+        memory_ms: int,
+        renew_ms: int,
+        publish: bool,
+    ) -> None:
+        """A familiar-table entry holds for ``memory_ms`` from ``now``: publish its exempt
+        (scope and rule are the key's first part; published again once ``renew_ms`` has
+        passed) unless ``publish`` is False (a known place, the source stage's own)."""
+        expires = now + memory_ms
         entry.blocked_until_ms = entry.keep_until_ms = expires
-        entry.notice_until_ms = now + rules.familiar_renew_ms
+        entry.notice_until_ms = now + renew_ms
         entry.rule = "familiar"
-        if account is None:
-            self._mark_familiar(key, entry, seq)
-            return False
-        entry.decision_id = self.issue(
-            out,
-            "familiar",
-            "familiar",
-            key,
-            attempt.tenant,
-            account,
-            source,
-            device,
-            rules.familiar_cfg,
-            0,
-            now,
-            expires,
-            action="exempt",
-        )
+        if publish:
+            scope, tenant, account, source, device = key
+            entry.decision_id = self.issue(
+                out,
+                scope,
+                scope,
+                key,
+                tenant,
+                account,
+                source,
+                device,
+                rules.familiar_cfg,
+                0,
+                now,
+                expires,
+                action="exempt",
+            )
         self._mark_familiar(key, entry, seq)
-        return True
 
     def owner_proved(self, attempt: Attempt, rules: TenantRules, out: Outbox, seq: int) -> None:
         """A new password was set (``FamiliarConfig.after_reset_ms``): until then the
@@ -314,7 +358,9 @@ class Shard:
         """After loading: re-index active decisions and expire what the changelog kept
         past its time (restored windows are not expired by the framework). Tables are put
         in deadline order first, so expiry from the front reaches every dead entry."""
+        self.renew_due_ms = 0  # the next attempt schedules the restored holds' renewals
         for tables in self.tenants.values():
+            tables.renewals_ready = False
             for any_table in tables.tables():
                 any_table.sort_by_deadline()
             self._reindex_counters(tables)

@@ -323,7 +323,10 @@ def _publish(
     if streak.rule in HOLD_RULES and expires - now > rules.hold_publish_ms:
         published = now + rules.hold_publish_ms
         streak.hold_until_ms = expires
-        heappush(rules.renewals, (now + rules.hold_publish_ms // 2, key))
+        renew_ms = now + rules.hold_publish_ms // 2
+        heappush(rules.renewals, (renew_ms, key))
+        if renew_ms < shard.renew_due_ms:
+            shard.renew_due_ms = renew_ms
     streak.blocked_until_ms = published
     streak.decision_id = shard.issue(
         out,
@@ -344,14 +347,15 @@ def _publish(
 def renew_holds(shard: Shard, out: Outbox) -> None:
     """Publish again, for ``lifetime.publish_ms``, every hold whose decision has run half
     its time while the hold lasts (event time: the shard's watermark), in every tenant of
-    the shard. A heap per tenant: O(1) per event when nothing is due. A hold written by a
-    version that published it for a century is published again for the bounded time at
-    the first check after a restore."""
+    the shard. A heap per tenant, and the shard's earliest due time: O(1) per event when
+    nothing is due, whatever the number of tenants. A hold written by a version that
+    published it for a century is published again for the bounded time at the first check
+    after a restore."""
     now = shard.watermark_ms
+    if now < shard.renew_due_ms:
+        return
+    due = FOREVER_MS
     for rules in shard.tenants.values():
-        streaks = rules.streaks
-        if now > streaks.now_ms:
-            streaks.now_ms = now  # what the cap's ``pinned`` compares with
         if not rules.renewals_ready:
             _schedule_restored(rules, now)
         renewals = rules.renewals
@@ -369,6 +373,9 @@ def renew_holds(shard: Shard, out: Outbox) -> None:
                 continue  # renewed since this was scheduled: its own entry is due later
             _publish(shard, rules, key, streak, now, streak.hold_until_ms, None, None, out)
             mark_streak(shard, key, streak, -1)
+        if renewals and renewals[0][0] < due:
+            due = renewals[0][0]
+    shard.renew_due_ms = due
 
 
 def _schedule_restored(rules: TenantRules, now: int) -> None:

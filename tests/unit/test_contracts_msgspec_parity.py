@@ -242,7 +242,10 @@ CANONICAL = st.fixed_dictionaries(
     optional={
         "tenant": st.sampled_from(["default", "acme", "t-2"]),
         "flow": st.sampled_from(["login", "uia", "mfa", "challenge"]),
-        "forwarded_for": st.lists(st.sampled_from(["198.51.100.7", "10.0.0.9", "junk"])),
+        # Within the schema's bound on hops (longer chains are the hostile strategy's).
+        "forwarded_for": st.lists(
+            st.sampled_from(["198.51.100.7", "10.0.0.9", "junk"]), max_size=16
+        ),
         "device_id": st.none() | st.text(min_size=1, max_size=30),
         "device_trusted": st.booleans(),
         "failure_reason": st.none() | st.sampled_from(["bad_password", "refused"]),

@@ -13,11 +13,12 @@ MANUAL_KEYS = (("source", "t", None, S, "manual"), ("account", "t", A, None, "ma
 
 def test_untrusted_password_flow_keys() -> None:
     """An untrusted login is checked against familiar (the pair and the cookie: first;
-    a known place is no key since issue 44 item 7), source, account_source, account, lock, the tenant's wave and the operator's
+    a known place is no key since issue 44 item 7), the client's passed CAPTCHA, source, account_source, account, lock, the tenant's wave and the operator's
     source and account keys (the tenant's [verify] is policy, not a key)."""
     assert applicable_keys("t", A, S, D, None, False, "login") == (
         ("familiar", "t", A, S, None),
         ("familiar", "t", A, None, D),
+        ("passed", "t", A, None, D),
         ("source", "t", None, S, None),
         ("account_source", "t", A, S, None),
         ("account", "t", A, None, None),

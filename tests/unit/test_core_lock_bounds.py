@@ -147,6 +147,23 @@ def test_a_shard_that_sees_only_refused_attempts_still_renews_the_hold() -> None
     assert held(engine, t + 72 * HOUR + SEC)
 
 
+def test_a_hold_is_renewed_by_another_tenants_traffic_and_the_check_is_gated() -> None:
+    """The held account's tenant sees nothing more; the shard's other tenant's sign-ins
+    renew the hold every 12 h all the same, and between renewals no tenant is looked at
+    (the shard's earliest due time gates the work per attempt)."""
+    engine = Engine(policy(lifetime={"threshold": 6}))
+    t = lifetime(engine)
+    shard = engine.accounts
+    assert shard.renew_due_ms == T0 + t + 12 * HOUR
+    for hour in range(1, 37):
+        engine.step_batch([att(t + hour * HOUR, account=OTHER, success=True, tenant="acme")])
+    bounds = [d for d in decisions(engine.out) if d.rule == "lifetime_bound"]
+    assert [datetime_to_ms(d.issued_at) - T0 - t for d in bounds] == [
+        h * HOUR for h in (0, 12, 24, 36)
+    ]
+    assert shard.renew_due_ms == T0 + t + 48 * HOUR
+
+
 def test_one_burst_counts_at_most_in_flight_max() -> None:
     """100 wrong passwords inside 0.1 s: 5 lock, 10 more are counted in flight (the
     curve's 15th: an hour), the other 85 are taken as refused; no lifetime bound (before:
