@@ -52,9 +52,9 @@ from tests.plugins.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
-# Simulated seconds of the stream: at speedup 2 it runs about 85 s, more than the three
-# faults take (55-65 s at load average 3-12 on 2 cores), so each happens while it runs.
-STREAM_S = 170
+# Simulated seconds of the stream: at speedup 2 it runs about 100 s, more than the three
+# faults take (about 75 s at load average 10 on 2 cores), so each happens while it runs.
+STREAM_S = 200
 DISK_MB = 256
 PARTITIONED, DISK_FULL = 3, 2
 TWO_DOWN_S = 3.0  # how long both stay down before one returns
