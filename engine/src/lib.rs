@@ -8,11 +8,27 @@ mod table;
 
 use std::borrow::Cow;
 
-use pyo3::exceptions::PyValueError;
+use pyo3::exceptions::{PyMemoryError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyString};
 
-use table::{Digest, Table, Value, KEY_BYTES, RECORD_BYTES};
+use table::{Digest, Table, Value, KEY_BYTES, MAX_RECORDS, RECORD_BYTES};
+
+fn no_memory(records: usize) -> PyErr {
+    PyMemoryError::new_err(format!(
+        "no memory for a familiar store of {records} records (about {} MB)",
+        (table::slots_for(records) * 41) >> 20
+    ))
+}
+
+fn records_bound(name: &str, records: usize) -> PyResult<usize> {
+    if records > MAX_RECORDS {
+        return Err(PyValueError::new_err(format!(
+            "{name} is at most {MAX_RECORDS} records (a store that size is about 100 GB); got {records}"
+        )));
+    }
+    Ok(records)
+}
 
 fn utf8<'a>(s: &'a Bound<'_, PyString>) -> PyResult<Cow<'a, [u8]>> {
     match s.to_str() {
@@ -107,10 +123,10 @@ fn value_tuple(v: Value) -> (i64, i64, u64) {
 impl FamiliarStore {
     #[new]
     #[pyo3(signature = (capacity = 0))]
-    fn new(capacity: usize) -> Self {
-        FamiliarStore {
-            table: Table::with_capacity(capacity),
-        }
+    fn new(capacity: usize) -> PyResult<Self> {
+        let records = records_bound("capacity", capacity)?;
+        let table = Table::with_capacity(records).map_err(|_| no_memory(records))?;
+        Ok(FamiliarStore { table })
     }
 
     /// Insert or replace ``digest``'s record (the last one put wins, expired or not).
@@ -122,8 +138,8 @@ impl FamiliarStore {
             since_ms: self::since_ms(since_ms)?,
             id_fp,
         };
-        self.table.put(key, value);
-        Ok(())
+        let records = self.table.len() + 1;
+        self.table.put(key, value).map_err(|_| no_memory(records))
     }
 
     /// Put every record of ``packed`` (``RECORD_BYTES`` each, ``RECORD_FORMAT``) in order;
@@ -147,14 +163,17 @@ impl FamiliarStore {
             }
         }
         let count = packed.len() / RECORD_BYTES;
+        let records = records_bound("a store with put_many's records", self.table.len() + count)?;
         let table = &mut self.table;
         py.detach(|| {
-            table.reserve(count);
+            table.reserve(count)?;
             for record in packed.chunks_exact(RECORD_BYTES) {
                 let (k, v) = table::unpack(record);
-                table.put(k, v);
+                table.put(k, v)?; // never grows: reserved above
             }
-        });
+            Ok(())
+        })
+        .map_err(|_: std::collections::TryReserveError| no_memory(records))?;
         Ok(count)
     }
 
@@ -238,8 +257,9 @@ impl FamiliarStore {
     }
 
     /// Make room for ``more`` records beyond those held, so loading them never rehashes.
-    fn reserve(&mut self, more: usize) {
-        self.table.reserve(more);
+    fn reserve(&mut self, more: usize) -> PyResult<()> {
+        let records = records_bound("reserve", self.table.len().saturating_add(more))?;
+        self.table.reserve(more).map_err(|_| no_memory(records))
     }
 
     /// Every record as ``(digest, expires_ms, since_ms, id_fp)``, in slot order.

@@ -14,6 +14,7 @@
 //! records next to each other.
 
 use std::collections::hash_map::RandomState;
+use std::collections::TryReserveError;
 use std::hash::{BuildHasher, Hasher};
 
 pub const KEY_BYTES: usize = 16;
@@ -24,6 +25,9 @@ pub const RECORD_BYTES: usize = 40;
 const MAX_LOAD_NUM: usize = 85;
 const MAX_LOAD_DEN: usize = 100;
 const MIN_SLOTS: usize = 64;
+/// The most records a table is asked to hold (about 100 GB): a larger request is a
+/// mistake, refused before any allocation.
+pub const MAX_RECORDS: usize = 1 << 31;
 
 pub type Digest = [u8; KEY_BYTES];
 
@@ -74,26 +78,31 @@ pub fn slots_for(records: usize) -> usize {
     wanted.max(MIN_SLOTS)
 }
 
-impl Default for Table {
-    fn default() -> Self {
-        Self::with_capacity(0)
-    }
+/// Zeroed tags and slots for `n` slots, or the allocator's refusal (never an abort).
+fn allocate(n: usize) -> Result<(Vec<u8>, Vec<Slot>), TryReserveError> {
+    let mut tags = Vec::new();
+    tags.try_reserve_exact(n)?;
+    tags.resize(n, 0);
+    let mut slots = Vec::new();
+    slots.try_reserve_exact(n)?;
+    slots.resize(n, Slot::default());
+    Ok((tags, slots))
 }
 
 impl Table {
-    pub fn with_capacity(records: usize) -> Self {
+    pub fn with_capacity(records: usize) -> Result<Self, TryReserveError> {
         Self::with_seed(records, random_seed())
     }
 
-    pub fn with_seed(records: usize, seed: (u64, u64)) -> Self {
-        let n = slots_for(records);
-        Table {
-            tags: vec![0; n],
-            slots: vec![Slot::default(); n],
+    pub fn with_seed(records: usize, seed: (u64, u64)) -> Result<Self, TryReserveError> {
+        let (tags, slots) = allocate(slots_for(records))?;
+        Ok(Table {
+            tags,
+            slots,
             len: 0,
             seed,
             cursor: 0,
-        }
+        })
     }
 
     pub fn len(&self) -> usize {
@@ -164,24 +173,26 @@ impl Table {
     }
 
     /// Make room for `more` records beyond those held without growing in between.
-    pub fn reserve(&mut self, more: usize) {
+    pub fn reserve(&mut self, more: usize) -> Result<(), TryReserveError> {
         let needed = slots_for(self.len.saturating_add(more));
         if needed > self.slots.len() {
-            self.rehash(needed);
+            self.rehash(needed)?;
         }
+        Ok(())
     }
 
-    fn rehash(&mut self, slots: usize) {
-        let old_tags = std::mem::take(&mut self.tags);
-        let old_slots = std::mem::take(&mut self.slots);
-        self.tags = vec![0; slots];
-        self.slots = vec![Slot::default(); slots];
+    /// Move every record into `slots` new slots; on an allocation failure nothing changes.
+    fn rehash(&mut self, slots: usize) -> Result<(), TryReserveError> {
+        let (tags, new_slots) = allocate(slots)?;
+        let old_tags = std::mem::replace(&mut self.tags, tags);
+        let old_slots = std::mem::replace(&mut self.slots, new_slots);
         self.cursor = 0;
         for (t, s) in old_tags.iter().zip(old_slots.iter()) {
             if *t != 0 {
                 self.place(s.key, s.value);
             }
         }
+        Ok(())
     }
 
     /// Put a record known to be absent into the first free slot from its home.
@@ -195,18 +206,20 @@ impl Table {
         self.slots[i] = Slot { key, value };
     }
 
-    /// Insert or replace (the last record put for a digest wins, as a compacted topic's).
-    pub fn put(&mut self, key: Digest, value: Value) {
+    /// Insert or replace (the last record put for a digest wins, as a compacted topic's);
+    /// growing by half when full. On an allocation failure nothing changes.
+    pub fn put(&mut self, key: Digest, value: Value) -> Result<(), TryReserveError> {
         if let Some(i) = self.find(&key) {
             self.slots[i].value = value;
-            return;
+            return Ok(());
         }
         if (self.len + 1) * MAX_LOAD_DEN > self.slots.len() * MAX_LOAD_NUM {
             let grown = self.slots.len() + self.slots.len() / 2;
-            self.rehash(grown.max(slots_for(self.len + 1)));
+            self.rehash(grown.max(slots_for(self.len + 1)))?;
         }
         self.place(key, value);
         self.len += 1;
+        Ok(())
     }
 
     /// Remove `key`'s record, only if its id fingerprint is `id_fp` when one is given;
@@ -344,7 +357,7 @@ mod tests {
     #[test]
     fn against_a_hash_map_with_collisions_forced() {
         // A seed of (1, 1) and keys differing only in the low half: many share a home.
-        let mut t = Table::with_seed(0, (1, 1));
+        let mut t = Table::with_seed(0, (1, 1)).unwrap();
         let mut m: HashMap<Digest, Value> = HashMap::new();
         let mut x: u64 = 0x1234_5678;
         for step in 0..200_000u64 {
@@ -355,7 +368,7 @@ mod tests {
             match x % 7 {
                 0..=2 => {
                     let v = value((x % 1_000) as i64, step);
-                    t.put(k, v);
+                    t.put(k, v).unwrap();
                     m.insert(k, v);
                 }
                 3 => {
@@ -393,9 +406,10 @@ mod tests {
 
     #[test]
     fn load_stays_bounded() {
-        let mut t = Table::with_capacity(0);
+        let mut t = Table::with_capacity(0).unwrap();
         for n in 0..100_000u64 {
-            t.put(key(n.wrapping_mul(0x9E37_79B9_7F4A_7C15)), value(1, n));
+            t.put(key(n.wrapping_mul(0x9E37_79B9_7F4A_7C15)), value(1, n))
+                .unwrap();
         }
         assert_eq!(t.len(), 100_000);
         assert!(t.len() * 100 <= t.slot_count() * 85);
@@ -403,10 +417,11 @@ mod tests {
 
     #[test]
     fn reserve_holds_exactly_without_growing() {
-        let mut t = Table::with_capacity(1_000_000);
+        let mut t = Table::with_capacity(1_000_000).unwrap();
         let slots = t.slot_count();
         for n in 0..1_000_000u64 {
-            t.put(key(n.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 7), value(1, n));
+            t.put(key(n.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 7), value(1, n))
+                .unwrap();
         }
         assert_eq!(t.slot_count(), slots);
     }

@@ -152,8 +152,9 @@ def test_reserve_then_load_never_rehashes_and_stays_compact() -> None:
 
 
 def test_bad_input_raises_clear_errors_and_changes_nothing() -> None:
-    """Wrong digest length, negative times, a bad packed batch: a ValueError that says what
-    was wrong (TypeError/OverflowError for the wrong type or a negative id), nothing stored."""
+    """Wrong digest length, negative times, a bad packed batch, an absurd capacity: a
+    ValueError that says what was wrong (TypeError/OverflowError for the wrong type or a
+    negative integer), nothing stored or allocated."""
     store = engine.FamiliarStore()
     with pytest.raises(ValueError, match=r"familiar digest is 16 bytes .*got 15"):
         store.put(b"x" * 15, 1)
@@ -183,7 +184,13 @@ def test_bad_input_raises_clear_errors_and_changes_nothing() -> None:
         store.put("0123456789abcdef", 1)  # type: ignore[arg-type]
     with pytest.raises(TypeError):
         engine.familiar_digest("t", 3, None, None)  # type: ignore[arg-type]
-    assert len(store) == 0
+    with pytest.raises(ValueError, match="capacity is at most 2147483648 records"):
+        engine.FamiliarStore(2**40)
+    with pytest.raises(ValueError, match="reserve is at most 2147483648 records"):
+        store.reserve(2**40)
+    with pytest.raises(OverflowError):
+        engine.FamiliarStore(-1)
+    assert (len(store), store.slot_count()) == (0, 64)
 
 
 # -- the differential test against DecisionIndex -----------------------------------------
