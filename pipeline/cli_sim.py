@@ -18,6 +18,8 @@ def _simulate(args: argparse.Namespace, settings: Settings) -> int:
         args.parser.error("--dry-run needs --out PATH (the events file to write)")
     if args.out is not None and not args.dry_run:
         args.parser.error("--out goes with --dry-run; without --dry-run events go to Kafka")
+    if args.gateway is not None:
+        return _simulate_gateway(args, settings)
     return run_simulate_command(
         settings,
         scenarios=args.scenario,
@@ -28,6 +30,28 @@ def _simulate(args: argparse.Namespace, settings: Settings) -> int:
         start_ms=args.start,
         truth=args.truth,
         out=args.out,
+        history_s=args.history_s,
+    )
+
+
+def _simulate_gateway(args: argparse.Namespace, settings: Settings) -> int:
+    from pipeline.sim.live_gateway import run_gateway_command
+
+    if args.dry_run:
+        args.parser.error("--gateway asks a running edge: it goes without --dry-run")
+    if args.speedup != 1.0 or args.start is not None:
+        args.parser.error(
+            "--gateway runs in event time (the edge checks expiry against its wall clock): "
+            "leave --speedup at 1 and --start unset"
+        )
+    return run_gateway_command(
+        settings,
+        url=args.gateway,
+        scenarios=args.scenario,
+        rate_per_s=args.rate,
+        duration_s=args.duration_s,
+        seed=args.seed,
+        truth=args.truth,
         history_s=args.history_s,
     )
 
@@ -164,6 +188,13 @@ def add_sim_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "--dry-run", action="store_true", help="write events to --out, not to Kafka"
     )
     simulate.add_argument("--out", type=Path, help="events JSONL to write (with --dry-run)")
+    simulate.add_argument(
+        "--gateway",
+        metavar="URL",
+        help="act as a login service following the contract: ask this edge's /v1/check "
+        "for each attempt (in event time; the history first, unchecked) and produce what "
+        "the service reports under its answer (pipeline.sim.live_gateway)",
+    )
     simulate.set_defaults(handler=_simulate, parser=simulate)
 
     card = sub.add_parser("scorecard", help="score decisions and alerts against the ground truth")
