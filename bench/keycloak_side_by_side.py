@@ -1,0 +1,339 @@
+"""Keycloak alone against Keycloak with authpipe, side by side (issue 47 item 4).
+
+The same scripted attacks go through a real Keycloak's token endpoint and login pages
+twice: first with Keycloak's own brute-force detection on (its defaults) and its default
+flows; then with detection off and authpipe deciding (the provider publishes every attempt,
+a real ``authpipe worker`` counts them, the edge answers the provider's checks). Each run
+has its own users and addresses. Scenarios (small: Keycloak does 20-30 failed logins a
+second here):
+
+* lockout DoS: 2 wrong passwords a second at the owner for 20 s from one address, while the
+  owner signs in from their own browser every 4 s (with authpipe: a browser that passed a
+  step-up once, so trusted);
+* spray: one address tries one common password on 30 accounts, one of which has it;
+* stuffing: 20 leaked pairs through 20 addresses, 3 of them valid;
+* ordinary people: 10 users sign in once each from their own address, 5 of them with a
+  one-time code set up (no history: every place is new to authpipe).
+
+The slow guesser (a guess every few minutes for hours) is left out: it needs hours.
+``python -m bench.keycloak_side_by_side`` (after ``bash scripts/keycloak-setup``) prints
+the table and writes ``bench/results/keycloak_side_by_side.json``; about 3.5 minutes on
+2 cores. The table and what it says: docs/keycloak.md.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from pipeline.dev.keycloak import LocalKeycloak, ProviderConfig
+from pipeline.dev.stack import LocalKafka
+from tests.integration.edge_process import AUTH, TOKEN
+from tests.integration.test_keycloak import REDIRECT, Browser, _request, solve, totp
+from tests.plugins.kafka import REPO_ROOT, SHARED_LIBS_DIR, free_ports
+from tests.plugins.waiting import wait_until
+
+DIGEST_KEY = "keycloak-side-by-side-digest-key-0123456789"
+OTP_SECRET = '{"value":"authpipe-demo-otp-secret"}'
+OTP_DATA = '{"subType":"totp","digits":6,"counter":0,"period":30,"algorithm":"HmacSHA1"}'
+SPRAYED = "Winter2026!"
+OUT = REPO_ROOT / "bench" / "results" / "keycloak_side_by_side.json"
+
+
+def user(name: str, password: str, otp: bool = False) -> dict[str, Any]:
+    creds: list[dict[str, Any]] = [{"type": "password", "value": password, "temporary": False}]
+    if otp:
+        creds.append({"type": "otp", "secretData": OTP_SECRET, "credentialData": OTP_DATA})
+    return {
+        "username": name,
+        "enabled": True,
+        "email": f"{name}@example.com",
+        "emailVerified": True,
+        "firstName": name,
+        "lastName": "Bench",
+        "credentials": creds,
+    }
+
+
+class Realm:
+    """The admin API of the realm ``authpipe`` on ``keycloak``."""
+
+    def __init__(self, keycloak: LocalKeycloak) -> None:
+        self.keycloak = keycloak
+        self.url = keycloak.url
+
+    def _token(self) -> str:
+        _, _, text = _request(
+            f"{self.url}/realms/master/protocol/openid-connect/token",
+            {
+                "grant_type": "password",
+                "client_id": "admin-cli",
+                "username": "admin",
+                "password": self.keycloak.admin_password(),
+            },
+        )
+        return str(json.loads(text)["access_token"])
+
+    def call(self, method: str, path: str, body: object) -> int:
+        import urllib.request
+
+        request = urllib.request.Request(
+            f"{self.url}/admin/realms/authpipe{path}",
+            method=method,
+            data=json.dumps(body).encode(),
+            headers={
+                "Authorization": f"Bearer {self._token()}",
+                "Content-Type": "application/json",
+            },
+        )
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return int(response.status)
+
+    def mode(self, alone: bool) -> None:
+        self.call(
+            "PUT",
+            "",
+            {
+                "bruteForceProtected": alone,
+                "browserFlow": "browser" if alone else "authpipe browser",
+                "directGrantFlow": "direct grant" if alone else "authpipe direct grant",
+            },
+        )
+
+    def users(self, users: list[dict[str, Any]]) -> None:
+        self.call("POST", "/partialImport", {"ifResourceExists": "SKIP", "users": users})
+
+
+def grant(url: str, username: str, password: str, source: str, **extra: str) -> int:
+    return answer(url, username, password, source, **extra)[0]
+
+
+def answer(
+    url: str, username: str, password: str, source: str, **extra: str
+) -> tuple[int, dict[str, Any]]:
+    form = {
+        "grant_type": "password",
+        "client_id": "authpipe-demo",
+        "username": username,
+        "password": password,
+        **extra,
+    }
+    status, _, text = _request(
+        f"{url}/realms/authpipe/protocol/openid-connect/token", form, {"X-Forwarded-For": source}
+    )
+    return status, json.loads(text) if text.startswith("{") else {}
+
+
+def person(url: str, username: str, password: str, source: str, otp: bool) -> str:
+    """A person's direct grant, answering what a person can: a CAPTCHA (solved), their code
+    when they have one. ``signed_in``, ``signed_in_challenged`` or the refusal's error."""
+    extra: dict[str, str] = {}
+    challenged = False
+    for _ in range(3):
+        status, body = answer(url, username, password, source, **extra)
+        if status == 200:
+            return "signed_in_challenged" if challenged else "signed_in"
+        error = str(body.get("error"))
+        if error == "captcha_required" and "captcha_challenge" in body:
+            extra["authpipe-captcha"] = solve(body["captcha_challenge"])
+        elif otp and error in ("step_up_required", "invalid_grant") and "otp" not in extra:
+            extra["otp"] = totp(0)
+        else:
+            return error
+        challenged = challenged or error == "captcha_required" or error == "step_up_required"
+    return "gave_up"
+
+
+def browser_signs_in(browser: Browser, username: str, password: str, step: int) -> bool:
+    """The login pages as a person fills them in (code when asked); True at the client."""
+    browser.forget_session()
+    page = browser.start()
+    fields = {"username": username}
+    if 'name="password"' in page:
+        fields["password"] = password
+    status, headers, page = browser._post(page, fields)
+    captcha = re.search(r'<altcha-widget[^>]*challenge="([^"]+)"', page)
+    if status == 200 and captcha:  # a person solves the CAPTCHA
+        payload = solve(json.loads(html.unescape(captcha.group(1))))
+        status, headers, page = browser._post(page, {"authpipe-captcha": payload})
+    if status == 200 and 'name="password"' in page:
+        status, headers, page = browser._post(page, {"password": password})
+    if status == 200 and 'name="otp"' in page:
+        status, headers, page = browser._post(page, {"otp": totp(step)})
+    return status == 302 and headers.get("Location", "").startswith(REDIRECT)
+
+
+def run(url: str, realm: Realm, alone: bool) -> dict[str, Any]:
+    s = "a" if alone else "b"
+    net = 10 if alone else 20
+    targets = [user(f"t{i:02d}-{s}", f"strong-{i}-{os.urandom(6).hex()}") for i in range(29)]
+    pairs = {f"p{i:02d}-{s}": f"pw-{i}-{s}" for i in range(20)}
+    legit = {f"l{i:02d}-{s}": f"legit-{i}-{s}" for i in range(10)}
+    realm.users(
+        [
+            user(f"owner-{s}", "owner-correct-horse", otp=not alone),
+            user(f"weak-{s}", SPRAYED),
+            *targets,
+            *(user(n, p) for n, p in pairs.items()),
+            *(user(n, p, otp=i < 5) for i, (n, p) in enumerate(legit.items())),
+        ]
+    )
+    realm.mode(alone)
+    result: dict[str, Any] = {}
+
+    # Lockout DoS: the attacker at 2 a second, the owner every 4 s from their browser.
+    owner = Browser(type("S", (), {"url": url})(), f"203.0.113.{net}")
+    warm = browser_signs_in(owner, f"owner-{s}", "owner-correct-horse", -1)
+    stop = time.monotonic() + 20
+
+    def guesses() -> None:
+        for i in range(40):
+            if time.monotonic() >= stop:
+                return
+            grant(url, f"owner-{s}", f"guess-{i}", f"198.51.100.{net}")
+            time.sleep(0.5)
+
+    attacker = threading.Thread(target=guesses)
+    attacker.start()
+    tries = refused = 0
+    while time.monotonic() < stop:
+        tries += 1
+        refused += not browser_signs_in(owner, f"owner-{s}", "owner-correct-horse", 0)
+        time.sleep(4)
+    attacker.join()
+    result["lockout_dos"] = {
+        "owner_warm_sign_in": warm,
+        "owner_tries": tries,
+        "owner_refused": refused,
+    }
+
+    # Spray: one address, one password, 30 accounts (the weak one among them).
+    names = [t["username"] for t in targets]
+    names.insert(20, f"weak-{s}")
+    taken = [n for n in names if grant(url, n, SPRAYED, f"198.51.100.{net + 1}") == 200]
+    result["spray"] = {"attempts": len(names), "takeovers": len(taken)}
+
+    # Stuffing: 20 pairs through 20 addresses, 3 valid.
+    valid = {3, 11, 17}
+    got = 0
+    for i, (name, password) in enumerate(pairs.items()):
+        guess = password if i in valid else f"leaked-{i}"
+        got += grant(url, name, guess, f"198.18.{net}.{i + 1}") == 200
+        time.sleep(0.2)
+    result["stuffing"] = {"attempts": len(pairs), "valid_pairs": len(valid), "takeovers": got}
+
+    # Ordinary people, once each from their own address.
+    outcomes = [
+        person(url, n, p, f"192.0.2.{net + i}", i < 5) for i, (n, p) in enumerate(legit.items())
+    ]
+    turned_away = [o for o in outcomes if not o.startswith("signed_in")]
+    result["people"] = {
+        "people": len(outcomes),
+        "refused": len(turned_away),
+        "refused_with_a_code": len([o for o in outcomes[:5] if not o.startswith("signed_in")]),
+        "refused_without_one": len([o for o in outcomes[5:] if not o.startswith("signed_in")]),
+        "challenged": outcomes.count("signed_in_challenged"),
+        "outcomes": outcomes,
+    }
+    return result
+
+
+def answers(url: str, headers: dict[str, str] | None = None) -> bool:
+    try:
+        return _request(url, headers=headers)[0] == 200
+    except OSError:
+        return False
+
+
+def main() -> int:
+    base = Path(tempfile.mkdtemp(prefix="authpipe-kc-bench-"))
+    kafka_port, controller, edge_port, web_port, kc_port = free_ports(5)
+    kafka = LocalKafka(base / "kafka", kafka_port, controller, libs_dir=SHARED_LIBS_DIR)
+    config = base / "authpipe.toml"
+    config.write_text(
+        f'state_dir = "{base / "state"}"\n[kafka]\nbootstrap_servers = "{kafka.bootstrap}"\n'
+        f'partitions = 2\n[identity]\ndigest_key = "{DIGEST_KEY}"\n'
+        '[ingest]\ntrusted_proxies = ["127.0.0.0/8"]\n'
+        f'[worker]\nweb_port = {web_port}\n[edge]\ntoken = "{TOKEN}"\n[log]\nformat = "json"\n'
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AUTHPIPE_")}
+    env["AUTHPIPE_CONFIG"] = str(config)
+    procs: list[subprocess.Popen[bytes]] = []
+    keycloak = LocalKeycloak(
+        base / "keycloak",
+        kc_port,
+        ProviderConfig(
+            kafka.bootstrap,
+            f"http://127.0.0.1:{edge_port}",
+            edge_token=TOKEN,
+            timeout_ms=500,
+            captcha_key=os.urandom(24).hex(),
+        ),
+    )
+    try:
+        kafka.up()
+        for args, name in (
+            (["worker"], "worker"),
+            (["edge", "serve", "--port", str(edge_port)], "edge"),
+        ):
+            with (base / f"{name}.log").open("wb") as log:
+                procs.append(
+                    subprocess.Popen(
+                        [sys.executable, "-m", "pipeline.cli", *args],
+                        cwd=REPO_ROOT,
+                        env=env,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                    )
+                )
+        wait_until(
+            lambda: answers(f"http://127.0.0.1:{web_port}/readyz"),
+            120,
+            interval_s=0.5,
+            description="the worker",
+        )
+        wait_until(
+            lambda: answers(f"http://127.0.0.1:{edge_port}/readyz", AUTH),
+            60,
+            interval_s=0.3,
+            description="the edge",
+        )
+        keycloak.up()
+        realm = Realm(keycloak)
+        rows = {"keycloak alone": run(keycloak.url, realm, alone=True)}
+        rows["keycloak + authpipe"] = run(keycloak.url, realm, alone=False)
+    finally:
+        keycloak.down()
+        for proc in procs:
+            proc.terminate()
+            proc.wait(30)
+        kafka.down()
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    OUT.write_text(json.dumps(rows, indent=2) + "\n")
+    print(
+        f"{'':22} {'owner refused':>14} {'spray takeovers':>16} {'stuffing takeovers':>19} "
+        f"{'people refused':>15}"
+    )
+    for name, r in rows.items():
+        print(
+            f"{name:22} {r['lockout_dos']['owner_refused']:>6} of {r['lockout_dos']['owner_tries']:<6} "
+            f"{r['spray']['takeovers']:>9} of {r['spray']['attempts']:<4} "
+            f"{r['stuffing']['takeovers']:>12} of {r['stuffing']['valid_pairs']:<4} "
+            f"{r['people']['refused']:>8} of {r['people']['people']}"
+        )
+    print(f"details: {OUT}; logs: {base}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
