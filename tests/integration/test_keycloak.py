@@ -47,9 +47,23 @@ HOUR_MS = 3_600_000
 
 
 def totp(step_offset: int = 0) -> str:
-    """Alice's one-time code for the 30 s step ``step_offset`` away from now (each test
-    uses its own step: Keycloak takes a code once)."""
-    counter = int(time.time()) // 30 + step_offset
+    """Alice's one-time code for the 30 s step ``step_offset`` away from now."""
+    return _code(int(time.time()) // 30 + step_offset)
+
+
+_USED_STEPS: set[int] = set()
+
+
+def fresh_totp() -> str:
+    """A code of a step (now, next or previous: Keycloak takes one step either side) no test
+    of this session has used: Keycloak takes each code once."""
+    now = int(time.time()) // 30
+    step = next(s for s in (now, now + 1, now - 1) if s not in _USED_STEPS)
+    _USED_STEPS.add(step)
+    return _code(step)
+
+
+def _code(counter: int) -> str:
     digest = hmac.new(OTP_SECRET, struct.pack(">Q", counter), hashlib.sha1).digest()
     offset = digest[-1] & 0x0F
     code = (struct.unpack(">I", digest[offset : offset + 4])[0] & 0x7FFFFFFF) % 1_000_000
@@ -182,7 +196,7 @@ def test_step_up_with_a_one_time_code(keycloak_stack: KeycloakStack) -> None:
     source = "203.0.113.11"
     status, _, body = grant(keycloak_stack, "alice", PASSWORDS["alice"], source, otp="000000")
     assert (status, body["error"]) == (401, "invalid_grant")
-    status, _, body = grant(keycloak_stack, "alice", PASSWORDS["alice"], source, otp=totp(0))
+    status, _, body = grant(keycloak_stack, "alice", PASSWORDS["alice"], source, otp=fresh_totp())
     assert status == 200 and "access_token" in body
     assert [summary(r) for r in records_from(keycloak_stack, source, 5)] == [
         ("alice", "login", "step_up", None, None),
@@ -319,7 +333,7 @@ def test_browser_step_up_with_a_one_time_code(keycloak_stack: KeycloakStack) -> 
     assert 'name="password"' in page
     page = browser.submit(page, {"password": PASSWORDS["alice"]})
     assert 'name="otp"' in page
-    location = browser.submit_redirect(page, {"otp": totp(-1)})
+    location = browser.submit_redirect(page, {"otp": fresh_totp()})
     assert location.startswith(REDIRECT) and "code=" in location
     records = records_from(keycloak_stack, source, 3)
     assert [summary(r) for r in records] == [

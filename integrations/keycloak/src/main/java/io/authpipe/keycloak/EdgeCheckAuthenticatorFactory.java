@@ -38,9 +38,10 @@ public final class EdgeCheckAuthenticatorFactory extends AuthpipeAuthenticatorFa
   }
 
   /**
-   * The verifier class, made with the first constructor it has of: {@code (String)} given the
-   * {@code captcha-key} option (ALTCHA's HMAC key), {@code (Config.Scope)} given this SPI's
-   * options, or none.
+   * The verifier class, made with the first it has of: a {@code (String)} constructor given the
+   * {@code captcha-key} option (ALTCHA's HMAC key), or, that option unset, a static {@code
+   * fromEnvironment()} (ALTCHA: {@code AUTHPIPE_ALTCHA_HMAC_KEY}); a {@code (Config.Scope)}
+   * constructor given this SPI's options; a no-argument one.
    */
   static CaptchaVerifier loadVerifier(String className, Config.Scope config) {
     if (className == null || className.isBlank()) {
@@ -49,8 +50,11 @@ public final class EdgeCheckAuthenticatorFactory extends AuthpipeAuthenticatorFa
     try {
       Class<?> type = Class.forName(className, true, EdgeCheckAuthenticatorFactory.class.getClassLoader());
       Object made;
+      String key = config.get("captcha-key");
       try {
-        made = type.getConstructor(String.class).newInstance(config.get("captcha-key"));
+        made = key == null && hasFactory(type)
+            ? type.getMethod("fromEnvironment").invoke(null)
+            : type.getConstructor(String.class).newInstance(key);
       } catch (NoSuchMethodException e) {
         try {
           made = type.getConstructor(Config.Scope.class).newInstance(config);
@@ -70,6 +74,15 @@ public final class EdgeCheckAuthenticatorFactory extends AuthpipeAuthenticatorFa
           + "is refused", className, e.toString());
     }
     return null;
+  }
+
+  /** A {@code public static fromEnvironment()} (the key from the environment when unset). */
+  private static boolean hasFactory(Class<?> type) {
+    try {
+      return java.lang.reflect.Modifier.isStatic(type.getMethod("fromEnvironment").getModifiers());
+    } catch (NoSuchMethodException e) {
+      return false;
+    }
   }
 
   @Override
