@@ -18,7 +18,12 @@ settings.load_profile("authpipe")
 TEST_DIGEST_KEY = "authpipe-test-digest-key-not-for-production"
 os.environ.setdefault("AUTHPIPE_IDENTITY_DIGEST_KEY", TEST_DIGEST_KEY)
 
-pytest_plugins = ["tests.plugins.kafka", "tests.plugins.clickhouse", "tests.plugins.worker"]
+pytest_plugins = [
+    "tests.plugins.kafka",
+    "tests.plugins.clickhouse",
+    "tests.plugins.worker",
+    "tests.plugins.keycloak",
+]
 
 CORE_DIR = os.path.join(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "pipeline", "core"

@@ -33,7 +33,6 @@ if TYPE_CHECKING:
 
 pytestmark = pytest.mark.integration
 # The session fixture keycloak_stack (until tests/conftest.py lists the plugin).
-pytest_plugins = ["tests.plugins.keycloak"]
 
 CLIENT = "authpipe-demo"
 REDIRECT = "http://127.0.0.1/cb"
