@@ -32,7 +32,6 @@ if TYPE_CHECKING:
     from tests.plugins.keycloak import KeycloakStack
 
 pytestmark = pytest.mark.integration
-# The session fixture keycloak_stack (until tests/conftest.py lists the plugin).
 
 CLIENT = "authpipe-demo"
 REDIRECT = "http://127.0.0.1/cb"
