@@ -79,3 +79,26 @@ def pytest_sessionstart(session: pytest.Session) -> None:
             "(`AUTHPIPE_PURE_CORE=1 bash scripts/setup` removes the compiled modules)",
             returncode=4,
         )
+
+
+# Under pytest-xdist (`scripts/test` runs two workers, `--dist loadfile`), each test file
+# runs whole in one worker (its module fixtures start once), and the files sharing an
+# expensive session fixture run in the same worker: the real Keycloak, the three-broker
+# clusters. (xdist's ``loadgroup`` marks do nothing under pytest 9: it renames node ids
+# through an attribute pytest no longer reads.)
+SHARED_GROUPS = {"test_keycloak": "keycloak", "test_cluster_faults": "cluster"}
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """``loadfile``, with the files of a shared group as one scope."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class GroupedFiles(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = super()._split_scope(nodeid)
+            name = os.path.basename(path)
+            return next((g for p, g in SHARED_GROUPS.items() if name.startswith(p)), path)
+
+    return GroupedFiles(config, log)
