@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
+from aiokafka.errors import CommitFailedError
 from aiokafka.structs import TopicPartition
 
 from pipeline.clock import wall_ms
@@ -344,7 +345,15 @@ class IngestLoop:
             sent_next[ack.partition] = max(sent_next.get(ack.partition, 0), ack.offset + 1)
         if not commits:
             return
-        await consumer.commit(commits)
+        try:
+            await consumer.commit(commits)
+        except CommitFailedError:
+            # The group rebalanced meanwhile (its coordinator was cut off or died and this
+            # member's session expired): the batch is acknowledged, the partitions' next
+            # owner re-reads it from the last commit and the account stage skips it.
+            log.warning("ingest_commit_failed_rebalanced", partitions=len(commits))
+            self.metrics.ingested(result.valid, result.reasons)
+            return
         self.metrics.ingested(result.valid, result.reasons)
         for tp, messages in batch.items():
             highwater = consumer.highwater(tp)
