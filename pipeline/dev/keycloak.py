@@ -24,12 +24,14 @@ import signal
 import subprocess
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
 from pipeline.dev.errors import StackError
+from pipeline.dev.mailsink import sink_process_down, sink_process_up
 from pipeline.dev.processes import (
     POLL_INTERVAL_S,
     java_binary,
@@ -321,6 +323,49 @@ class LocalKeycloak:
         self.pid_path.write_text(f"{process.pid}\n")
         return process.pid
 
+    def admin(self, method: str, path: str, body: object | None = None) -> object:
+        """One call of the admin API under ``/admin/realms/authpipe`` as the bootstrap
+        administrator; the JSON answer (None when empty)."""
+        form = urllib.parse.urlencode(
+            {
+                "grant_type": "password",
+                "client_id": "admin-cli",
+                "username": ADMIN_USER,
+                "password": self.admin_password(),
+            }
+        ).encode()
+        token_url = f"{self.url}/realms/master/protocol/openid-connect/token"
+        try:
+            with urllib.request.urlopen(token_url, data=form, timeout=30) as response:
+                token = json.loads(response.read())["access_token"]
+            request = urllib.request.Request(
+                f"{self.url}/admin/realms/{REALM}{path}",
+                method=method,
+                data=None if body is None else json.dumps(body).encode(),
+                headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+            )
+            with urllib.request.urlopen(request, timeout=60) as response:
+                text = response.read()
+        except (urllib.error.URLError, OSError, KeyError, ValueError) as exc:
+            raise KeycloakError(
+                f"Keycloak's admin API refused {method} {path}: {exc}; is it running at "
+                f"{self.url} with the admin password in {self.state_dir / 'admin.password'}?"
+            ) from exc
+        return json.loads(text) if text else None
+
+    def point_smtp_at(self, port: int) -> None:
+        """The realm's SMTP server: 127.0.0.1:``port`` (a mail sink), no TLS, no login."""
+        smtp = {
+            "host": "127.0.0.1",
+            "port": str(port),
+            "from": "keycloak@authpipe.invalid",
+            "fromDisplayName": "authpipe demo realm",
+            "auth": "false",
+            "ssl": "false",
+            "starttls": "false",
+        }
+        self.admin("PUT", "", {"smtpServer": smtp})
+
     def realm_ready(self) -> bool:
         url = f"{self.url}/realms/{REALM}/.well-known/openid-configuration"
         try:
@@ -398,8 +443,9 @@ def run_keycloak_command(
     action: str, settings: Settings, port: int | None = None, fail_open: bool = True
 ) -> int:
     """``authpipe keycloak up|down|status``: ``up`` starts it (``--port``, default 8180, and
-    its management port + 1) and records the port for ``down`` and ``status``; ``status``
-    exits 0 when it runs, 3 otherwise."""
+    its management port + 1) with a mail sink at port + 2 as the realm's SMTP server, and
+    records the port for ``down`` and ``status``; ``status`` exits 0 when it runs, 3
+    otherwise."""
     if action not in ("up", "down", "status"):
         raise KeycloakError(f"unknown keycloak action {action!r}; use up, down or status")
     state_dir = settings.state_dir / "keycloak"
@@ -410,13 +456,17 @@ def run_keycloak_command(
     keycloak = LocalKeycloak(state_dir, chosen, provider_config(settings, key, fail_open))
     if action == "up":
         status = keycloak.up()
+        mail_dir = sink_process_up(state_dir, chosen + 2)
+        keycloak.point_smtp_at(chosen + 2)
         layout.write_text(json.dumps({"port": chosen}))
         print(f"admin: {ADMIN_USER} / {keycloak.admin_password()} ({keycloak.url}/admin)")
         print(
             f"provider: broker {keycloak.provider.bootstrap_servers}, edge {keycloak.provider.edge_url}"
         )
+        print(f"mail: smtp://127.0.0.1:{chosen + 2}, kept in {mail_dir}/*.eml (nothing leaves)")
     elif action == "down":
         keycloak.down()
+        sink_process_down(state_dir)
         status = keycloak.status()
     else:
         status = keycloak.status()

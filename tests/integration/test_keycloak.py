@@ -1,7 +1,8 @@
 """A real Keycloak with authpipe's provider (issue 47) against the real broker and a real
 ``authpipe edge serve``: the listener's records pass the worker's ingest, the edge-check
 authenticator refuses (429), demands a CAPTCHA and notes a step-up, the step-up asks a
-user's one-time code, and a user with no second factor meets a clean 403, never a 500."""
+user's one-time code, and a user with no second factor and no e-mail address meets a clean
+403, never a 500 (the e-mailed code: test_keycloak_email.py)."""
 
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ PASSWORDS = {
     "alice": "alice-correct-horse",
     "bob": "bob-correct-horse",
     "carol": "carol-correct-horse",
+    "dave": "dave-correct-horse",
 }
 HOUR_MS = 3_600_000
 
@@ -206,21 +208,21 @@ def test_step_up_with_a_one_time_code(keycloak_stack: KeycloakStack) -> None:
 
 
 def test_no_second_factor_is_a_clean_refusal(keycloak_stack: KeycloakStack) -> None:
-    """Bob has no second factor: his right password meets a 403 (grant and browser), never a
-    500 and never a page to enrol one."""
+    """Dave has no second factor and no e-mail address: his right password meets a 403
+    (grant and browser), never a 500 and never a page to enrol one."""
     source = "203.0.113.12"
-    status, _, body = grant(keycloak_stack, "bob", PASSWORDS["bob"], source)
+    status, _, body = grant(keycloak_stack, "dave", PASSWORDS["dave"], source)
     assert (status, body["error"]) == (403, "access_denied")
     browser = Browser(keycloak_stack, source)
     page = browser.start()
-    page = browser.submit(page, {"username": "bob"})
-    status, page = browser.submit_status(page, {"password": PASSWORDS["bob"]})
+    page = browser.submit(page, {"username": "dave"})
+    status, page = browser.submit_status(page, {"password": PASSWORDS["dave"]})
     assert status == 403
     assert "none is set up on this account" in page
     assert "totp" not in page.lower() and "authenticator" not in page.lower()
     assert [summary(r) for r in records_from(keycloak_stack, source, 2)] == [
-        ("bob", "login", "step_up", None, None),
-        ("bob", "login", "step_up", None, None),
+        ("dave", "login", "step_up", None, None),
+        ("dave", "login", "step_up", None, None),
     ]
 
 

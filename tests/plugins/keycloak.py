@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.dev.keycloak import REALM_FILE, LocalKeycloak, ProviderConfig
+from pipeline.dev.mailsink import MailSink
 from pipeline.errors import AuthpipeError
 from tests.integration.edge_process import TOKEN, edge_serving
 from tests.plugins.kafka import REPO_ROOT, free_ports
@@ -36,7 +37,8 @@ CAPTCHA_KEY = "authpipe-test-altcha-hmac-key-0123456789abcdef"
 @dataclass(frozen=True)
 class KeycloakStack:
     """The session's Keycloak (``url``, realm ``authpipe``), the edge it asks (``edge_url``),
-    the topics it publishes to and the edge reads decisions from."""
+    the topics it publishes to and the edge reads decisions from, and the mail sink that is
+    the realm's SMTP server (``mail``: what the step-up mails)."""
 
     url: str
     edge_url: str
@@ -44,6 +46,7 @@ class KeycloakStack:
     attempts_topic: str
     decisions_topic: str
     keycloak: LocalKeycloak
+    mail: MailSink
 
     @property
     def token_url(self) -> str:
@@ -97,7 +100,7 @@ def keycloak_stack(
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         home, temporary = Path(tempfile.mkdtemp(prefix="authpipe-kc-")), True
-    with edge_serving(config, edge_port, base / "edge.log") as edge_url:
+    with edge_serving(config, edge_port, base / "edge.log") as edge_url, MailSink() as mail:
         provider = ProviderConfig(
             kafka_bootstrap,
             edge_url,
@@ -110,6 +113,7 @@ def keycloak_stack(
         keycloak.down()  # an instance a killed session left behind in this home
         try:
             keycloak.up()
+            keycloak.point_smtp_at(mail.port)
         except AuthpipeError as exc:
             keycloak.down()
             pytest.fail(
@@ -119,7 +123,7 @@ def keycloak_stack(
             )
         try:
             yield KeycloakStack(
-                keycloak.url, edge_url, kafka_bootstrap, attempts, decisions, keycloak
+                keycloak.url, edge_url, kafka_bootstrap, attempts, decisions, keycloak, mail
             )
         finally:
             keycloak.down()

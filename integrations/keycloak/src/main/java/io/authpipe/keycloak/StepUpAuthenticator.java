@@ -20,13 +20,14 @@ import org.keycloak.sessions.AuthenticationSessionModel;
  * <p>When the edge's check before the password said {@code step_up}, the right password is
  * reported as {@code outcome = "step_up"} (not a sign-in), then the user must pass a second
  * factor they already have: a one-time code (OTP), or in the browser a security key (WebAuthn,
- * Keycloak's own authenticator run in its place). Each code is checked after asking the edge with
+ * Keycloak's own authenticator run in its place); a user with neither but a verified e-mail
+ * address is mailed a one-time code ({@link StepUpByMail}). Each code is checked after asking the edge with
  * {@code flow = "mfa"} and reported as a {@code flow = "mfa"} event ({@code bad_second_factor}
  * when wrong); wrong codes never count in Keycloak's brute-force detection; after {@code
  * step-up-max-attempts} wrong codes the attempt is refused. The completed sign-in (Keycloak's
  * {@code LOGIN}) is then reported with {@code challenge = "step_up"}.
  *
- * <p>A user with no second factor gets a clean refusal (HTTP 403, an error page or OAuth's {@code
+ * <p>A user with no second factor and no verified address gets a clean refusal (HTTP 403, an error page or OAuth's {@code
  * access_denied}): never a 500, and never a required action that would let whoever holds the
  * password enrol a factor of their own. This authenticator is always "configured" so Keycloak
  * never offers a set-up either.
@@ -34,7 +35,7 @@ import org.keycloak.sessions.AuthenticationSessionModel;
 final class StepUpAuthenticator implements Authenticator {
 
   static final String WEBAUTHN_ID = "webauthn-authenticator";
-  private static final String NOTE_METHOD = "authpipe.step_up_method";
+  static final String NOTE_METHOD = "authpipe.step_up_method";
   private static final String NOTE_REPORTED = "authpipe.step_up_reported";
   private static final String NOTE_FAILURES = "authpipe.step_up_failures";
 
@@ -47,6 +48,10 @@ final class StepUpAuthenticator implements Authenticator {
       ctx.success(); // no step-up asked, or the owner's trusted device (one passed there before)
       return;
     }
+    if ("refused".equals(auth.getAuthNote(NOTE_METHOD))) {
+      refused(ctx); // this step-up failed: no new form, no new code until the sign-in restarts
+      return;
+    }
     String account = Flows.account(ctx);
     if (auth.getAuthNote(NOTE_REPORTED) == null) {
       Flows.report(ctx, Flows.flow(ctx), account, "step_up", null, null);
@@ -54,7 +59,12 @@ final class StepUpAuthenticator implements Authenticator {
     }
     boolean otp = user.credentialManager().isConfiguredFor(OTPCredentialModel.TYPE);
     boolean webauthn = user.credentialManager().isConfiguredFor(WebAuthnCredentialModel.TYPE_TWOFACTOR);
+    boolean mail = !otp && !webauthn && MailedCode.available(ctx.getRealm(), user);
     if (Flows.directGrant(ctx)) {
+      if (!otp && MailedCode.available(ctx.getRealm(), user)) {
+        StepUpByMail.grant(ctx, account);
+        return;
+      }
       if (!otp) {
         ctx.challenge(Flows.json(403, "access_denied",
             "this sign-in needs a second factor and the account has none usable here", null));
@@ -75,6 +85,9 @@ final class StepUpAuthenticator implements Authenticator {
     } else if (webauthn) {
       auth.setAuthNote(NOTE_METHOD, "webauthn");
       webAuthn(ctx).authenticate(ctx);
+    } else if (mail) {
+      auth.setAuthNote(NOTE_METHOD, "email");
+      StepUpByMail.ask(ctx);
     } else {
       ctx.challenge(Flows.page(ctx, Response.Status.FORBIDDEN,
           "This sign-in needs a second factor, and none is set up on this account. "
@@ -103,6 +116,14 @@ final class StepUpAuthenticator implements Authenticator {
       }
       return;
     }
+    if ("refused".equals(method)) {
+      refused(ctx);
+      return;
+    }
+    if ("email".equals(method)) {
+      StepUpByMail.action(ctx, account);
+      return;
+    }
     if (!"otp".equals(method)) {
       authenticate(ctx);
       return;
@@ -119,15 +140,7 @@ final class StepUpAuthenticator implements Authenticator {
   private void checkCode(AuthenticationFlowContext ctx, String account, String code) {
     boolean grant = Flows.directGrant(ctx);
     EdgeSettings edge = EdgeCheckAuthenticatorFactory.defaults().with(ctx.getAuthenticatorConfig());
-    EdgeClient.Answer answer =
-        EdgeClient.check(edge, Flows.tenant(ctx), account, Flows.client(ctx), "mfa");
-    if (!answer.allowed()) {
-      Flows.report(ctx, "mfa", account, "failure", "refused", null);
-      long retryMs = answer.retryAfterMs();
-      ctx.challenge(grant
-          ? Flows.json(429, "too_many_requests", "too many attempts; retry later", retryMs)
-          : Flows.page(ctx, Response.Status.TOO_MANY_REQUESTS,
-              "Too many attempts. Please try again later.", retryMs));
+    if (!edgeAllowsCode(ctx, edge, account)) {
       return;
     }
     UserModel user = ctx.getUser();
@@ -151,15 +164,36 @@ final class StepUpAuthenticator implements Authenticator {
     if (grant) {
       ctx.challenge(Flows.json(401, "invalid_grant", "invalid one-time code", null));
     } else if (failures >= edge.stepUpMaxAttempts()) {
-      ctx.challenge(Flows.page(ctx, Response.Status.FORBIDDEN,
-          "Too many wrong codes. Please start the sign-in again.", null));
       auth.setAuthNote(NOTE_METHOD, "refused");
+      refused(ctx);
     } else {
       ctx.challenge(ctx.form().setError("Invalid one-time code.").createLoginTotp());
     }
   }
 
-  private static void steppedUp(AuthenticationFlowContext ctx) {
+  /** The browser's step-up failed (too many wrong codes): a 403 page, whatever is posted. */
+  static void refused(AuthenticationFlowContext ctx) {
+    ctx.challenge(Flows.page(ctx, Response.Status.FORBIDDEN,
+        "Too many wrong codes, or the code expired. Please start the sign-in again.", null));
+  }
+
+  /** Ask the edge ({@code mfa}) before a code is checked; refused: reported and answered. */
+  static boolean edgeAllowsCode(AuthenticationFlowContext ctx, EdgeSettings edge, String account) {
+    EdgeClient.Answer answer =
+        EdgeClient.check(edge, Flows.tenant(ctx), account, Flows.client(ctx), "mfa");
+    if (answer.allowed()) {
+      return true;
+    }
+    Flows.report(ctx, "mfa", account, "failure", "refused", null);
+    long retryMs = answer.retryAfterMs();
+    ctx.challenge(Flows.directGrant(ctx)
+        ? Flows.json(429, "too_many_requests", "too many attempts; retry later", retryMs)
+        : Flows.page(ctx, Response.Status.TOO_MANY_REQUESTS,
+            "Too many attempts. Please try again later.", retryMs));
+    return false;
+  }
+
+  static void steppedUp(AuthenticationFlowContext ctx) {
     Attempts.Client client = Flows.client(ctx);
     if (client.fromCookie()) {
       Attempts.trust(ctx.getUser(), client); // possession proven on this browser: trusted
@@ -168,12 +202,12 @@ final class StepUpAuthenticator implements Authenticator {
     ctx.getEvent().detail(Attempts.DETAIL_CHALLENGE, "step_up");
   }
 
-  private static String code(AuthenticationFlowContext ctx) {
+  static String code(AuthenticationFlowContext ctx) {
     String otp = Flows.formValue(ctx, "otp");
     return otp != null ? otp : Flows.formValue(ctx, "totp");
   }
 
-  private static int parse(String text) {
+  static int parse(String text) {
     try {
       return text == null ? 0 : Integer.parseInt(text);
     } catch (NumberFormatException e) {
