@@ -38,11 +38,14 @@ a block in force wins over it.
 from __future__ import annotations
 
 import heapq
+import importlib
+import os
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from pipeline.contracts.models import Decision, datetime_to_ms
 from pipeline.core.attempt import PASSWORD_FLOWS, Attempt
+from pipeline.core.errors import CoreError
 from pipeline.core.keys import Key, decision_key
 from pipeline.core.policy import Policy
 
@@ -231,6 +234,36 @@ class Verdict:
 ALLOWED = Verdict(True, 0)
 HEAP_SLACK = 1024
 """Stale heap entries a decision index tolerates beyond twice its active decisions."""
+FAMILIAR_RULE = "familiar"
+PRUNE_STEP_SLOTS = 65_536
+"""Slots of the compiled familiar store one ``prune`` of a reader sweeps (under a
+millisecond, bench/README.md "B8"): the whole store every ``slots / 65,536`` prunes;
+an expired record is ignored by every lookup until the sweep removes it."""
+ENGINES = ("auto", "python", "rust")
+
+
+def familiar_engine(mode: str | None = None) -> Any:
+    """The compiled engine (``authpipe_engine``, engine/) whose ``FamiliarStore`` keeps a
+    reader's familiar exempts, or None for the dict (the reference implementation).
+    ``mode`` (default ``AUTHPIPE_ENGINE``, else ``auto``): ``python`` never uses it,
+    ``rust`` requires it, ``auto`` uses it when it is installed."""
+    mode = mode or os.environ.get("AUTHPIPE_ENGINE") or "auto"
+    if mode not in ENGINES:
+        raise CoreError(f"AUTHPIPE_ENGINE={mode!r} is not one of {', '.join(ENGINES)}")
+    if mode == "python":
+        return None
+    try:
+        return importlib.import_module("authpipe_engine")
+    except ImportError:
+        if mode == "rust":
+            raise CoreError(
+                "AUTHPIPE_ENGINE=rust but authpipe_engine is not installed: run scripts/build-engine"
+            ) from None
+        return None
+
+
+FAMILIAR_ENGINE: Any = familiar_engine()
+"""What a ``DecisionIndex`` of a reader uses by default, chosen once at import."""
 
 
 class DecisionIndex:
@@ -249,12 +282,24 @@ class DecisionIndex:
     its source when it has no account): an attempt whose account and source are both
     absent there cannot be refused, which ``may_apply`` answers with two string lookups
     instead of building the attempt's keys. That is the common case on the hot path.
+
+    A reader's (``announce`` off: the edge, a replay) familiar exempts go to the compiled
+    engine's ``FamiliarStore`` when there is one (``engine``, by default
+    ``FAMILIAR_ENGINE``; issue 45): about 48 bytes each, keyed by ``familiar_digest``,
+    instead of about 800 in the dict and heap, since every edge holds every tenant's.
+    What they answer is the same, with three differences: ``get`` and ``lift`` give the
+    decision id as its 64-bit fingerprint in hex; ``items`` and ``prune`` do not name
+    them (the store keeps no key: ``familiar_alive`` counts them); and ``prune`` sweeps
+    ``PRUNE_STEP_SLOTS`` of the store per call rather than all of it. A worker keeps its
+    own in the dict: its ``prune`` must name each expired one to tombstone it.
     """
 
     __slots__ = (
         "_active",
         "_announce",
         "_announced",
+        "_engine",
+        "_familiar",
         "_heap",
         "_verify",
         "_verify_default",
@@ -262,7 +307,9 @@ class DecisionIndex:
         "subjects",
     )
 
-    def __init__(self, announce: bool = True, policy: Policy | None = None) -> None:
+    def __init__(
+        self, announce: bool = True, policy: Policy | None = None, engine: Any = FAMILIAR_ENGINE
+    ) -> None:
         # Per tenant, [verify] mode (off, observe, enforce): the policy's, so the worker,
         # the edge and a replay given the same file answer alike, with no decision.
         self._verify_default = policy.defaults.verify.mode if policy is not None else "off"
@@ -282,11 +329,17 @@ class DecisionIndex:
         self._wall_heap: list[tuple[int, str, Key]] = []
         self._announced: dict[Key, str] = {}
         self.subjects: dict[str, int] = {}
+        self._engine: Any = None if announce else engine
+        self._familiar: Any = None if self._engine is None else self._engine.FamiliarStore()
 
     def __len__(self) -> int:
-        return len(self._active)
+        if self._familiar is None:
+            return len(self._active)
+        return len(self._active) + len(self._familiar)
 
     def put(self, key: Key, active: Active) -> None:
+        if self._familiar is not None and key[0] == "familiar" and self._put_familiar(key, active):
+            return
         # An exempt refuses and demands nothing on its own: it is not a subject, so an
         # account whose only decisions are exempts stays on the two-lookup fast path.
         if key not in self._active and active.action != "exempt":
@@ -301,6 +354,47 @@ class DecisionIndex:
         bound = 2 * len(self._active) + HEAP_SLACK
         if len(self._heap) > bound or len(self._wall_heap) > bound:
             self._compact()
+
+    def _put_familiar(self, key: Key, active: Active) -> bool:
+        """Put a familiar exempt into the compiled store (True); for any other decision on
+        a familiar key, drop the store's record and return False (the dict takes it)."""
+        engine = self._engine
+        digest = engine.familiar_digest(key[1], key[2], key[3], key[4])
+        if (
+            active.action == "exempt"
+            and active.rule == FAMILIAR_RULE
+            and active.challenge is None
+            and active.expires_ms >= 0
+            and active.since_ms >= -1
+        ):
+            old = self._active.pop(key, None)
+            if old is not None:
+                self._forget(key, old)
+            fingerprint = engine.id_fingerprint(active.decision_id)
+            self._familiar.put(digest, active.expires_ms, active.since_ms, fingerprint)
+            return True
+        self._familiar.lift(digest)
+        return False
+
+    def _stored(self, key: Key) -> Active | None:
+        """The compiled store's exempt on a familiar ``key``, as the dict would hold it
+        (its decision id as the fingerprint's 16 hex digits), or None."""
+        record = self._familiar.get_key(key[1], key[2], key[3], key[4])
+        if record is None:
+            return None
+        expires_ms, since_ms, fingerprint = record
+        return Active(f"{fingerprint:016x}", "exempt", expires_ms, FAMILIAR_RULE, None, since_ms)
+
+    def familiar_alive(self, now_ms: int) -> int:
+        """Familiar exempts in the compiled store alive at ``now_ms`` (0 without one): what
+        ``items`` does not list. Scans the store."""
+        return 0 if self._familiar is None else int(self._familiar.count_alive(now_ms))
+
+    def reserve_familiar(self, records: int) -> None:
+        """Make room for ``records`` more familiar exempts at once (a cold load that knows
+        its size), so the store never grows while loading them; nothing without a store."""
+        if self._familiar is not None:
+            self._familiar.reserve(records)
 
     def _compact(self) -> None:
         """Rebuild the heaps from the active decisions (the wall heap without those the
@@ -324,6 +418,10 @@ class DecisionIndex:
             self._forget(key, active)
             if self._announced.pop(key, None) == active.decision_id:
                 return None
+        elif self._familiar is not None and key[0] == "familiar":
+            active = self._stored(key)
+            if active is not None:
+                self._familiar.lift(self._engine.familiar_digest(key[1], key[2], key[3], key[4]))
         return active
 
     def announce_expired(self, wall_ms: int) -> list[Key]:
@@ -372,9 +470,15 @@ class DecisionIndex:
         if mode == "off":
             return ALLOWED
         active = self._active
-        exempt = active.get(("familiar", tenant, account, source, None))
+        pair: Key = ("familiar", tenant, account, source, None)
+        exempt = active.get(pair)
+        if exempt is None and self._familiar is not None:
+            exempt = self._stored(pair)
         if exempt is None and device is not None:
-            exempt = active.get(("familiar", tenant, account, None, device))
+            client: Key = ("familiar", tenant, account, None, device)
+            exempt = active.get(client)
+            if exempt is None and self._familiar is not None:
+                exempt = self._stored(client)
         if exempt is not None and exempt.expires_ms > now_ms and exempt.action == "exempt":
             return ALLOWED
         at: Key = ("tenant", tenant, None, None, VERIFY)
@@ -383,7 +487,10 @@ class DecisionIndex:
         return Verdict(True, 0, None, at)
 
     def get(self, key: Key) -> Active | None:
-        return self._active.get(key)
+        entry = self._active.get(key)
+        if entry is None and self._familiar is not None and key[0] == "familiar":
+            return self._stored(key)
+        return entry
 
     def items(self) -> list[tuple[Key, Active]]:
         return list(self._active.items())
@@ -400,6 +507,8 @@ class DecisionIndex:
                 self._forget(key, current)
                 if self._announced.pop(key, None) != decision_id:
                     removed.append(key)
+        if self._familiar is not None:
+            self._familiar.prune_step(now_ms, PRUNE_STEP_SLOTS)
         return removed
 
     def check(self, keys: tuple[Key, ...], now_ms: int) -> Verdict:
@@ -420,8 +529,11 @@ class DecisionIndex:
         kind: str | None = None
         exempt = passed = False
         active = self._active
+        store = self._familiar
         for key in keys:
             entry = active.get(key)
+            if entry is None and store is not None and key[0] == "familiar":
+                entry = self._stored(key)
             if entry is None or entry.expires_ms <= now_ms:
                 continue
             action = entry.action

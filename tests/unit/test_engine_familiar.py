@@ -250,7 +250,7 @@ def test_the_store_answers_as_the_decision_index_does(ops: list[tuple]) -> None:
     """Random puts, lifts (with and without a decision id, current or stale), prunes and unfamiliar checks over
     a small key space: the store and DecisionIndex (announce off, [verify] enforce: the
     edge's) agree on every record, every prune and every verdict."""
-    index = DecisionIndex(announce=False, policy=Policy())
+    index = DecisionIndex(announce=False, policy=Policy(), engine=None)  # the dict alone
     store = engine.FamiliarStore()
     digests: dict[bytes, Key] = {}
     puts = 0
