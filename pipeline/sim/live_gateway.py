@@ -8,7 +8,8 @@ service reports under that answer, the bot being the truth's ``attacker`` role: 
 attempt as ``failure_reason = "refused"``, a bot's CAPTCHA as a ``flow = "challenge"``
 failure, a right password under a step-up as ``outcome = "step_up"`` then the possession
 check (``flow = "mfa"``: a bot fails it, a person passes it and the completed sign-in
-follows with ``challenge = "step_up"``). This is ``backtest --verdicts``'s model played
+follows with ``challenge = "step_up"``; a person's passed CAPTCHA comes first as a
+``flow = "challenge"`` success). This is ``backtest --verdicts``'s model played
 through the broker. A check that fails (an HTTP error, no answer in
 ``CHECK_TIMEOUT_S``) stops the run with ``GatewayError``: an answer guessed for the edge
 would make the measurement none.
@@ -315,7 +316,7 @@ async def play(
         scored = truth_event(event)
         tally.add(scored, verdict)
         reports = reported(scored.attempt, verdict, event.label.role == ATTACKER)
-        stepped = len(reports) > 1
+        stepped = any(r.failure_reason == STEP_UP for r in reports)
         for report in reports:
             wire = wire_of(event.wire, report, stepped)
             await send(wire, event.occurred_ms)

@@ -93,13 +93,17 @@ def test_the_events_produced_are_what_reported_gives(
 
 def test_a_step_up_is_reported_as_the_contract_says() -> None:
     """A right password under a step-up: a person's step_up, passed mfa, then the sign-in
-    with challenge step_up; a bot's step_up then a failed second factor, no sign-in."""
+    with challenge step_up; a bot's step_up then a failed second factor, no sign-in. Under
+    a CAPTCHA: a person's passed CAPTCHA then the sign-in; a bot's failed CAPTCHA only."""
 
-    def shapes(bot: bool) -> list[tuple[str, str, str, str | None, str | None]]:
-        reports = reported(attempt_of(WIRE, T_MS), VERDICTS["step_up"], bot)
+    def shapes(
+        bot: bool, verdict: str = "step_up"
+    ) -> list[tuple[str, str, str, str | None, str | None]]:
+        reports = reported(attempt_of(WIRE, T_MS), VERDICTS[verdict], bot)
+        stepped = any(r.failure_reason == "step_up" for r in reports)
         return [
             (e["event_id"], e["flow"], e["outcome"], e.get("failure_reason"), e.get("challenge"))
-            for e in (wire_of(WIRE, r, True) for r in reports)
+            for e in (wire_of(WIRE, r, stepped) for r in reports)
         ]
 
     assert shapes(False) == [
@@ -110,6 +114,13 @@ def test_a_step_up_is_reported_as_the_contract_says() -> None:
     assert shapes(True) == [
         ("sim-1#step_up", "login", "step_up", None, None),
         ("sim-1#mfa", "mfa", "failure", "bad_second_factor", None),
+    ]
+    assert shapes(False, "captcha") == [
+        ("sim-1#captcha", "challenge", "success", None, "captcha"),
+        ("sim-1", "login", "success", None, None),
+    ]
+    assert shapes(True, "captcha+step_up") == [
+        ("sim-1", "challenge", "failure", "other", "captcha"),
     ]
 
 
