@@ -36,6 +36,7 @@ from pipeline.sim.scenarios import SimConfig, generate
 from pipeline.sim.simulate import Summary
 from pipeline.wiring import build_normaliser
 from tests.conftest import TEST_DIGEST_KEY
+from tests.unit.test_sim_cli import cli
 
 T_MS = 1_800_000_000_000
 WIRE = {
@@ -277,3 +278,24 @@ async def test_the_client_keeps_one_nodelay_connection_and_sends_the_token() -> 
 def test_the_timeout_is_small() -> None:
     """A check waits at most 2 s: a contract login service's budget, not a batch job's."""
     assert live_gateway.CHECK_TIMEOUT_S == 2.0
+
+
+@pytest.mark.parametrize(
+    ("argv", "code", "message"),
+    [
+        (["--dry-run", "--out", "x.jsonl"], 2, "--gateway asks a running edge"),
+        (["--speedup", "10"], 2, "leave --speedup at 1 and --start unset"),
+        (["--start", "2026-12-07T00:00:00Z"], 2, "leave --speedup at 1 and --start unset"),
+        ([], 1, "the edge check failed"),
+    ],
+)
+def test_the_flag_refuses_what_cannot_run_before_producing(
+    argv: list[str], code: int, message: str
+) -> None:
+    """--gateway with --dry-run, another speedup or a --start is a usage error; an edge
+    that does not answer is a clear error before anything is produced (the broker given,
+    127.0.0.1:1, is never reached)."""
+    done = cli("simulate", "--gateway", "http://127.0.0.1:1", "--duration-s", "5", *argv)
+    assert done.returncode == code, done.stderr
+    assert message in done.stderr
+    assert "kafka" not in done.stderr.lower()
