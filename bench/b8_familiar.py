@@ -13,9 +13,12 @@ resident growth and the peak are its own):
   the digest computed in the engine);
 * ``rust_grown``: the same without the reservation (the table grows by half each time);
 * ``python``: today's edge, ``DecisionView.apply`` of encoded exempts (decode and the
-  core's ``DecisionIndex``) for a smaller N, extrapolated to the Rust side's N, with the
-  latency of ``DecisionIndex.unfamiliar`` for hits and misses, and the decode alone per
-  record (what a cold load from the topic pays per record before the store).
+  core's ``DecisionIndex`` on its dict, ``AUTHPIPE_ENGINE=python``) for a smaller N,
+  extrapolated to the Rust side's N, with the latency of ``DecisionIndex.unfamiliar`` for
+  hits and misses, and the decode alone per record (what a cold load from the topic pays
+  per record before the store);
+* ``edge_with_store``: the same edge with its familiar exempts in the store
+  (``AUTHPIPE_ENGINE=rust``): what the view costs per record once they leave the dict.
 
 Run ``python -m bench.b8_familiar [--records 30000000] [--python-records 1000000]
 [--out bench/results/<file>.json]``; the last line printed is the JSON result.
@@ -242,10 +245,11 @@ def bench_python(records: int) -> dict[str, Any]:
 # -- the whole part ----------------------------------------------------------------------
 
 
-def _child(variant: str, args: argparse.Namespace) -> dict[str, Any]:
+def _child(variant: str, args: argparse.Namespace, engine: str = "auto") -> dict[str, Any]:
     command = [sys.executable, "-m", "bench.b8_familiar", "--variant", variant]
     command += ["--records", str(args.records), "--python-records", str(args.python_records)]
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    env = {**os.environ, "AUTHPIPE_ENGINE": engine}  # DecisionIndex's familiar storage
+    done = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not lines:
         return {"error": f"exit {done.returncode}: {done.stderr[-1500:]}"}
@@ -258,7 +262,8 @@ def bench_b8(args: argparse.Namespace) -> dict[str, Any]:
     started = datetime.now(UTC)
     rust = _child("rust", args)
     grown = _child("rust_grown", args)
-    python = _child("python", args)
+    python = _child("python", args, engine="python")
+    edge_with_store = _child("python", args, engine="rust")
     out: dict[str, Any] = {
         "part": "b8_familiar",
         "started_at": started.isoformat(timespec="seconds"),
@@ -268,6 +273,7 @@ def bench_b8(args: argparse.Namespace) -> dict[str, Any]:
         "rust": rust,
         "rust_grown": grown,
         "python": python,
+        "edge_with_store": edge_with_store,
         "targets": TARGETS,
     }
     if "error" not in rust and "error" not in python:

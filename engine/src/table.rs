@@ -173,10 +173,17 @@ impl Table {
     }
 
     /// Make room for `more` records beyond those held without growing in between.
+    /// Growing by half at least, so loading in chunks without a first reservation rehashes
+    /// a logarithmic number of times, not once per chunk.
     pub fn reserve(&mut self, more: usize) -> Result<(), TryReserveError> {
         let needed = slots_for(self.len.saturating_add(more));
         if needed > self.slots.len() {
-            self.rehash(needed)?;
+            let grown = if self.len == 0 {
+                needed
+            } else {
+                needed.max(self.slots.len() + self.slots.len() / 2)
+            };
+            self.rehash(grown)?;
         }
         Ok(())
     }

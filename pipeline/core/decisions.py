@@ -470,16 +470,21 @@ class DecisionIndex:
         if mode == "off":
             return ALLOWED
         active = self._active
-        pair: Key = ("familiar", tenant, account, source, None)
-        exempt = active.get(pair)
-        if exempt is None and self._familiar is not None:
-            exempt = self._stored(pair)
-        if exempt is None and device is not None:
-            client: Key = ("familiar", tenant, account, None, device)
-            exempt = active.get(client)
-            if exempt is None and self._familiar is not None:
-                exempt = self._stored(client)
-        if exempt is not None and exempt.expires_ms > now_ms and exempt.action == "exempt":
+        store = self._familiar
+        # The pair's entry, else (only when the pair has none, alive or not) the client's;
+        # from the dict, else the compiled store, whose records are all exempts.
+        record: tuple[int, int, int] | None = None
+        exempt = active.get(("familiar", tenant, account, source, None))
+        if exempt is None and store is not None:
+            record = store.get_key(tenant, account, source, None)
+        if exempt is None and record is None and device is not None:
+            exempt = active.get(("familiar", tenant, account, None, device))
+            if exempt is None and store is not None:
+                record = store.get_key(tenant, account, None, device)
+        if exempt is not None:
+            if exempt.expires_ms > now_ms and exempt.action == "exempt":
+                return ALLOWED
+        elif record is not None and record[0] > now_ms:
             return ALLOWED
         at: Key = ("tenant", tenant, None, None, VERIFY)
         if mode == "enforce":
@@ -532,9 +537,13 @@ class DecisionIndex:
         store = self._familiar
         for key in keys:
             entry = active.get(key)
-            if entry is None and store is not None and key[0] == "familiar":
-                entry = self._stored(key)
-            if entry is None or entry.expires_ms <= now_ms:
+            if entry is None:
+                if store is not None and key[0] == "familiar":  # the store's: exempts only
+                    record = store.get_key(key[1], key[2], key[3], key[4])
+                    if record is not None and record[0] > now_ms:
+                        exempt = True
+                continue
+            if entry.expires_ms <= now_ms:
                 continue
             action = entry.action
             if action == "exempt":

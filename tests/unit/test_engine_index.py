@@ -64,6 +64,25 @@ def test_another_decision_on_a_familiar_key_goes_to_the_dict_and_replaces_the_re
     assert (len(index), index.items(), index.get(PAIR).expires_ms) == (1, [], 7_000)  # type: ignore[union-attr]
 
 
+@pytest.mark.parametrize("store", [None, engine], ids=["dict", "store"])
+def test_an_exempt_in_the_store_covers_until_its_expiry_not_at_it(store: Any) -> None:
+    """The pair's exempt voids the wave's CAPTCHA and the verify step-up at 4,999 ms, not
+    at its expiry (5,000), in check and unfamiliar alike, from the dict or the store."""
+    index = DecisionIndex(announce=False, policy=policy(verify={"mode": "enforce"}), engine=store)
+    index.put(PAIR, Active("d1", "exempt", 5_000, FAMILIAR_RULE, None, 0))
+    index.put(("tenant", T, None, None, None), Active("w", "challenge", 9_000, "tenant", "captcha"))
+    keys = applicable_keys(T, A, S, None, None, False, "login")
+    before, at = index.check(keys, 4_999), index.check(keys, 5_000)
+    assert (before.challenge, before.step_up, at.challenge, at.step_up) == (
+        None,
+        False,
+        "captcha",
+        True,
+    )
+    fast = (index.unfamiliar(T, A, S, None, 4_999), index.unfamiliar(T, A, S, None, 5_000))
+    assert [(v.challenge, v.step_up) for v in fast] == [(None, False), ("step_up", True)]
+
+
 def test_the_engine_is_chosen_by_name_and_a_bad_name_says_what_is_allowed() -> None:
     """AUTHPIPE_ENGINE: python never uses the engine, rust requires it, other names are
     refused with the names allowed."""
