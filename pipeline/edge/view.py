@@ -400,8 +400,15 @@ class DecisionView:
         """Active decisions by (scope, action), for metrics."""
         now = self.now_ms()
         tally: dict[tuple[str, str], int] = {}
-        for key, active in self.index.items():
+        items = self.index.items()
+        for key, active in items:
             if active.expires_ms > now:
                 slot = (key[0], active.action)
                 tally[slot] = tally.get(slot, 0) + 1
+        # The compiled store's familiar exempts are not in ``items``: counted as held (those
+        # expired but not yet pruned too), which costs nothing, where counting the alive
+        # ones scans every record on each scrape.
+        stored = len(self.index) - len(items)
+        if stored:
+            tally[("familiar", "exempt")] = tally.get(("familiar", "exempt"), 0) + stored
         return tally
