@@ -13,12 +13,15 @@ second here):
 * spray: one address tries one common password on 30 accounts, one of which has it;
 * stuffing: 20 leaked pairs through 20 addresses, 3 of them valid;
 * ordinary people: 10 users sign in once each from their own address, 5 of them with a
-  one-time code set up (no history: every place is new to authpipe).
+  one-time code set up, the others with only a verified e-mail address: they read the
+  step-up's mailed code from the mail sink that is the realm's SMTP server (no history:
+  every place is new to authpipe).
 
 The slow guesser (a guess every few minutes for hours) is left out: it needs hours.
 ``python -m bench.keycloak_side_by_side`` (after ``bash scripts/keycloak-setup``) prints
-the table and writes ``bench/results/keycloak_side_by_side.json``; about 3.5 minutes on
-2 cores. The table and what it says: docs/keycloak.md.
+the table and writes ``bench/results/keycloak_side_by_side.json``; about 2 minutes on 2
+cores. The table and what it says: docs/keycloak.md. ``run`` takes a ``Scale``:
+tests/integration/test_keycloak_side_by_side.py runs it small.
 """
 
 from __future__ import annotations
@@ -32,10 +35,12 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pipeline.dev.keycloak import LocalKeycloak, ProviderConfig
+from pipeline.dev.mailsink import MailSink
 from pipeline.dev.stack import LocalKafka
 from tests.integration.edge_process import AUTH, TOKEN
 from tests.integration.test_keycloak import REDIRECT, Browser, _request, solve, totp
@@ -47,6 +52,25 @@ OTP_SECRET = '{"value":"authpipe-demo-otp-secret"}'
 OTP_DATA = '{"subType":"totp","digits":6,"counter":0,"period":30,"algorithm":"HmacSHA1"}'
 SPRAYED = "Winter2026!"
 OUT = REPO_ROOT / "bench" / "results" / "keycloak_side_by_side.json"
+
+
+@dataclass(frozen=True)
+class Scale:
+    """How big each scripted attack is; ``net`` picks the runs' addresses (alone: net,
+    with authpipe: net + 10) and ``tag`` the users' names, so runs never meet."""
+
+    dos_s: float = 20.0
+    owner_every_s: float = 4.0
+    spray_accounts: int = 30
+    stuffing_pairs: int = 20
+    stuffing_valid: tuple[int, ...] = (3, 11, 17)
+    people: int = 10
+    people_with_otp: int = 5
+    net: int = 10
+    tag: str = ""
+
+
+FULL = Scale()
 
 
 def user(name: str, password: str, otp: bool = False) -> dict[str, Any]:
@@ -65,41 +89,15 @@ def user(name: str, password: str, otp: bool = False) -> dict[str, Any]:
 
 
 class Realm:
-    """The admin API of the realm ``authpipe`` on ``keycloak``."""
+    """The realm ``authpipe`` on ``keycloak``, switched between the two set-ups."""
 
     def __init__(self, keycloak: LocalKeycloak) -> None:
         self.keycloak = keycloak
         self.url = keycloak.url
 
-    def _token(self) -> str:
-        _, _, text = _request(
-            f"{self.url}/realms/master/protocol/openid-connect/token",
-            {
-                "grant_type": "password",
-                "client_id": "admin-cli",
-                "username": "admin",
-                "password": self.keycloak.admin_password(),
-            },
-        )
-        return str(json.loads(text)["access_token"])
-
-    def call(self, method: str, path: str, body: object) -> int:
-        import urllib.request
-
-        request = urllib.request.Request(
-            f"{self.url}/admin/realms/authpipe{path}",
-            method=method,
-            data=json.dumps(body).encode(),
-            headers={
-                "Authorization": f"Bearer {self._token()}",
-                "Content-Type": "application/json",
-            },
-        )
-        with urllib.request.urlopen(request, timeout=60) as response:
-            return int(response.status)
-
     def mode(self, alone: bool) -> None:
-        self.call(
+        """Keycloak alone: its brute-force detection on, its default flows; else authpipe's."""
+        self.keycloak.admin(
             "PUT",
             "",
             {
@@ -110,7 +108,7 @@ class Realm:
         )
 
     def users(self, users: list[dict[str, Any]]) -> None:
-        self.call("POST", "/partialImport", {"ifResourceExists": "SKIP", "users": users})
+        self.keycloak.admin("POST", "/partialImport", {"ifResourceExists": "SKIP", "users": users})
 
 
 def grant(url: str, username: str, password: str, source: str, **extra: str) -> int:
@@ -133,18 +131,32 @@ def answer(
     return status, json.loads(text) if text.startswith("{") else {}
 
 
-def person(url: str, username: str, password: str, source: str, otp: bool) -> str:
-    """A person's direct grant, answering what a person can: a CAPTCHA (solved), their code
-    when they have one. ``signed_in``, ``signed_in_challenged`` or the refusal's error."""
+def mailed_code(mail: MailSink, username: str, since: int) -> str:
+    """The code in the first mail to ``username`` from message ``since`` on (a person
+    reads their mail)."""
+    found = re.search(r": (\d{6})\b", mail.wait_for(f"{username}@example.com", since).text)
+    assert found, f"no code in the mail to {username}"
+    return found.group(1)
+
+
+def person(url: str, mail: MailSink, username: str, password: str, source: str, otp: bool) -> str:
+    """A person's direct grant, answering what a person can: a CAPTCHA (solved; a solution
+    answers the one challenge it was made for, so a CAPTCHA asked again is solved again),
+    their code when they have one, the code mailed to them. ``signed_in``,
+    ``signed_in_challenged`` or the refusal's error."""
     extra: dict[str, str] = {}
     challenged = False
-    for _ in range(3):
+    since = len(mail.messages)
+    for _ in range(5):
         status, body = answer(url, username, password, source, **extra)
+        extra.pop("authpipe-captcha", None)  # spent
         if status == 200:
             return "signed_in_challenged" if challenged else "signed_in"
         error = str(body.get("error"))
         if error == "captcha_required" and "captcha_challenge" in body:
             extra["authpipe-captcha"] = solve(body["captcha_challenge"])
+        elif error == "step_up_required" and body.get("step_up_method") == "email":
+            extra["otp"] = mailed_code(mail, username, since)
         elif otp and error in ("step_up_required", "invalid_grant") and "otp" not in extra:
             extra["otp"] = totp(0)
         else:
@@ -172,31 +184,34 @@ def browser_signs_in(browser: Browser, username: str, password: str, step: int) 
     return status == 302 and headers.get("Location", "").startswith(REDIRECT)
 
 
-def run(url: str, realm: Realm, alone: bool) -> dict[str, Any]:
-    s = "a" if alone else "b"
-    net = 10 if alone else 20
-    targets = [user(f"t{i:02d}-{s}", f"strong-{i}-{os.urandom(6).hex()}") for i in range(29)]
-    pairs = {f"p{i:02d}-{s}": f"pw-{i}-{s}" for i in range(20)}
-    legit = {f"l{i:02d}-{s}": f"legit-{i}-{s}" for i in range(10)}
+def run(url: str, realm: Realm, mail: MailSink, alone: bool, scale: Scale = FULL) -> dict[str, Any]:
+    s = ("a" if alone else "b") + scale.tag
+    net = scale.net if alone else scale.net + 10
+    targets = [
+        user(f"t{i:02d}-{s}", f"strong-{i}-{os.urandom(6).hex()}")
+        for i in range(scale.spray_accounts - 1)
+    ]
+    pairs = {f"p{i:02d}-{s}": f"pw-{i}-{s}" for i in range(scale.stuffing_pairs)}
+    legit = {f"l{i:02d}-{s}": f"legit-{i}-{s}" for i in range(scale.people)}
     realm.users(
         [
             user(f"owner-{s}", "owner-correct-horse", otp=not alone),
             user(f"weak-{s}", SPRAYED),
             *targets,
             *(user(n, p) for n, p in pairs.items()),
-            *(user(n, p, otp=i < 5) for i, (n, p) in enumerate(legit.items())),
+            *(user(n, p, otp=i < scale.people_with_otp) for i, (n, p) in enumerate(legit.items())),
         ]
     )
     realm.mode(alone)
     result: dict[str, Any] = {}
 
-    # Lockout DoS: the attacker at 2 a second, the owner every 4 s from their browser.
+    # Lockout DoS: the attacker at 2 a second, the owner every few seconds from their browser.
     owner = Browser(type("S", (), {"url": url})(), f"203.0.113.{net}")
     warm = browser_signs_in(owner, f"owner-{s}", "owner-correct-horse", -1)
-    stop = time.monotonic() + 20
+    stop = time.monotonic() + scale.dos_s
 
     def guesses() -> None:
-        for i in range(40):
+        for i in range(int(scale.dos_s * 2)):
             if time.monotonic() >= stop:
                 return
             grant(url, f"owner-{s}", f"guess-{i}", f"198.51.100.{net}")
@@ -208,7 +223,7 @@ def run(url: str, realm: Realm, alone: bool) -> dict[str, Any]:
     while time.monotonic() < stop:
         tries += 1
         refused += not browser_signs_in(owner, f"owner-{s}", "owner-correct-horse", 0)
-        time.sleep(4)
+        time.sleep(scale.owner_every_s)
     attacker.join()
     result["lockout_dos"] = {
         "owner_warm_sign_in": warm,
@@ -216,31 +231,40 @@ def run(url: str, realm: Realm, alone: bool) -> dict[str, Any]:
         "owner_refused": refused,
     }
 
-    # Spray: one address, one password, 30 accounts (the weak one among them).
+    # Spray: one address, one password, every account (the weak one among them).
     names = [t["username"] for t in targets]
-    names.insert(20, f"weak-{s}")
+    names.insert(len(names) * 2 // 3, f"weak-{s}")
     taken = [n for n in names if grant(url, n, SPRAYED, f"198.51.100.{net + 1}") == 200]
     result["spray"] = {"attempts": len(names), "takeovers": len(taken)}
 
-    # Stuffing: 20 pairs through 20 addresses, 3 valid.
-    valid = {3, 11, 17}
+    # Stuffing: leaked pairs through as many addresses, a few valid.
     got = 0
     for i, (name, password) in enumerate(pairs.items()):
-        guess = password if i in valid else f"leaked-{i}"
+        guess = password if i in scale.stuffing_valid else f"leaked-{i}"
         got += grant(url, name, guess, f"198.18.{net}.{i + 1}") == 200
         time.sleep(0.2)
-    result["stuffing"] = {"attempts": len(pairs), "valid_pairs": len(valid), "takeovers": got}
+    result["stuffing"] = {
+        "attempts": len(pairs),
+        "valid_pairs": len(scale.stuffing_valid),
+        "takeovers": got,
+    }
 
     # Ordinary people, once each from their own address.
+    with_otp = scale.people_with_otp
     outcomes = [
-        person(url, n, p, f"192.0.2.{net + i}", i < 5) for i, (n, p) in enumerate(legit.items())
+        person(url, mail, n, p, f"192.0.2.{net + i}", i < with_otp)
+        for i, (n, p) in enumerate(legit.items())
     ]
     turned_away = [o for o in outcomes if not o.startswith("signed_in")]
     result["people"] = {
         "people": len(outcomes),
         "refused": len(turned_away),
-        "refused_with_a_code": len([o for o in outcomes[:5] if not o.startswith("signed_in")]),
-        "refused_without_one": len([o for o in outcomes[5:] if not o.startswith("signed_in")]),
+        "refused_with_a_code": len(
+            [o for o in outcomes[:with_otp] if not o.startswith("signed_in")]
+        ),
+        "refused_without_one": len(
+            [o for o in outcomes[with_otp:] if not o.startswith("signed_in")]
+        ),
         "challenged": outcomes.count("signed_in_challenged"),
         "outcomes": outcomes,
     }
@@ -268,6 +292,7 @@ def main() -> int:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AUTHPIPE_")}
     env["AUTHPIPE_CONFIG"] = str(config)
     procs: list[subprocess.Popen[bytes]] = []
+    mail = MailSink()
     keycloak = LocalKeycloak(
         base / "keycloak",
         kc_port,
@@ -309,11 +334,14 @@ def main() -> int:
             description="the edge",
         )
         keycloak.up()
+        mail.start()
+        keycloak.point_smtp_at(mail.port)
         realm = Realm(keycloak)
-        rows = {"keycloak alone": run(keycloak.url, realm, alone=True)}
-        rows["keycloak + authpipe"] = run(keycloak.url, realm, alone=False)
+        rows = {"keycloak alone": run(keycloak.url, realm, mail, alone=True)}
+        rows["keycloak + authpipe"] = run(keycloak.url, realm, mail, alone=False)
     finally:
         keycloak.down()
+        mail.stop()
         for proc in procs:
             proc.terminate()
             proc.wait(30)

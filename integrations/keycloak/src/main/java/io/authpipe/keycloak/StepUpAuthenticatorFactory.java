@@ -31,6 +31,7 @@ public final class StepUpAuthenticatorFactory extends AuthpipeAuthenticatorFacto
   @Override
   public String getHelpText() {
     return "After the password: when the authpipe edge asked for a step-up, demands the user's "
-        + "one-time code or security key; refuses users who have none (no enrolment).";
+        + "one-time code or security key, or mails a code to a verified address; refuses users "
+        + "who have none of these (no enrolment).";
   }
 }
