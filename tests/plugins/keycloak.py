@@ -27,7 +27,7 @@ from pipeline.dev.keycloak import REALM_FILE, LocalKeycloak, ProviderConfig
 from pipeline.dev.mailsink import MailSink
 from pipeline.errors import AuthpipeError
 from tests.integration.edge_process import TOKEN, edge_serving
-from tests.plugins.kafka import REPO_ROOT, free_ports
+from tests.plugins.kafka import REPO_ROOT, free_port_pair, free_ports
 from tests.unit.test_edge_support import DIGEST_KEY
 
 TEST_HOME_BASE = REPO_ROOT / ".state" / "keycloak-test"
@@ -77,6 +77,31 @@ def _edge_config(path: Path, bootstrap: str, decisions_topic: str) -> Path:
     return path
 
 
+def _started(home: Path, provider: ProviderConfig, edge_port: int) -> LocalKeycloak:
+    """Keycloak on a pair of free ports (it takes the port and the next for management).
+    Ports chosen free can be taken before Keycloak binds them (an outgoing connection of
+    the other test worker gets an ephemeral port): up to three pairs are tried."""
+    for attempt in range(3):
+        kc_port, _ = free_port_pair()
+        if edge_port in (kc_port, kc_port + 1):
+            continue
+        keycloak = LocalKeycloak(home, kc_port, provider)
+        keycloak.down()  # an instance a killed session left behind in this home
+        try:
+            keycloak.up()
+            return keycloak
+        except AuthpipeError as exc:
+            keycloak.down()
+            if "is in use" in str(exc) and attempt < 2:
+                continue
+            pytest.fail(
+                f"Keycloak with authpipe's provider did not start: {exc}\n"
+                "Run `bash scripts/keycloak-setup` (Java 17+ and Maven) and retry.",
+                pytrace=False,
+            )
+    pytest.fail("no free port pair for Keycloak in three tries", pytrace=False)
+
+
 @pytest.fixture(scope="session")
 def keycloak_stack(
     kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory
@@ -87,9 +112,7 @@ def keycloak_stack(
         f"kc-{kind}-{uuid.uuid4().hex[:8]}" for kind in ("attempts", "decisions")
     )
     _create_topics(kafka_bootstrap, [attempts, decisions])
-    edge_port, kc_port = free_ports(2)
-    while kc_port + 1 == edge_port:  # Keycloak takes kc_port + 1 for management
-        edge_port, kc_port = free_ports(2)
+    (edge_port,) = free_ports(1)
     config = _edge_config(base / "edge.toml", kafka_bootstrap, decisions)
     realm_hash = hashlib.sha256(REALM_FILE.read_bytes()).hexdigest()[:12]
     home = TEST_HOME_BASE / realm_hash
@@ -109,18 +132,12 @@ def keycloak_stack(
             timeout_ms=1000,
             captcha_key=CAPTCHA_KEY,
         )
-        keycloak = LocalKeycloak(home, kc_port, provider)
-        keycloak.down()  # an instance a killed session left behind in this home
+        keycloak = _started(home, provider, edge_port)
         try:
-            keycloak.up()
             keycloak.point_smtp_at(mail.port)
         except AuthpipeError as exc:
             keycloak.down()
-            pytest.fail(
-                f"Keycloak with authpipe's provider did not start: {exc}\n"
-                "Run `bash scripts/keycloak-setup` (Java 17+ and Maven) and retry.",
-                pytrace=False,
-            )
+            pytest.fail(f"Keycloak's SMTP setting was refused: {exc}", pytrace=False)
         try:
             yield KeycloakStack(
                 keycloak.url, edge_url, kafka_bootstrap, attempts, decisions, keycloak, mail
