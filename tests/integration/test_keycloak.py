@@ -6,6 +6,7 @@ user's one-time code, and a user with no second factor and no e-mail address mee
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import html
@@ -354,6 +355,93 @@ def test_browser_step_up_with_a_one_time_code(keycloak_stack: KeycloakStack) -> 
     assert (again["device_id"], again["device_trusted"]) == (records[0]["device_id"], True)
 
 
+def session_of(stack: KeycloakStack, location: str) -> str:
+    """The user session id (``sid``) of the sign-in whose redirect is ``location``: its code
+    exchanged at the token endpoint, the access token's claim read."""
+    code = urllib.parse.parse_qs(urllib.parse.urlparse(location).query)["code"][0]
+    form = {
+        "grant_type": "authorization_code",
+        "client_id": CLIENT,
+        "code": code,
+        "redirect_uri": REDIRECT,
+    }
+    status, _, text = _request(stack.token_url, form)
+    assert status == 200, text[:500]
+    payload = json.loads(text)["access_token"].split(".")[1]
+    claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+    return str(claims["sid"])
+
+
+def test_a_forced_re_authentication_is_uia(keycloak_stack: KeycloakStack) -> None:
+    """A signed-in browser sent back with prompt=login types its password again: the
+    sign-in is published as flow uia carrying the user session's id."""
+    source = "203.0.113.18"
+    browser = Browser(keycloak_stack, source)
+    page = browser.submit(browser.start(), {"username": "alice"})
+    page = browser.submit(page, {"password": PASSWORDS["alice"]})
+    location = browser.submit_redirect(page, {"otp": fresh_totp()})
+    signed_in = session_of(keycloak_stack, location)
+    page = browser.start(prompt="login")
+    if 'name="username"' in page:
+        page = browser.submit(page, {"username": "alice"})
+    location = browser.submit_redirect(page, {"password": PASSWORDS["alice"]})
+    assert location.startswith(REDIRECT) and "code=" in location
+    records = records_from(keycloak_stack, source, 4)
+    assert [summary(r) for r in records] == [
+        ("alice", "login", "step_up", None, None),
+        ("alice", "mfa", "success", None, None),
+        ("alice", "login", "success", None, "step_up"),
+        ("alice", "uia", "success", None, None),
+    ]
+    assert "session_id" not in records[2]
+    assert records[3]["session_id"] == signed_in == session_of(keycloak_stack, location)
+    assert records[3]["device_trusted"] is True
+
+
+def reset_link(stack: KeycloakStack, browser: Browser, user: str) -> str:
+    """The reset link Keycloak mails ``user`` after its "forgot password" form."""
+    page = browser.submit(browser.start(), {"username": user})
+    match = re.search(r'href="([^"]*login-actions/reset-credentials[^"]*)"', page)
+    assert match, page[:2000]
+    status, page = browser.get(urllib.parse.urljoin(stack.url, html.unescape(match.group(1))))
+    assert status == 200, page[:2000]
+    since = len(stack.mail.messages)
+    browser.submit(page, {"username": user})
+    mail = stack.mail.wait_for(f"{user}@example.com", since)
+    found = re.search(r"(http://\S+/login-actions/action-token\?\S+)", mail.text)
+    assert found, mail.text
+    return html.unescape(found.group(1))
+
+
+def test_reset_links_forged_used_and_completed(keycloak_stack: KeycloakStack) -> None:
+    """Keycloak's mailed reset link with its signature forged is refused (400), a reset
+    failure for the account it names; the real link resets the password (a reset success);
+    the same link again is refused as used (400), a reset failure."""
+    source = "203.0.113.19"
+    browser = Browser(keycloak_stack, source)
+    link = reset_link(keycloak_stack, browser, "carol")
+    key = urllib.parse.parse_qs(urllib.parse.urlparse(link).query)["key"][0]
+    header, payload, signature = key.split(".")
+    flipped = ("B" if signature[0] == "A" else "A") + signature[1:]
+    forged = link.replace(key, f"{header}.{payload}.{flipped}")
+    status, page = Browser(keycloak_stack, source).get(forged)
+    assert status == 400 and "kc-error-message" in page, page[:2000]
+    status, headers, _ = _request(link, headers=browser.headers, opener=browser.opener)
+    assert status == 302, status
+    status, page = browser.get(urllib.parse.urljoin(link, headers["Location"]))
+    assert status == 200 and 'name="password-new"' in page, page[:2000]
+    same = PASSWORDS["carol"]  # the same password: the realm keeps its users for later sessions
+    location = browser.submit_redirect(page, {"password-new": same, "password-confirm": same})
+    assert location.startswith(REDIRECT) and "code=" in location
+    status, page = browser.get(link)
+    assert status == 400 and "Action expired" in page, page[:2000]
+    assert [summary(r) for r in records_from(keycloak_stack, source, 3)] == [
+        ("carol", "reset", "failure", "other", None),
+        ("carol", "reset", "success", None, None),
+        ("carol", "reset", "failure", "other", None),
+    ]
+
+
 class _LoopbackIsSecure(http.cookiejar.DefaultCookiePolicy):
     """Browsers treat http://127.0.0.1 as a secure context and send it Secure cookies
     (Keycloak marks its SameSite=None cookies Secure); the standard jar does not."""
@@ -379,19 +467,24 @@ class Browser:
             if cookie.name != "AUTHPIPE_DEVICE":
                 self.jar.clear(cookie.domain, cookie.path, cookie.name)
 
-    def start(self) -> str:
+    def start(self, **extra: str) -> str:
         query = urllib.parse.urlencode(
             {
                 "client_id": CLIENT,
                 "redirect_uri": REDIRECT,
                 "response_type": "code",
                 "scope": "openid",
+                **extra,
             }
         )
         url = f"{self.stack.url}/realms/authpipe/protocol/openid-connect/auth?{query}"
         status, _, page = _request(url, headers=self.headers, opener=self.opener)
         assert status == 200, page[:500]
         return page
+
+    def get(self, url: str) -> tuple[int, str]:
+        status, _, page = _request(url, headers=self.headers, opener=self.opener)
+        return status, page
 
     def _post(self, page: str, fields: dict[str, str]) -> tuple[int, dict[str, str], str]:
         match = re.search(r'<form[^>]*action="([^"]+)"', page)

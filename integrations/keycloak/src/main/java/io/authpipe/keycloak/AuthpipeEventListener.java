@@ -1,5 +1,8 @@
 package io.authpipe.keycloak;
 
+import com.fasterxml.jackson.databind.JsonNode;
+import java.io.IOException;
+import java.util.Base64;
 import java.util.Map;
 import org.jboss.logging.Logger;
 import org.keycloak.authentication.AuthenticatorUtil;
@@ -9,6 +12,7 @@ import org.keycloak.events.Event;
 import org.keycloak.events.EventListenerProvider;
 import org.keycloak.events.EventType;
 import org.keycloak.events.admin.AdminEvent;
+import org.keycloak.models.Constants;
 import org.keycloak.models.KeycloakSession;
 import org.keycloak.models.RealmModel;
 import org.keycloak.models.UserModel;
@@ -26,8 +30,11 @@ import org.keycloak.sessions.AuthenticationSessionModel;
  *       one-time-code form ({@code selected_credential_id} set), {@code flow = "mfa"} with
  *       {@code bad_second_factor}; a locked or disabled user is {@code refused}; other errors (an
  *       expired page, a bad redirect) try no secret and are not published;
- *   <li>{@code RESET_PASSWORD}: a reset completed through Keycloak's mailed link, {@code flow =
- *       "reset"}, {@code success}.
+ *   <li>a reset completed through Keycloak's mailed link ({@link #endsResetLink}: the {@code
+ *       LOGIN} that ends it; or {@code RESET_PASSWORD}, which 26.5.6 does not send): {@code flow =
+ *       "reset"}, {@code success};
+ *   <li>a reset link that failed ({@link #failedResetLink}): {@code flow = "reset"}, {@code
+ *       failure}, {@code other} ({@code refused} for a disabled user).
  * </ul>
  *
  * The edge's refusals, CAPTCHAs and step-ups are reported by the authenticators themselves
@@ -36,6 +43,9 @@ import org.keycloak.sessions.AuthenticationSessionModel;
 public final class AuthpipeEventListener implements EventListenerProvider {
 
   private static final Logger LOG = Logger.getLogger(AuthpipeEventListener.class);
+  /** The action of Keycloak's reset-password link ({@code ResetCredentialsActionToken}). */
+  static final String RESET_ACTION = "reset-credentials";
+
   private final KeycloakSession session;
 
   AuthpipeEventListener(KeycloakSession session) {
@@ -63,7 +73,10 @@ public final class AuthpipeEventListener implements EventListenerProvider {
     String outcome;
     String reason = null;
     String challenge = null;
-    if (type == EventType.LOGIN) {
+    if (type == EventType.LOGIN && endsResetLink(auth)) {
+      flow = "reset"; // Keycloak 26.5.6 sends no RESET_PASSWORD: the reset ends in this LOGIN
+      outcome = "success";
+    } else if (type == EventType.LOGIN) {
       outcome = "success";
       boolean steppedUp = "step_up".equals(details.get(Attempts.DETAIL_CHALLENGE))
           || (auth != null && "true".equals(auth.getAuthNote(Attempts.NOTE_STEPPED_UP)));
@@ -89,6 +102,17 @@ public final class AuthpipeEventListener implements EventListenerProvider {
     } else if (type == EventType.RESET_PASSWORD) {
       flow = "reset";
       outcome = "success";
+    } else if (failedResetLink(type, details)) {
+      flow = "reset";
+      outcome = "failure";
+      String error = event.getError() == null ? "" : event.getError();
+      switch (error) {
+        case Errors.USER_TEMPORARILY_DISABLED, Errors.USER_DISABLED -> reason = "refused";
+        case Errors.REALM_DISABLED, Errors.SSL_REQUIRED -> {
+          return; // the server refused before the link was looked at
+        }
+        default -> reason = "other";
+      }
     } else {
       return;
     }
@@ -110,6 +134,41 @@ public final class AuthpipeEventListener implements EventListenerProvider {
     }
     AuthpipeEventListenerFactory.publish(Attempts.record(event.getId(), event.getTime(), tenant,
         settings.service(), flow, account, client, outcome, reason, challenge, sessionId));
+  }
+
+  /**
+   * A reset link tried at Keycloak's action-token endpoint and refused. Keycloak 26.5.6
+   * ({@code LoginActionsService.handleActionToken}) reports a link whose signature, issuer or
+   * expiry fails as {@code EXECUTE_ACTION_TOKEN_ERROR} (the user is the one the link claims),
+   * and a valid link refused afterwards (already used: {@code expired_code}; a disabled user)
+   * as {@code RESET_PASSWORD_ERROR}; both carry the token's id and its action ({@value
+   * #RESET_ACTION}). Reset errors without a token (the "forgot password" form's) tried no link
+   * and are not published.
+   */
+  static boolean failedResetLink(EventType type, Map<String, String> details) {
+    return (type == EventType.EXECUTE_ACTION_TOKEN_ERROR || type == EventType.RESET_PASSWORD_ERROR)
+        && RESET_ACTION.equals(details.get(Details.ACTION))
+        && details.get(Details.TOKEN_ID) != null;
+  }
+
+  /**
+   * The sign-in that ends a reset through Keycloak's mailed link: the action-token endpoint
+   * kept the verified link in the authentication session ({@code key} note), and the link's
+   * action ({@code typ}) is {@value #RESET_ACTION}. Keycloak 26.5.6 reports the new password
+   * as {@code UPDATE_PASSWORD} and then this {@code LOGIN}; it sends no {@code RESET_PASSWORD}.
+   */
+  static boolean endsResetLink(AuthenticationSessionModel auth) {
+    String token = auth == null ? null : auth.getAuthNote(Constants.KEY);
+    String[] parts = token == null ? new String[0] : token.split("\\.");
+    if (parts.length < 2) {
+      return false;
+    }
+    try {
+      JsonNode claims = Attempts.mapper().readTree(Base64.getUrlDecoder().decode(parts[1]));
+      return RESET_ACTION.equals(claims.path("typ").asText());
+    } catch (IOException | IllegalArgumentException e) {
+      return false;
+    }
   }
 
   /** The account as typed (the {@code username} detail), else the user's username. */
