@@ -27,21 +27,11 @@ from pipeline.clock import wall_ms
 from pipeline.contracts.codec import decode_attempt, dumps
 from pipeline.edge.handlers import create_app
 from pipeline.edge.health import AlwaysReady
-from tests.integration.test_report_chromium import chromium
+from tests.integration.test_report_chromium import HEADLESS_FLAGS, chromium
 from tests.unit.test_edge_examples import PASSWORD, login_service
 from tests.unit.test_edge_support import MIN, message, new_view
 
 pytestmark = pytest.mark.timeout(60)  # it takes about 3 s
-FLAGS = (
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-)
 KEY = "altcha-test-hmac-key-0123456789abcdef"
 WAIT_S = 15.0
 
@@ -104,7 +94,7 @@ async def page(tmp_path: Path) -> AsyncIterator[Page]:
     profile = tmp_path / "profile"
     proc = await asyncio.create_subprocess_exec(
         chromium(),
-        *FLAGS,
+        *HEADLESS_FLAGS,
         f"--user-data-dir={profile}",
         "--remote-debugging-port=0",
         "about:blank",

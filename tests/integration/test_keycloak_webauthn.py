@@ -23,7 +23,7 @@ import pytest
 
 from tests.integration.test_keycloak import CLIENT, REDIRECT, records_from, summary
 from tests.integration.test_keycloak_email import mailed_code
-from tests.integration.test_report_chromium import chromium
+from tests.integration.test_report_chromium import HEADLESS_FLAGS, chromium
 
 if TYPE_CHECKING:
     from tests.plugins.keycloak import KeycloakStack
@@ -119,13 +119,7 @@ def browser(tmp_path: Path) -> Iterator[DevTools]:
     process = subprocess.Popen(
         [
             chromium(),
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            "--no-first-run",
+            *HEADLESS_FLAGS,
             f"--user-data-dir={profile}",
             "--remote-debugging-port=0",
             "about:blank",

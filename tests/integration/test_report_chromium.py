@@ -39,17 +39,25 @@ def chromium() -> str:
     return path
 
 
+HEADLESS_FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+)
+"""Headless Chromium on this closed network (root, no GPU; without the background-networking
+flags it keeps trying Google's hosts): every browser test's flags, with its own profile."""
+
+
 def headless(page: Path, profile: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [
             chromium(),
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            "--no-first-run",
+            *HEADLESS_FLAGS,
             f"--user-data-dir={profile}",
             "--enable-logging=stderr",
             "--v=0",
