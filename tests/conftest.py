@@ -89,6 +89,19 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 SHARED_GROUPS = {"test_keycloak": "keycloak", "test_cluster_faults": "cluster"}
 
 
+def _shared_group(nodeid: str) -> str | None:
+    name = os.path.basename(nodeid.split("::", 1)[0])
+    return next((g for prefix, g in SHARED_GROUPS.items() if name.startswith(prefix)), None)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The shared groups first (the clusters' six minutes, then Keycloak), so a worker
+    starts them while the other takes everything else (`scripts/test` keeps this order:
+    `--no-loadscope-reorder`); otherwise the collection's order."""
+    rank = {"cluster": 0, "keycloak": 1}
+    items.sort(key=lambda item: rank.get(_shared_group(item.nodeid) or "", 2))
+
+
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
     """``loadfile``, with the files of a shared group as one scope."""
     if config.getvalue("dist") != "loadfile":
@@ -97,8 +110,6 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | 
 
     class GroupedFiles(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            path = super()._split_scope(nodeid)
-            name = os.path.basename(path)
-            return next((g for p, g in SHARED_GROUPS.items() if name.startswith(p)), path)
+            return _shared_group(nodeid) or super()._split_scope(nodeid)
 
     return GroupedFiles(config, log)
