@@ -314,8 +314,15 @@ class TenantRollup:
             # windows, only those whose strangers a sign-in mostly redeemed are a norm (a
             # true change of it: more people, who mistype and then sign in); none left:
             # baseline 0, the floors (``StrangersTier.people_like``).
+            # Settled windows only: their redemptions are all in (a sign-in redeems within
+            # redeem_ms), so the sample is the same whenever it is taken, live, restored
+            # from the changelog, or replayed.
             people = self.tier.people_like(tenant)
-            sample = sorted(accounts.get(slot, 0) for slot in slots if people(slot[1]))
+            redeem_ms = self.policy.for_tenant(tenant).strangers.redeem_ms
+            settled = window - 1 - -(-redeem_ms // cfg.window_ms)
+            sample = sorted(
+                accounts.get(slot, 0) for slot in slots if slot[1] <= settled and people(slot[1])
+            )
         last = len(sample) - 1
         baseline = float(sample[int(cfg.baseline_quantile * last)]) if sample else 0.0
         self.baselines[(tenant, window)] = baseline
