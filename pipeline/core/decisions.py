@@ -341,10 +341,14 @@ class DecisionIndex:
         if self._familiar is not None and key[0] == "familiar" and self._put_familiar(key, active):
             return
         # An exempt refuses and demands nothing on its own: it is not a subject, so an
-        # account whose only decisions are exempts stays on the two-lookup fast path.
-        if key not in self._active and active.action != "exempt":
-            subject = _subject(key)
-            self.subjects[subject] = self.subjects.get(subject, 0) + 1
+        # account whose only decisions are exempts stays on the two-lookup fast path. A
+        # decision replacing another on its key counts as its own action says.
+        old = self._active.get(key)
+        if old is None:
+            if active.action != "exempt":
+                self._count(key, 1)
+        elif (old.action == "exempt") != (active.action == "exempt"):
+            self._count(key, -1 if active.action == "exempt" else 1)
         self._active[key] = active
         # Ordered by (expiry, decision id): ids are unique, so keys (which may hold None)
         # are never compared.
@@ -439,10 +443,14 @@ class DecisionIndex:
         return out
 
     def _forget(self, key: Key, active: Active) -> None:
-        if active.action == "exempt":
-            return
+        """``key``'s decision ``active`` left the dict."""
+        if active.action != "exempt":
+            self._count(key, -1)
+
+    def _count(self, key: Key, change: int) -> None:
+        """Count one active decision more (1) or less (-1) for ``key``'s subject."""
         subject = _subject(key)
-        left = self.subjects[subject] - 1
+        left = self.subjects.get(subject, 0) + change
         if left:
             self.subjects[subject] = left
         else:
