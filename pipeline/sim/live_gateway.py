@@ -57,7 +57,7 @@ from pipeline.settings import Settings
 from pipeline.sim.card import AttackScore
 from pipeline.sim.gateway import reported
 from pipeline.sim.scenarios import SimConfig, SimEvent, check_config, generate
-from pipeline.sim.scoring import _count_valid, _shown, takeover
+from pipeline.sim.scoring import count_valid, shown_challenge, takeover
 from pipeline.sim.simulate import SimulateOptions, Summary
 from pipeline.sim.truth import ATTACKER, LEGIT_ROLES, TruthEvent
 from pipeline.topics import Topics
@@ -104,10 +104,10 @@ class GatewayTally:
         if event.role == ATTACKER:
             self.takeovers += takeover(event, verdict, False)
             self.bought.setdefault(event.scenario, set())
-            _count_valid(self.valid, self.bought, event, verdict, False)
+            count_valid(self.valid, self.bought, event, verdict, False)
         elif event.role in LEGIT_ROLES:
             self.people.add(event.actor)
-            if _shown(verdict, event):
+            if shown_challenge(verdict, event):
                 self.people_challenged.add(event.actor)
             if not verdict.allowed:
                 self.people_refused.add(event.actor)

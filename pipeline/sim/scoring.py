@@ -77,10 +77,10 @@ def score(
     for i, (event, verdict, reason) in enumerate(zip(events, verdicts, design, strict=True)):
         if event.role == ATTACKER:
             taken_over = takeover(event, verdict, i in reviewed)
-            _count_valid(scores[event.scenario], bought, event, verdict, i in reviewed)
+            count_valid(scores[event.scenario], bought, event, verdict, i in reviewed)
             # A challenge stops a bot: the assumption is that bots fail challenges, the
             # step-up a session review asks after the sign-in too.
-            challenged = _shown(verdict, event)
+            challenged = shown_challenge(verdict, event)
             if challenged:
                 verdict = CHALLENGED
                 scores[event.scenario].challenged += 1
@@ -104,7 +104,7 @@ def score(
                 legit_reviewed[0] += 1
                 legit_reviewed[1] += not during(running, event.attempt.tenant, event.occurred_ms)
                 legit_reviewed[2] += not during(near, event.attempt.tenant, event.occurred_ms)
-            shown = _shown(verdict, event)
+            shown = shown_challenge(verdict, event)
             if shown:
                 legit_challenged[event.cohort] += 1
                 if not in_history:
@@ -169,7 +169,7 @@ def score(
     )
 
 
-def _shown(verdict: Verdict, event: TruthEvent) -> bool:
+def shown_challenge(verdict: Verdict, event: TruthEvent) -> bool:
     """Whether the attempt met its challenge: a captcha before any password check, a
     step-up only after a correct password (a wrong one fails as it would have)."""
     if not verdict.allowed or verdict.challenge is None:
@@ -188,12 +188,12 @@ def takeover(event: TruthEvent, verdict: Verdict, reviewed: bool) -> bool:
         and a.success
         and event.cohort not in NOT_TAKEOVERS
         and verdict.allowed
-        and not _shown(verdict, event)
+        and not shown_challenge(verdict, event)
         and not reviewed
     )
 
 
-def _count_valid(
+def count_valid(
     s: AttackScore,
     bought: dict[str, set[tuple[str, str]]],
     event: TruthEvent,
