@@ -323,6 +323,16 @@ class WorkerSettings(_Section):
             " (the default: a saturated worker's growing delays made rows late, bench B7)"
         ),
     )
+    stuck_after_s: float = Field(
+        300.0,
+        ge=10.0,
+        le=86_400.0,
+        description=(
+            "a stage partition with input waiting that makes no progress at all for this long"
+            " ends the worker with exit status 75 for its supervisor to restart it"
+            " (pipeline.stream.watch)"
+        ),
+    )
     web_port: int = Field(6066, ge=0, le=65535, description="metrics and readiness port (0=any)")
     web_host: str = Field(
         "127.0.0.1",

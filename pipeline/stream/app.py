@@ -25,6 +25,7 @@ and the changelog's wait for it, is ``pipeline.stream.emit``'s.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Iterable
@@ -50,9 +51,16 @@ from pipeline.stream.progress import Admit, InputOrder
 from pipeline.stream.restore import ChangelogRestore, LiveRecords
 from pipeline.stream.rollup_stage import RollupStage
 from pipeline.stream.stages import AccountStage, SourceStage
+from pipeline.stream.watch import StuckWatch
 from pipeline.topics import Topics
 
 log = get_logger("worker")
+
+SEEK_TIMEOUT_S = 30.0
+"""A seek back not done in this long is given up (logged) and tried again later: faust's
+consumer thread answers it, and a timer waiting on it for good would stop every check."""
+WATCH_INTERVAL_S = 5.0
+"""How often the stuck watch (``pipeline.stream.watch``) looks at every partition."""
 
 
 class Worker:
@@ -93,6 +101,7 @@ class Worker:
         # Envelopes in offset order whatever faust delivers (pipeline.stream.progress);
         # per agent topic, its channel (queue) and whether it is mid-envelope.
         self.order = InputOrder()
+        self.watch = StuckWatch(settings.worker.stuck_after_s, lambda: self.out.drain(None))
         self.channels: dict[str, Any] = {}
         self.busy: dict[str, bool] = {}
         t = self.topics
@@ -119,6 +128,7 @@ class Worker:
         app.task(self._quiet_library_logging)
         app.task(self.ingest_loop.run)
         app.timer(1.0)(self._expire_tick)
+        app.timer(WATCH_INTERVAL_S)(self._watch_tick)
         app.on_partitions_revoked.connect(self._on_revoked)  # type: ignore[arg-type]
         app.on_partitions_assigned.connect(self._on_assigned)  # type: ignore[arg-type]
         app.on_before_shutdown.connect(self._on_shutdown)  # type: ignore[arg-type]
@@ -275,7 +285,17 @@ class Worker:
         # seek_wait seeks in faust's consumer thread, which owns the aiokafka consumer;
         # ``consumer.seek`` calls into it from this thread, and a fetch in flight there
         # then crashed the worker (aiokafka's fetched_records: KeyError on the partition).
-        await self.app.consumer.seek_wait({tp: offset})
+        try:
+            await asyncio.wait_for(self.app.consumer.seek_wait({tp: offset}), SEEK_TIMEOUT_S)
+        except Exception as exc:  # a failed seek is tried again, never fatal
+            log.error(
+                "stream_seek_failed",
+                topic=tp.topic,
+                partition=tp.partition,
+                offset=offset,
+                error=repr(exc),
+                action="tried again by the stranded or hole check",
+            )
 
     async def _rollup_agent(self, stream: Any) -> None:
         changelog = self.changelogs[self.topics.shares]
@@ -315,15 +335,11 @@ class Worker:
 
     def _unrestored(self, assigned: Iterable[TopicPartition]) -> list[TopicPartition]:
         """The changelog partitions of ``assigned`` whose stage does not hold them yet."""
-        owners = {
-            self.topics.by_account: self.accounts.owns,
-            self.topics.by_source: self.sources.owns,
-            self.topics.shares: self.rollup.owns,
-        }
+        stages = self._stages()
         return [
             TopicPartition(self.changelogs[tp.topic], tp.partition)
             for tp in assigned
-            if tp.topic in owners and not owners[tp.topic](tp.partition)
+            if tp.topic in stages and not stages[tp.topic].owns(tp.partition)
         ]
 
     async def _on_assigned(self, sender: Any, *args: Any, **kwargs: Any) -> None:
@@ -336,6 +352,21 @@ class Worker:
         """Start reading back any assigned partition nobody is restoring (a safety net:
         ``_on_assigned`` starts them all)."""
         self.restore.start(self._unrestored(self.app.consumer.assignment()))
+
+    def _stages(self) -> dict[str, AccountStage | SourceStage | RollupStage]:
+        return {
+            self.topics.by_account: self.accounts,
+            self.topics.by_source: self.sources,
+            self.topics.shares: self.rollup,
+        }
+
+    async def _watch_tick(self) -> None:
+        """End the worker if a partition is stuck (``pipeline.stream.watch``); runs whether
+        or not the worker is ready, since a restore that never ends keeps it unready."""
+        consumer: Any = self.app.consumer
+        await self.watch.tick(
+            consumer.assignment(), self._stages(), consumer.highwater, self.restore.records_read
+        )
 
     async def _seek_stranded(self) -> None:
         """Seek partitions whose last messages faust dropped (nothing later arrives to
@@ -383,6 +414,7 @@ class Worker:
         ]
         await self.out.drain(changelogs)
         self.restore.cancel([TopicPartition(topic, partition) for topic, partition in changelogs])
+        self.watch.forget(revoked)
         for tp in revoked:
             self.order.forget(tp)
             if tp.topic == self.topics.by_account:

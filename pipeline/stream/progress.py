@@ -88,6 +88,45 @@ class InputOrder:
         self.behind_since_s.pop(tp, None)
 
 
+DEFAULT_STUCK_AFTER_S = 300.0
+
+
+@dataclass
+class Watchdog:
+    """Per stage partition: how long it has had input waiting and made no progress.
+
+    Invariant: ``observe`` returns 0 for a partition with nothing waiting, and otherwise
+    the seconds since its progress ``mark`` last changed (the offset its stage expects
+    next, or a restore's records read while it is not yet restored). Any change of the
+    mark starts the count again, so a partition that moves, however slowly, or a restore
+    that reads, is never stuck; only one that moves not at all for ``stuck_after_s`` while
+    messages wait for it is (``stuck``). The worker restarts itself then
+    (``pipeline.stream.app``): what it holds is in its changelogs, so a restart loses and
+    doubles nothing, and it reads every partition afresh."""
+
+    stuck_after_s: float = DEFAULT_STUCK_AFTER_S
+    since_s: dict[Hashable, tuple[int, float]] = field(default_factory=dict)
+
+    def observe(self, tp: Hashable, *, mark: int, waiting: bool, now_s: float) -> float:
+        """Seconds ``tp`` has had input ``waiting`` with its progress ``mark`` unchanged."""
+        if not waiting:
+            self.since_s.pop(tp, None)
+            return 0.0
+        since = self.since_s.get(tp)
+        if since is None or since[0] != mark:
+            self.since_s[tp] = (mark, now_s)
+            return 0.0
+        return now_s - since[1]
+
+    def stuck(self, tp: Hashable, *, mark: int, waiting: bool, now_s: float) -> bool:
+        """True once ``tp`` has waited ``stuck_after_s`` without progress."""
+        return self.observe(tp, mark=mark, waiting=waiting, now_s=now_s) >= self.stuck_after_s
+
+    def forget(self, tp: Hashable) -> None:
+        """``tp`` was revoked."""
+        self.since_s.pop(tp, None)
+
+
 class InputPosition:
     """Per stage partition: the offset of the next input message to apply, and after a
     restore with rows held, the offset below which messages only hold their rows again

@@ -91,10 +91,12 @@ async def read_changelogs(
     tps: Collection[TopicPartition],
     security: Mapping[str, Any] = _PLAIN,
     commit_key: CommitKey | None = None,
+    on_read: Callable[[int], None] | None = None,
 ) -> AsyncIterator[tuple[TopicPartition, LiveRecords]]:
     """Each of ``tps`` read from its start to the end offset seen at start, folded to its
     live records (whole messages only, given ``commit_key``: see ``ChangelogFold``); yielded
-    as each partition completes (in no particular order)."""
+    as each partition completes (in no particular order). ``on_read`` is told how many
+    records each fetch brought (the worker's stuck watch counts them as progress)."""
     if not tps:
         return
     # "earliest", not the default "latest": ``assign`` starts a position reset in the
@@ -141,6 +143,8 @@ async def read_changelogs(
                 add = folds[tp].add
                 for message in messages:
                     add(message.key, message.value)
+                if on_read is not None:
+                    on_read(len(messages))
             for tp in list(remaining):
                 # The position, not the last offset read: compaction and transaction
                 # markers leave gaps, so the last record may sit below the end offset.
@@ -185,6 +189,7 @@ class ChangelogRestore:
         self.install = install
         self.pending: dict[Hashable, asyncio.Future[None]] = {}
         self.tasks: set[asyncio.Task[None]] = set()
+        self.records_read = 0  # by every reader so far: restores that read are progressing
 
     def start(self, tps: Collection[TopicPartition]) -> None:
         """Read ``tps`` back (those not already being read) in one background task."""
@@ -225,12 +230,15 @@ class ChangelogRestore:
             task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
 
+    def _read(self, records: int) -> None:
+        self.records_read += records
+
     async def _run(self, tps: list[TopicPartition]) -> None:
         started_s = asyncio.get_running_loop().time()
         records = 0
         try:
             async for tp, live in read_changelogs(
-                self.bootstrap_servers, tps, self.security, self.commit_key
+                self.bootstrap_servers, tps, self.security, self.commit_key, self._read
             ):
                 future = self.pending.get(tp)
                 if future is None or future.done():

@@ -57,6 +57,11 @@ REJOIN_TIMEOUT_S = 90.0
 SAMPLE_S = 0.2
 
 
+WORKER_STUCK_AFTER_S = 90
+"""The stuck watch's limit in the fault tests (300 s by default): longer than any stall a
+fault caused here (under 20 s), shorter than the test's patience."""
+
+
 @pytest.fixture
 def worker_env(
     kafka_cluster: LocalCluster, stream_names: StreamNames, tmp_path: Path
@@ -72,6 +77,9 @@ def worker_env(
         "AUTHPIPE_LOG_FORMAT": "json",
         "AUTHPIPE_LOG_LEVEL": "warning",
         "AUTHPIPE_WORKER_INPUT_IDLE_MS": str(INPUT_IDLE_MS),
+        # A partition stuck after the faults ends the worker this soon (status 75):
+        # test_cluster_faults_more restarts it, as a supervisor would.
+        "AUTHPIPE_WORKER_STUCK_AFTER_S": str(WORKER_STUCK_AFTER_S),
     }
 
 

@@ -20,10 +20,16 @@ A, B = (
 
 def fake_reader(release: asyncio.Event) -> Any:
     async def read(
-        bootstrap: str, tps: Collection[TopicPartition], security: Any = None, commit: Any = None
+        bootstrap: str,
+        tps: Collection[TopicPartition],
+        security: Any = None,
+        commit: Any = None,
+        on_read: Any = None,
     ) -> AsyncIterator[tuple[TopicPartition, LiveRecords]]:
         for tp in tps:
             await release.wait()
+            if on_read is not None:
+                on_read(1)
             yield tp, {b"key-%d" % tp.partition: b"value"}
 
     return read
