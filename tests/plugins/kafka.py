@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import re
 import shutil
-import socket
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -40,22 +40,44 @@ EXTERNAL_READY_TIMEOUT_S = 30.0
 _TOPIC_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
-def free_ports(count: int) -> list[int]:
-    """``count`` distinct TCP ports free on 127.0.0.1 right now (all held while choosing)."""
-    with ExitStack() as stack:
-        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [int(sock.getsockname()[1]) for sock in sockets]
+PORTS_LOW, PORTS_HIGH = 20_000, 32_000
+"""Test services listen below Linux's ephemeral range (32768 up): a port the kernel hands
+out for ``bind(0)`` can be taken again by any outgoing connection before the service binds
+it (seen in CI: Keycloak's management port, "Address already in use")."""
 
 
-def free_port_pair(attempts: int = 50) -> tuple[int, int]:
+def _port_range() -> range:
+    """This test worker's share of the range: xdist workers never pick the same port."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    index = int(worker[2:]) if worker[2:].isdigit() else 0
+    count = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    width = (PORTS_HIGH - PORTS_LOW) // count
+    low = PORTS_LOW + (index % count) * width
+    return range(low, low + width)
+
+
+def free_ports(count: int, span: int = 1) -> list[int]:
+    """``count`` distinct ports P, each with P .. P + span - 1 free on 127.0.0.1 now, from
+    this test worker's share of 20000-32000 (the one port picker of the tests)."""
+    ports = _port_range()
+    rng = random.Random()
+    chosen: list[int] = []
+    for _ in range(200 * count):
+        port = rng.randrange(ports.start, ports.stop - span)
+        block = range(port, port + span)
+        if any(p in range(c, c + span) for c in chosen for p in block):
+            continue
+        if all(port_free(p) for p in block):
+            chosen.append(port)
+            if len(chosen) == count:
+                return chosen
+    raise AssertionError(f"no {count} free port blocks of {span} in {ports} on 127.0.0.1")
+
+
+def free_port_pair() -> tuple[int, int]:
     """Two consecutive free ports (port, port + 1): the CLI's broker and controller ports."""
-    for _ in range(attempts):
-        (port,) = free_ports(1)
-        if port < 65535 and port_free(port + 1):
-            return port, port + 1
-    raise AssertionError(f"no free consecutive port pair on 127.0.0.1 in {attempts} attempts")
+    (port,) = free_ports(1, span=2)
+    return port, port + 1
 
 
 def unique_topic(prefix: str = "test") -> str:

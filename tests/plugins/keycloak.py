@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import hashlib
-import random
 import shutil
 import tempfile
 import uuid
@@ -26,10 +25,9 @@ import pytest
 
 from pipeline.dev.keycloak import REALM_FILE, LocalKeycloak, ProviderConfig
 from pipeline.dev.mailsink import MailSink
-from pipeline.dev.processes import port_free
 from pipeline.errors import AuthpipeError
 from tests.integration.edge_process import TOKEN, edge_serving
-from tests.plugins.kafka import REPO_ROOT
+from tests.plugins.kafka import REPO_ROOT, free_port_pair, free_ports
 from tests.unit.test_edge_support import DIGEST_KEY
 
 TEST_HOME_BASE = REPO_ROOT / ".state" / "keycloak-test"
@@ -79,25 +77,12 @@ def _edge_config(path: Path, bootstrap: str, decisions_topic: str) -> Path:
     return path
 
 
-def _port_pair_below_ephemeral() -> int:
-    """A port P with P and P + 1 free, below Linux's ephemeral range (32768 up): a port
-    the kernel hands out (``free_ports``) can be taken again by any outgoing connection
-    before Keycloak binds it, and with two test workers and their brokers one was (the
-    management port: "Address already in use")."""
-    rng = random.Random()
-    for _ in range(200):
-        port = rng.randrange(20_000, 32_000)
-        if port_free(port) and port_free(port + 1):
-            return port
-    pytest.fail("no free port pair for Keycloak in 20000-32000", pytrace=False)
-
-
 def _started(home: Path, provider: ProviderConfig, edge_port: int) -> LocalKeycloak:
     """Keycloak on a pair of free ports (it takes the port and the next for management),
     up to three pairs tried: a port free when chosen can still be taken before Keycloak
     binds it."""
     for attempt in range(3):
-        kc_port = _port_pair_below_ephemeral()
+        kc_port, _ = free_port_pair()
         if edge_port in (kc_port, kc_port + 1):
             continue
         keycloak = LocalKeycloak(home, kc_port, provider)
@@ -127,7 +112,7 @@ def keycloak_stack(
         f"kc-{kind}-{uuid.uuid4().hex[:8]}" for kind in ("attempts", "decisions")
     )
     _create_topics(kafka_bootstrap, [attempts, decisions])
-    edge_port = _port_pair_below_ephemeral()
+    (edge_port,) = free_ports(1)
     config = _edge_config(base / "edge.toml", kafka_bootstrap, decisions)
     realm_hash = hashlib.sha256(REALM_FILE.read_bytes()).hexdigest()[:12]
     home = TEST_HOME_BASE / realm_hash
