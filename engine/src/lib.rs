@@ -3,6 +3,7 @@
 //! The first piece: `FamiliarStore`, the edge's familiar exempts as fixed-size records
 //! (`table.rs`) keyed by `familiar_digest` (`digest.rs`), with no Python object per record.
 
+mod decode;
 mod digest;
 mod table;
 
@@ -11,6 +12,7 @@ use std::borrow::Cow;
 use pyo3::exceptions::{PyMemoryError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyString};
+use std::collections::HashSet;
 
 use table::{Digest, Table, Value, KEY_BYTES, MAX_RECORDS, RECORD_BYTES};
 
@@ -115,6 +117,18 @@ struct FamiliarStore {
     table: Table,
 }
 
+/// What ``put_encoded`` did: the indexes it handed back, then how many exempts it put,
+/// tombstones it applied, expired exempts it dropped, records it changed (put, or removed
+/// by a tombstone or an expired exempt), and the tenants of the exempts it put.
+type Encoded<'py> = (
+    Vec<usize>,
+    usize,
+    usize,
+    usize,
+    usize,
+    Vec<Bound<'py, PyString>>,
+);
+
 fn value_tuple(v: Value) -> (i64, i64, u64) {
     (v.expires_ms, v.since_ms, v.id_fp)
 }
@@ -175,6 +189,105 @@ impl FamiliarStore {
         })
         .map_err(|_: std::collections::TryReserveError| no_memory(records))?;
         Ok(count)
+    }
+
+    /// Apply the decisions topic's messages (``keys[i]``, ``values[i]``: bytes, a value of
+    /// None a tombstone) in order, as ``DecisionView.apply`` does at ``now_ms``, for those
+    /// that are familiar exempts or tombstones on a familiar key (``decode.rs`` reads them
+    /// as the Python decoders do, a strict subset); every other message is handed back, its
+    /// index in the first list returned, for the caller to apply after this call. So that
+    /// each key's messages still apply in order, once one message of a key is handed back
+    /// so are the later ones of that key in the batch, and every message of a key in
+    /// ``held`` (a store used as a set: the keys whose decision the caller holds elsewhere).
+    /// Returns ``(handed_back, put, lifted, expired, changed, tenants)`` (``Encoded``).
+    #[pyo3(signature = (keys, values, now_ms, held = None))]
+    fn put_encoded<'py>(
+        &mut self,
+        py: Python<'py>,
+        keys: &Bound<'py, PyList>,
+        values: &Bound<'py, PyList>,
+        now_ms: i64,
+        held: Option<PyRef<'py, FamiliarStore>>,
+    ) -> PyResult<Encoded<'py>> {
+        let now = time_ms("now_ms", now_ms)?;
+        if keys.len() != values.len() {
+            return Err(PyValueError::new_err(format!(
+                "put_encoded takes as many values as keys; got {} keys and {} values",
+                keys.len(),
+                values.len()
+            )));
+        }
+        let held = held.as_ref().map(|h| &h.table);
+        let mut back: Vec<usize> = Vec::new();
+        let mut back_keys: HashSet<Digest> = HashSet::new();
+        let mut tenants: Vec<Vec<u8>> = Vec::new();
+        let (mut put, mut lifted, mut expired, mut changed) = (0usize, 0usize, 0usize, 0usize);
+        for (i, (key, value)) in keys.iter().zip(values.iter()).enumerate() {
+            let Ok(key) = key.cast::<PyBytes>() else {
+                back.push(i);
+                continue;
+            };
+            let raw_key = key.as_bytes();
+            let Some(k) = decode::familiar_key(raw_key) else {
+                back.push(i);
+                continue;
+            };
+            let digest = digest::familiar_digest(k.tenant, k.account, k.source, k.device);
+            if back_keys.contains(&digest) || held.is_some_and(|h| h.get(&digest).is_some()) {
+                back.push(i);
+                back_keys.insert(digest);
+                continue;
+            }
+            if value.is_none() {
+                lifted += 1;
+                if self.table.lift(&digest, None).is_some() {
+                    changed += 1;
+                }
+                continue;
+            }
+            let exempt = value
+                .cast::<PyBytes>()
+                .ok()
+                .and_then(|v| decode::familiar_exempt(v.as_bytes(), raw_key).map(|e| (e, v)));
+            let Some((exempt, _)) = exempt else {
+                back.push(i);
+                back_keys.insert(digest);
+                continue;
+            };
+            if exempt.expires_ms <= now {
+                expired += 1;
+                if self.table.lift(&digest, None).is_some() {
+                    changed += 1;
+                }
+                continue;
+            }
+            // A familiar pair is familiar from its issue (``evidence_since_ms``); an
+            // evidence start before -1 is the dict's to hold.
+            if exempt.issued_ms < -1 {
+                back.push(i);
+                back_keys.insert(digest);
+                continue;
+            }
+            let value = Value {
+                expires_ms: exempt.expires_ms,
+                since_ms: exempt.issued_ms,
+                id_fp: digest::id_fingerprint(exempt.decision_id),
+            };
+            let records = self.table.len() + 1;
+            self.table
+                .put(digest, value)
+                .map_err(|_| no_memory(records))?;
+            put += 1;
+            changed += 1;
+            if !tenants.iter().any(|t| t.as_slice() == k.tenant) {
+                tenants.push(k.tenant.to_vec());
+            }
+        }
+        let tenants = tenants
+            .iter()
+            .map(|t| PyString::new(py, std::str::from_utf8(t).unwrap_or_default()))
+            .collect();
+        Ok((back, put, lifted, expired, changed, tenants))
     }
 
     /// Remove ``digest``'s record, only if its fingerprint is ``id_fp`` when one is given

@@ -231,6 +231,22 @@ class Verdict:
         return "observe" if self.observed_key else "allowed"
 
 
+class FamiliarBatch(NamedTuple):
+    """What ``DecisionIndex.apply_familiar_encoded`` did with a fetch's messages."""
+
+    handed_back: list[int]
+    """The indexes of the messages it did not apply, in order: the caller's to apply."""
+    put: int
+    lifted: int
+    """Tombstones applied (whether or not their key had a record)."""
+    expired: int
+    """Exempts already expired: their key's record removed, as a tombstone does."""
+    changed: int
+    """Records put or removed."""
+    tenants: list[str]
+    """The tenants of the exempts put."""
+
+
 ALLOWED = Verdict(True, 0)
 HEAP_SLACK = 1024
 """Stale heap entries a decision index tolerates beyond twice its active decisions."""
@@ -301,6 +317,7 @@ class DecisionIndex:
         "_engine",
         "_familiar",
         "_heap",
+        "_held",
         "_verify",
         "_verify_default",
         "_wall_heap",
@@ -331,6 +348,9 @@ class DecisionIndex:
         self.subjects: dict[str, int] = {}
         self._engine: Any = None if announce else engine
         self._familiar: Any = None if self._engine is None else self._engine.FamiliarStore()
+        # The digests of the familiar keys whose decision is in the dict (not a plain
+        # exempt): ``apply_familiar_encoded`` hands their messages back.
+        self._held: Any = None if self._engine is None else self._engine.FamiliarStore()
 
     def __len__(self) -> int:
         if self._familiar is None:
@@ -345,6 +365,8 @@ class DecisionIndex:
         # decision replacing another on its key counts as its own action says.
         old = self._active.get(key)
         if old is None:
+            if self._held is not None and key[0] == "familiar":
+                self._held.put(self._engine.familiar_digest(key[1], key[2], key[3], key[4]), 0)
             if active.action != "exempt":
                 self._count(key, 1)
         elif (old.action == "exempt") != (active.action == "exempt"):
@@ -400,6 +422,22 @@ class DecisionIndex:
         if self._familiar is not None:
             self._familiar.reserve(records)
 
+    def apply_familiar_encoded(
+        self, keys: list[bytes | None], values: list[bytes | None], now_ms: int
+    ) -> FamiliarBatch | None:
+        """Apply a fetch of the decisions topic's messages (Kafka keys and values, a value
+        of None a tombstone) at ``now_ms`` as a reader applies them one by one (an exempt
+        expired at ``now_ms`` lifts its key), for those the compiled store reads itself:
+        familiar exempts and tombstones of familiar keys, decoded in the engine
+        (``FamiliarStore.put_encoded``, engine/src/decode.rs). Every other message, and
+        every later one of a key whose message was handed back or whose decision is in the
+        dict, is handed back (``FamiliarBatch.handed_back``) for the caller to apply, in
+        order, after this call: each key's messages still apply in order. None without a
+        store: every message is the caller's."""
+        if self._familiar is None:
+            return None
+        return FamiliarBatch._make(self._familiar.put_encoded(keys, values, now_ms, self._held))
+
     def _compact(self) -> None:
         """Rebuild the heaps from the active decisions (the wall heap without those the
         wall clock already announced): drops the entries of renewed and lifted ones."""
@@ -444,6 +482,8 @@ class DecisionIndex:
 
     def _forget(self, key: Key, active: Active) -> None:
         """``key``'s decision ``active`` left the dict."""
+        if self._held is not None and key[0] == "familiar":
+            self._held.lift(self._engine.familiar_digest(key[1], key[2], key[3], key[4]))
         if active.action != "exempt":
             self._count(key, -1)
 

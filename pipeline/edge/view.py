@@ -90,6 +90,12 @@ _Memo = tuple[tuple[Key, ...], str, str]
 """What a check's arguments come to: the applicable keys, the account digest, the source."""
 
 
+def _bump(signal: ChangeSignal, times: int) -> None:
+    """``times`` bumps of ``signal`` at once (its waiters woken once)."""
+    signal.version += times - 1
+    signal.bump()
+
+
 def _remember(cache: dict[Any, str], key: Any, value: str, capacity: int) -> str:
     if len(cache) >= capacity:
         del cache[next(iter(cache))]
@@ -142,14 +148,36 @@ class DecisionView:
         return self._apply(key, value, self.now_ms())
 
     def apply_batch(self, records: Iterable[Any]) -> int:
-        """Apply fetched records (objects with ``key`` and ``value``) in order, as ``apply``
-        does one by one, with the clock read once for the batch; returns how many."""
-        apply, now = self._apply, self.now_ms()
-        applied = 0
-        for record in records:
-            apply(record.key, record.value, now)
-            applied += 1
-        return applied
+        """Apply fetched records (objects with ``key`` and ``value``) as ``apply_encoded``
+        does; returns how many."""
+        batch = records if isinstance(records, list) else list(records)
+        return self.apply_encoded([r.key for r in batch], [r.value for r in batch])
+
+    def apply_encoded(self, keys: list[bytes | None], values: list[bytes | None]) -> int:
+        """Apply messages (``keys[i]``, ``values[i]``) as ``apply`` does one by one, with the
+        clock read once; returns how many. With the compiled store, its engine decodes and
+        applies the familiar exempts and their tombstones itself
+        (``DecisionIndex.apply_familiar_encoded``: about 1 us each, against 10 to 20 here)
+        and hands every other message back to ``apply``'s path, after it: each key's
+        messages apply in order, a bad one is counted and logged as ever."""
+        now = self.now_ms()
+        apply = self._apply
+        batch = self.index.apply_familiar_encoded(keys, values, now)
+        if batch is None:
+            for key, value in zip(keys, values, strict=True):
+                apply(key, value, now)
+            return len(keys)
+        outcomes = self.stats.outcomes
+        outcomes["put"] += batch.put
+        outcomes["lift"] += batch.lifted
+        outcomes["expired"] += batch.expired
+        if batch.changed:
+            _bump(self.changes, batch.changed)
+        if batch.tenants:
+            self.tenants.update(batch.tenants)
+        for i in batch.handed_back:
+            apply(keys[i], values[i], now)
+        return len(keys)
 
     def _apply(self, key: bytes | None, value: bytes | None, now_ms: int) -> str:
         try:
