@@ -102,33 +102,47 @@ class SourceState:
     """
 
     __slots__ = (
+        "_challenges",
+        "_distinct",
+        "_failures",
+        "_successes",
+        "_unknown",
         "block_rule",
         "blocked_until_ms",
-        "challenges",
+        "challenge_size",
         "decision_id",
-        "distinct",
-        "failures",
         "keep_until_ms",
         "redeemed_until_ms",
         "seq",
         "spray_alerted_until_ms",
+        "spray_size",
         "stranger_account",
         "stranger_since_ms",
         "stranger_window",
         "stuffing_alerted_until_ms",
-        "successes",
+        "stuffing_size",
+        "successes_size",
         "tenant_window",
-        "unknown",
+        "unknown_size",
         "vouch_count",
         "vouch_period",
         "vouch_prev",
     )
 
     def __init__(self, spray_ring: int, stuffing_ring: int, challenge_ring: int = 1) -> None:
-        self.distinct = Ring(spray_ring)
-        self.failures = Ring(stuffing_ring)
-        self.unknown = Ring(stuffing_ring)
-        self.successes = Ring(stuffing_ring)
+        # The rings are made on first use (a failure, a challenge): most sources a worker
+        # knows only ever saw successes (a familiar place), and five empty rings were 320
+        # of its 512 bytes. Until then a ring dumps as the empty ring of its size.
+        self._distinct: Ring | None = None
+        self._failures: Ring | None = None
+        self._unknown: Ring | None = None
+        self._successes: Ring | None = None
+        self._challenges: Ring | None = None
+        self.spray_size = spray_ring
+        self.stuffing_size = stuffing_ring
+        self.unknown_size = stuffing_ring
+        self.successes_size = stuffing_ring
+        self.challenge_size = challenge_ring
         self.spray_alerted_until_ms = 0
         self.stuffing_alerted_until_ms = 0
         self.blocked_until_ms = 0
@@ -138,13 +152,52 @@ class SourceState:
         self.tenant_window = -1
         self.redeemed_until_ms = 0
         self.block_rule = ""
-        self.challenges = Ring(challenge_ring)
         self.vouch_period = -1
         self.vouch_count = 0
         self.vouch_prev = 0
         self.stranger_window = -1
         self.stranger_since_ms = 0
         self.stranger_account = ""
+
+    @property
+    def distinct(self) -> Ring:
+        """Distinct failing accounts per spray bucket (made on first use)."""
+        ring = self._distinct
+        if ring is None:
+            ring = self._distinct = Ring(self.spray_size)
+        return ring
+
+    @property
+    def failures(self) -> Ring:
+        """Failures per stuffing bucket (made on first use)."""
+        ring = self._failures
+        if ring is None:
+            ring = self._failures = Ring(self.stuffing_size)
+        return ring
+
+    @property
+    def unknown(self) -> Ring:
+        """Unknown-account failures of new pairs per stuffing bucket (made on first use)."""
+        ring = self._unknown
+        if ring is None:
+            ring = self._unknown = Ring(self.unknown_size)
+        return ring
+
+    @property
+    def successes(self) -> Ring:
+        """The removed per-source stuffing block's successes (no rule writes it)."""
+        ring = self._successes
+        if ring is None:
+            ring = self._successes = Ring(self.successes_size)
+        return ring
+
+    @property
+    def challenges(self) -> Ring:
+        """Failed challenges per bucket (made on first use)."""
+        ring = self._challenges
+        if ring is None:
+            ring = self._challenges = Ring(self.challenge_size)
+        return ring
 
     def shared(self, period: int, accounts: int) -> bool:
         """Whether at least ``accounts`` accounts became familiar here in the renew
@@ -163,9 +216,9 @@ class SourceState:
 
     def dump(self) -> list[object]:
         return [
-            self.distinct.dump(),
-            self.failures.dump(),
-            self.unknown.dump(),
+            _ring_dump(self._distinct, self.spray_size),
+            _ring_dump(self._failures, self.stuffing_size),
+            _ring_dump(self._unknown, self.unknown_size),
             self.spray_alerted_until_ms,
             self.stuffing_alerted_until_ms,
             self.blocked_until_ms,
@@ -175,8 +228,8 @@ class SourceState:
             self.tenant_window,
             self.redeemed_until_ms,
             self.block_rule,
-            self.successes.dump(),
-            self.challenges.dump(),
+            _ring_dump(self._successes, self.successes_size),
+            _ring_dump(self._challenges, self.challenge_size),
             self.vouch_period,
             self.vouch_count,
             self.vouch_prev,
@@ -188,9 +241,9 @@ class SourceState:
     @classmethod
     def load(cls, data: list[object]) -> SourceState:
         state = cls(1, 1)
-        state.distinct = Ring.load(data[0])  # type: ignore[arg-type]
-        state.failures = Ring.load(data[1])  # type: ignore[arg-type]
-        state.unknown = Ring.load(data[2])  # type: ignore[arg-type]
+        state._distinct, state.spray_size = _ring_load(data[0])  # type: ignore[arg-type]
+        state._failures, state.stuffing_size = _ring_load(data[1])  # type: ignore[arg-type]
+        state._unknown, state.unknown_size = _ring_load(data[2])  # type: ignore[arg-type]
         (
             state.spray_alerted_until_ms,
             state.stuffing_alerted_until_ms,
@@ -202,9 +255,9 @@ class SourceState:
         ) = data[3:10]  # type: ignore[assignment]
         if len(data) >= 12:  # records written before the stuffing rule have 10 fields
             state.redeemed_until_ms, state.block_rule = data[10:12]  # type: ignore[assignment]
-            state.successes = Ring.load(data[12])  # type: ignore[arg-type]
+            state._successes, state.successes_size = _ring_load(data[12])  # type: ignore[arg-type]
             if len(data) >= 17:  # records written before challenges and vouches have 13
-                state.challenges = Ring.load(data[13])  # type: ignore[arg-type]
+                state._challenges, state.challenge_size = _ring_load(data[13])  # type: ignore[arg-type]
                 state.vouch_period, state.vouch_count, state.vouch_prev = data[14:17]  # type: ignore[assignment]
             if len(data) >= 20:  # records written before the strangers tier have 17
                 pending = data[17:20]
@@ -214,6 +267,22 @@ class SourceState:
         elif state.blocked_until_ms:
             state.block_rule = "source"
         return state
+
+
+def _ring_dump(ring: Ring | None, size: int) -> list[int]:
+    """A ring's changelog form; a ring not made yet is the empty ring of ``size``."""
+    if ring is None:
+        return [-1, *([0] * size)]
+    return ring.dump()
+
+
+def _ring_load(data: list[int]) -> tuple[Ring | None, int]:
+    """A dumped ring and its size; None for the empty ring never used (head -1, all 0),
+    which dumps back the same."""
+    if data[0] == -1 and not any(data[1:]):
+        return None, len(data) - 1
+    ring = Ring.load(data)
+    return ring, ring.size
 
 
 class PairState:
