@@ -14,8 +14,13 @@ many entries were evicted (the least recently renewed first) and how many exempt
 lifted with them (a tombstone each, ``exempts_lifted``), so the decision index holds no more
 than the tables (``exempts_indexed``).
 
-Run as ``python -m bench.worker_familiar [--users N] [--entry-cap C]``; the last line
-printed is JSON.
+The traced run builds its successes a chunk at a time, so the strings the tables keep (the
+account, address and cookie digests a worker decodes from each event) are counted with
+them (before 2026-12-07 the bench held every success in a list and left them out).
+``--by-line N`` adds the N allocation sites (file:line, tracemalloc) holding the most.
+
+Run as ``python -m bench.worker_familiar [--users N] [--entry-cap C] [--by-line N]``; the
+last line printed is JSON.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import gc
 import sys
 import time
 import tracemalloc
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import orjson
@@ -41,11 +47,12 @@ T0_MS = 1_790_000_000_000
 CHUNK = 10_000
 
 
-def successes(users: int) -> list[Attempt]:
-    """One untrusted-client success per user, a second apart, with real digests."""
+def successes(users: int, first: int = 0) -> list[Attempt]:
+    """One untrusted-client success per user (users ``first`` to ``first + users - 1``),
+    a second apart, with real digests."""
     norm = build_normaliser(Settings())
     out = []
-    for i in range(users):
+    for i in range(first, first + users):
         account, address, _ = Workload.user(i)
         out.append(
             Attempt(
@@ -65,16 +72,28 @@ def successes(users: int) -> list[Attempt]:
     return out
 
 
-def feed(engine: Engine, attempts: list[Attempt]) -> tuple[int, int]:
+def feed(engine: Engine, chunks: Iterable[list[Attempt]]) -> tuple[int, int]:
     """Feed in chunks as a stage would, clearing the outbox; the exempts published and
     the tombstones (an evicted pair's exempt lifted)."""
     out, exempts, lifted = engine.out, 0, 0
-    for start in range(0, len(attempts), CHUNK):
-        engine.step_batch(attempts[start : start + CHUNK])
+    for chunk in chunks:
+        engine.step_batch(chunk)
         exempts += len(out.exempts)
         lifted += sum(1 for _, decision in out.decisions if decision is None)
         out.clear()
     return exempts, lifted
+
+
+def chunked(attempts: list[Attempt]) -> Iterator[list[Attempt]]:
+    """``attempts`` in chunks of ``CHUNK``."""
+    for start in range(0, len(attempts), CHUNK):
+        yield attempts[start : start + CHUNK]
+
+
+def generated(users: int) -> Iterator[list[Attempt]]:
+    """The same successes built a chunk at a time (the engine alone keeps their strings)."""
+    for start in range(0, users, CHUNK):
+        yield successes(min(CHUNK, users - start), start)
 
 
 def named_tables(engine: Engine) -> list[tuple[str, Any]]:
@@ -97,9 +116,30 @@ def entries_by_table(engine: Engine) -> dict[str, int]:
     return out
 
 
-def bench_worker_familiar(users: int, entry_cap: int, repeat: int = 3) -> dict[str, Any]:
+def top_lines(before: tracemalloc.Snapshot, users: int, lines: int) -> list[dict[str, Any]]:
+    """The ``lines`` allocation sites whose held bytes grew most since ``before``, per
+    user: ``site`` (file:line, the path from the package on), bytes and blocks."""
+    stats = tracemalloc.take_snapshot().compare_to(before, "lineno")[:lines]
+    out = []
+    for stat in stats:
+        frame = stat.traceback[0]
+        site = frame.filename.rsplit("/main/", 1)[-1].rsplit("site-packages/", 1)[-1]
+        out.append(
+            {
+                "site": f"{site}:{frame.lineno}",
+                "bytes_per_user": round(stat.size_diff / users, 1),
+                "blocks_per_user": round(stat.count_diff / users, 2),
+            }
+        )
+    return out
+
+
+def bench_worker_familiar(
+    users: int, entry_cap: int, repeat: int = 3, by_line: int = 0
+) -> dict[str, Any]:
     """The timed runs first (no tracing; the worker's collector thresholds, the best of
-    ``repeat`` fresh engines by CPU time), then a traced run on a fresh engine."""
+    ``repeat`` fresh engines by CPU time), then a traced run on a fresh engine fed
+    successes built a chunk at a time (``by_line``: that many top allocation sites)."""
     policy = policy_from_mapping(
         {
             "policy_version": "familiar-1",
@@ -113,7 +153,7 @@ def bench_worker_familiar(users: int, entry_cap: int, repeat: int = 3) -> dict[s
         gc.collect()
         engine = Engine(policy)
         start = time.process_time()
-        exempts, lifted = feed(engine, attempts)
+        exempts, lifted = feed(engine, chunked(attempts))
         cpu_s = min(cpu_s, time.process_time() - start)
     gc.set_threshold(*defaults)
     # the engine's two shards share one index (the worker's stages keep one each)
@@ -122,16 +162,19 @@ def bench_worker_familiar(users: int, entry_cap: int, repeat: int = 3) -> dict[s
     held = sum(len(t) for _, t in named_tables(engine))
     by_table = entries_by_table(engine)
     evicted = sum(t.evictions for _, t in named_tables(engine))
-    del engine
+    del engine, attempts
     gc.collect()
     tracemalloc.start()
     empty = tracemalloc.get_traced_memory()[0]
+    before = tracemalloc.take_snapshot() if by_line else None
     engine = Engine(policy)
-    feed(engine, attempts)
+    feed(engine, generated(users))
     for shard in (engine.accounts, engine.sources):
         shard.take_dirty()
     gc.collect()
     engine_bytes = tracemalloc.get_traced_memory()[0] - empty
+    lines = top_lines(before, users, by_line) if before is not None else []
+    before = None
     for _, table in named_tables(engine):
         table._entries.clear()
     gc.collect()
@@ -152,6 +195,7 @@ def bench_worker_familiar(users: int, entry_cap: int, repeat: int = 3) -> dict[s
         "table_heap_bytes_per_user": round(table_bytes / users),
         "table_heap_bytes_per_entry": round(table_bytes / held) if held else None,
         "cpu_us_per_success": round(cpu_s / users * 1e6, 1),
+        "heap_by_line": lines,
     }
 
 
@@ -165,8 +209,10 @@ def main(argv: list[str] | None = None) -> int:
         default=1_000_000,
         help="entry_cap and familiar.entry_cap (default: one that never bites)",
     )
+    parser.add_argument("--by-line", type=int, default=0, help="top allocation sites to list")
     args = parser.parse_args(argv)
-    print(orjson.dumps(bench_worker_familiar(args.users, args.entry_cap, args.repeat)).decode())
+    result = bench_worker_familiar(args.users, args.entry_cap, args.repeat, args.by_line)
+    print(orjson.dumps(result).decode())
     return 0
 
 
