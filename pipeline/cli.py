@@ -32,7 +32,7 @@ def _stack(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _keycloak(args: argparse.Namespace, settings: Settings) -> int:
-    from pipeline.dev.keycloak import run_keycloak_command
+    from pipeline.dev.keycloak_command import run_keycloak_command
 
     return run_keycloak_command(args.action, settings, args.port, fail_open=not args.fail_closed)
 

@@ -74,7 +74,7 @@ def test_down_when_nothing_runs_is_fine(authpipe: Any, tmp_path: Path) -> None:
 def test_the_provider_takes_the_settings_broker_and_edge(tmp_path: Path) -> None:
     """keycloak up points the provider at the settings' broker, with their SASL/TLS
     choices, and at the edge (a wildcard bind is reached on loopback), as SPI options."""
-    from pipeline.dev.keycloak import provider_config
+    from pipeline.dev.keycloak_command import provider_config
     from pipeline.settings import Settings
 
     (tmp_path / "ca.pem").write_text("-----BEGIN CERTIFICATE-----\n")
