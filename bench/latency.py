@@ -351,10 +351,12 @@ def bench_one(
     probes: int,
     root: Path = REPO_ROOT,
     warmup_s: float = LOAD_WARMUP_S,
+    fresh: bool = False,
     **worker_env: str,
 ) -> dict[str, Any]:
     """One load: a fresh worker and edge (the code of ``root``), the load flowing for
-    ``warmup_s`` (``WARMUP_S`` at 0 events/s), then probes."""
+    ``warmup_s`` (``WARMUP_S`` at 0 events/s), then probes; ``fresh``: every ordinary
+    user of the load signs in at a new place (``bench.stream.MixedTraffic``)."""
     names = Names.fresh(f"b7-{rate_per_s}")
     create_topics(ctx.bootstrap, names, ctx.partitions)
     label = f"b7-{rate_per_s}-{names.app_id[-8:]}"
@@ -378,6 +380,7 @@ def bench_one(
                     names.input,
                     str(rate_per_s),
                     "600",
+                    *(["--load-fresh"] if fresh else []),
                 ],
                 cwd=REPO_ROOT,
                 stdout=subprocess.DEVNULL,
@@ -440,6 +443,7 @@ def bench_b7(
     variants: tuple[Variant, ...] = (Variant(""),),
     rounds: int = 1,
     warmup_s: float = LOAD_WARMUP_S,
+    fresh: bool = False,
 ) -> dict[str, Any]:
     """B7 at every load in ``loads``, each variant in turn (``rounds`` times, so an A/B
     comparison shares the machine's moment); a load that fails is recorded, the others
@@ -448,6 +452,7 @@ def bench_b7(
         "loads": list(loads),
         "probes_per_load": probes,
         "load_warmup_s": warmup_s,
+        "load_fresh": fresh,
         "by_load": {},
     }
     for rate in loads:
@@ -458,7 +463,7 @@ def bench_b7(
                 )
                 try:
                     out["by_load"][name] = bench_one(
-                        ctx, rate, probes, v.root, warmup_s, **dict(v.env)
+                        ctx, rate, probes, v.root, warmup_s, fresh, **dict(v.env)
                     )
                 except Exception as exc:  # one load failing must not lose the others
                     out["by_load"][name] = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
@@ -528,6 +533,11 @@ def main(argv: list[str] | None = None) -> int:
         help=f"seconds the load flows before the first probe (default {LOAD_WARMUP_S:g}: "
         "the steady state; 3 measures a new deployment's first minute)",
     )
+    parser.add_argument(
+        "--fresh",
+        action="store_true",
+        help="every ordinary user of the load signs in at a new place (first sign-ins)",
+    )
     args = parser.parse_args(argv)
     loads = tuple(int(x) for x in args.loads.split(","))
     base = tuple(_pair(item) for item in args.worker_env)
@@ -536,7 +546,9 @@ def main(argv: list[str] | None = None) -> int:
     with broker(args.bootstrap) as bootstrap:
         ctx = Context(bootstrap, workdir)
         try:
-            result = bench_b7(ctx, loads, args.probes, variants, args.rounds, args.warmup_s)
+            result = bench_b7(
+                ctx, loads, args.probes, variants, args.rounds, args.warmup_s, args.fresh
+            )
         finally:
             ctx.stop_all()
     sys.stdout.write("\n".join(table(result)) + "\n")

@@ -82,11 +82,18 @@ TENANTS = (("default", 0.7), ("acme", 0.2), ("globex", 0.1))
 class MixedTraffic:
     """Wire login attempts, by share of events: ordinary users 80 % (~90 % success, own
     or NAT source, device cookies mostly trusted), brute force 5 %, distributed brute
-    force 5 %, password spray 5 %, credential stuffing 5 %."""
+    force 5 %, password spray 5 %, credential stuffing 5 %.
 
-    def __init__(self, seed: int, users: int = 50_000) -> None:
+    ``fresh``: every ordinary user's attempt is a new person at a new place with a new,
+    untrusted cookie (an account, a /24 and a cookie never seen before), so every success
+    is a first sign-in there and publishes its familiar exempts: a cold deployment, or an
+    attacker signing in its own free accounts from fresh proxies (issue 45)."""
+
+    def __init__(self, seed: int, users: int = 50_000, fresh: bool = False) -> None:
         self.rng = rng = random.Random(seed)
         self.seed = seed
+        self.fresh = fresh
+        self.fresh_next = 0
         nats = [f"198.51.{i // 256}.{i % 256}" for i in range(50)]
         self.users: list[tuple[str, str, str, str, bool]] = []
         for i in range(users):
@@ -113,7 +120,13 @@ class MixedTraffic:
 
     def user(self, body: dict[str, Any]) -> None:
         rng = self.rng
-        tenant, account, source, device, trusted = rng.choice(self.users)
+        if self.fresh:
+            i = self.fresh_next = self.fresh_next + 1
+            tenant, _, _, _, _ = rng.choice(self.users)
+            account, device, trusted = f"new{self.seed:x}-{i}@example.com", f"new-{i}", False
+            source = f"{11 + (i >> 16) % 100}.{(i >> 8) & 255}.{i & 255}.9"
+        else:
+            tenant, account, source, device, trusted = rng.choice(self.users)
         r = rng.random()
         flow = "login" if r < 0.85 else "token" if r < 0.95 else "mfa"
         ok = rng.random() < 0.9
@@ -926,11 +939,14 @@ def bench_b3(
 # -- B2: latency of decisions under load --------------------------------------------------------
 
 
-def load_main(bootstrap: str, topic: str, rate_per_s: int, duration_s: float, seed: int) -> None:
-    """The background load (a separate process): fresh mixed events, paced in 10 ms ticks."""
+def load_main(
+    bootstrap: str, topic: str, rate_per_s: int, duration_s: float, seed: int, fresh: bool = False
+) -> None:
+    """The background load (a separate process): mixed events made now, paced in 10 ms
+    ticks; ``fresh``: every ordinary user's attempt at a new place (``MixedTraffic``)."""
 
     async def run() -> None:
-        traffic = MixedTraffic(seed, users=20_000)
+        traffic = MixedTraffic(seed, users=20_000, fresh=fresh)
         producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks=1, linger_ms=5)
         await producer.start()
         tick_s = 0.01
@@ -1265,10 +1281,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default="b1,b2,b3,b6", help="comma-separated subset")
     parser.add_argument("--b1-events", type=int, help="override the B1 event count")
     parser.add_argument("--load", nargs=4, help=argparse.SUPPRESS)
+    parser.add_argument("--load-fresh", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.load:
         bootstrap, topic, rate, duration = args.load
-        load_main(bootstrap, topic, int(rate), float(duration), seed=99)
+        load_main(bootstrap, topic, int(rate), float(duration), seed=99, fresh=args.load_fresh)
         return 0
     scale = Scale.of(args.quick)
     if args.b1_events:
