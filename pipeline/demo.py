@@ -32,6 +32,7 @@ from pipeline.logs import get_logger
 from pipeline.settings import Settings, ensure_digest_key_file
 from pipeline.sim.demo_notes import blocklist_note, load_source_decisions
 from pipeline.sim.scenarios import SLOW_ATTACKS
+from pipeline.stream.watch import EX_STUCK
 
 log = get_logger("demo")
 
@@ -55,21 +56,44 @@ class DemoOptions:
 
 
 class Service:
-    """A subprocess of ``authpipe <args>`` with its own log file."""
+    """A subprocess of ``authpipe <args>`` with its own log file, started again (up to
+    ``MAX_RESTARTS`` times) when it exits asking for it: a worker with a stuck partition
+    exits with ``EX_STUCK`` for its supervisor to restart it (``pipeline.stream.watch``)."""
 
-    def __init__(self, name: str, args: list[str], env: dict[str, str], log_dir: Path) -> None:
+    MAX_RESTARTS = 3
+
+    def __init__(
+        self,
+        name: str,
+        args: list[str],
+        env: dict[str, str],
+        log_dir: Path,
+        program: tuple[str, ...] = (sys.executable, "-m", "pipeline.cli"),
+    ) -> None:
         self.name = name
+        self.command = [*program, *args]
+        self.env = env
         self.log_path = log_dir / f"{name}.log"
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "pipeline.cli", *args],
-            env=env,
-            stdout=self.log_path.open("wb"),
+        self.restarts = 0
+        self.proc = self._start("wb")
+
+    def _start(self, mode: str) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            self.command,
+            env=self.env,
+            stdout=self.log_path.open(mode),
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
 
     def alive(self) -> bool:
-        return self.proc.poll() is None
+        if self.proc.poll() is None:
+            return True
+        if self.proc.returncode == EX_STUCK and self.restarts < self.MAX_RESTARTS:
+            self.restarts += 1
+            self.proc = self._start("ab")
+            return True
+        return False
 
     def stop(self, timeout_s: float = 30.0) -> None:
         if not self.alive():
