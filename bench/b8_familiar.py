@@ -18,10 +18,19 @@ resident growth and the peak are its own):
   hits and misses, and the decode alone per record (what a cold load from the topic pays
   per record before the store);
 * ``edge_with_store``: the same edge with its familiar exempts in the store
-  (``AUTHPIPE_ENGINE=rust``): what the view costs per record once they leave the dict.
+  (``AUTHPIPE_ENGINE=rust``): what the view costs per record once they leave the dict;
+* ``coldload``: the cold load through the engine's decoder (``DecisionView.apply_encoded``,
+  ``FamiliarStore.put_encoded``), in process: N exempts encoded exactly as the worker
+  encodes them (checked against ``encode(build_decision(...))``), generated in chunks and
+  applied in the feed's ``LOAD_CHUNK`` slices to a view reserved for N;
+* ``coldload_kafka``: the same records (``--kafka-records``) produced once to a topic of a
+  local broker started for the run, then read by ``DecisionFeed`` from start to ready;
+  aiokafka's own read of the topic (no apply) and confluent-kafka's (bare, and with
+  ``apply_encoded``) beside it, so the shell's per-record cost is measured apart.
 
 Run ``python -m bench.b8_familiar [--records 30000000] [--python-records 1000000]
-[--out bench/results/<file>.json]``; the last line printed is the JSON result.
+[--kafka-records 3000000] [--variant all|coldload_all|...] [--out bench/results/<file>.json]``;
+the last line printed is the JSON result.
 """
 
 from __future__ import annotations
@@ -42,6 +51,8 @@ import orjson
 from bench.procfs import status_kb
 
 RECORDS = 30_000_000
+KAFKA_RECORDS = 3_000_000
+GENERATE_CHUNK = 65_536
 PYTHON_RECORDS = 1_000_000
 CHUNK = 1_000_000
 SAMPLES = 100_000
@@ -242,12 +253,359 @@ def bench_python(records: int) -> dict[str, Any]:
     }
 
 
+# -- the cold load through the engine's decoder -------------------------------------------
+
+
+class WorkerExempts:
+    """Familiar exempts as the worker encodes them (``encode(build_decision(...))`` with the
+    default policy's familiar numbers: threshold 3, window 30 days, version ``default-1``),
+    generated fast: the encoding with sentinels becomes a %-template, times come from
+    per-day prefixes. Three of five are (account, place) pairs, two (account, client)."""
+
+    VERSION = "default-1"
+
+    def __init__(self, seed: int = 8) -> None:
+        self.rng = random.Random(seed)
+        first_day = (NOW_MS - MONTH_MS) // DAY_MS
+        self.day_prefix = [
+            _format_ms((first_day + d) * DAY_MS)[:11] for d in range(2 * MONTH_MS // DAY_MS + 2)
+        ]
+        self.first_day = first_day
+        self.pair = self._template(("ACCTSENTINEL", "SRCSENTINEL", None))
+        self.client = self._template(("ACCTSENTINEL", None, "DEVSENTINEL"))
+
+    def _template(self, parts: tuple[str | None, str | None, str | None]) -> str:
+        from pipeline.core.keys import format_key
+
+        account, source, device = parts
+        key = format_key(("familiar", TENANT, account, source, device))
+        text = self.encode("DIDSENTINEL", key, parts, 1_000_000_000_000, 1_100_000_000_000)
+        text = text.replace("%", "%%").replace(key, "%(key)s").replace("DIDSENTINEL", "%(id)s")
+        text = text.replace("ACCTSENTINEL", "%(account)s").replace("SRCSENTINEL", "%(source)s")
+        text = text.replace("DEVSENTINEL", "%(device)s")
+        text = text.replace(_format_ms(1_000_000_000_000), "%(issued)s")
+        return text.replace(_format_ms(1_100_000_000_000), "%(expires)s")
+
+    def encode(
+        self,
+        decision_id: str,
+        key: str,
+        parts: tuple[str | None, str | None, str | None],
+        issued_ms: int,
+        expires_ms: int,
+    ) -> str:
+        """The worker's own encoding (``pipeline.core.records.build_decision``)."""
+        from pipeline.contracts.codec import encode
+        from pipeline.core.records import build_decision
+
+        account, source, device = parts
+        d = build_decision(
+            decision_id, key, "familiar", "exempt", "familiar", TENANT, account, source,
+            device, 0, 3, MONTH_MS, issued_ms, expires_ms, self.VERSION,
+        )  # fmt: skip
+        return encode(d).decode()
+
+    def chunk(self, first: int, count: int) -> tuple[list[bytes | None], list[bytes | None]]:
+        """Records ``first`` to ``first + count``: keys and values, issued over the last 30
+        days and expiring 30 days later."""
+        bits, randint = self.rng.getrandbits, self.rng.randrange
+        pair, client, prefix, first_day = self.pair, self.client, self.day_prefix, self.first_day
+        keys: list[bytes | None] = []
+        values: list[bytes | None] = []
+        for i in range(first, first + count):
+            issued = NOW_MS - randint(MONTH_MS)
+            day, tod = divmod(issued, DAY_MS)
+            seconds, milli = divmod(tod, 1000)
+            clock = (
+                f"{seconds // 3600:02d}:{seconds // 60 % 60:02d}:{seconds % 60:02d}.{milli:03d}Z"
+            )
+            account = f"{bits(128):032x}"
+            fields = {"id": f"{bits(128):032x}", "account": account}
+            fields["issued"] = prefix[day - first_day] + clock
+            fields["expires"] = prefix[day - first_day + 30] + clock
+            if i % 5 < 3:
+                source = f"10.{i >> 16 & 255}.{i >> 8 & 255}.{i & 255}"
+                key = f"familiar|{TENANT}|{account}|{source}|-"
+                fields["source"], fields["key"] = source, key
+                values.append((pair % fields).encode())
+            else:
+                device = f"{bits(128):032x}"
+                key = f"familiar|{TENANT}|{account}|-|{device}"
+                fields["device"], fields["key"] = device, key
+                values.append((client % fields).encode())
+            keys.append(key.encode())
+        return keys, values
+
+    def check(self, keys: list[bytes | None], values: list[bytes | None]) -> None:
+        """Each generated value is the worker's encoding of its own fields."""
+        from pipeline.contracts.codec import decode_decision
+
+        for key, value in zip(keys, values, strict=True):
+            assert key is not None and value is not None
+            d = decode_decision(value, source_ok=lambda source: True, key=key.decode())
+            parts = (d.account_digest, d.source, d.device_id)
+            again = self.encode(d.decision_id, d.key, parts, d.issued_at_ms, d.expires_at_ms)
+            assert again.encode() == value, (again, value)
+
+
+def _format_ms(ms: int) -> str:
+    from pipeline.contracts.models import format_utc_ms, ms_to_datetime
+
+    return format_utc_ms(ms_to_datetime(ms))
+
+
+def _edge_view() -> Any:
+    """An edge's view at the fixed clock, [verify] enforced, its exempts in the store."""
+    from pipeline.core.policy import Policy
+    from pipeline.edge.view import DecisionView
+    from pipeline.settings import Settings
+    from pipeline.wiring import build_normaliser
+
+    return DecisionView(build_normaliser(Settings()), now_ms=lambda: NOW_MS, policy=Policy())
+
+
+def bench_coldload(records: int) -> dict[str, Any]:
+    """N worker-encoded exempts through ``DecisionView.apply_encoded`` in the feed's
+    ``LOAD_CHUNK`` slices, into a view reserved for N (as the feed reserves it)."""
+    from pipeline.edge.feed import LOAD_CHUNK
+
+    maker = WorkerExempts()
+    maker.check(*maker.chunk(0, 1_000))
+    view = _edge_view()
+    gc.collect()
+    before = _mem_kb()
+    cpu0 = time.process_time()
+    view.index.reserve_familiar(records)
+    apply = view.apply_encoded
+    generate_s = load_s = 0.0
+    for first in range(0, records, GENERATE_CHUNK):
+        t0 = time.perf_counter()
+        keys, values = maker.chunk(first, min(GENERATE_CHUNK, records - first))
+        t1 = time.perf_counter()
+        for start in range(0, len(keys), LOAD_CHUNK):
+            apply(keys[start : start + LOAD_CHUNK], values[start : start + LOAD_CHUNK])
+        load_s += time.perf_counter() - t1
+        generate_s += t1 - t0
+        del keys, values
+    cpu_s = time.process_time() - cpu0
+    gc.collect()
+    after = _mem_kb()
+    outcomes = view.stats.outcomes
+    assert (len(view), outcomes["put"], outcomes["bad"]) == (records, records, 0), outcomes
+    rss = (after["VmRSS"] - before["VmRSS"]) * 1024
+    return {
+        "records": records,
+        "load_s": round(load_s, 2),
+        "load_ns_per_record": round(load_s / records * 1e9, 1),
+        "records_per_s": round(records / load_s),
+        "generate_s": round(generate_s, 2),
+        "process_cpu_s_with_generation": round(cpu_s, 2),
+        "rss_growth_mb": round(rss / 2**20, 1),
+        "rss_bytes_per_record": round(rss / records, 1),
+        "peak_rss_mb": round(after["VmHWM"] / 1024, 1),
+        "chunk": LOAD_CHUNK,
+    }
+
+
+async def _fill(bootstrap: str, topic: str, records: int) -> float:
+    """Produce the records once (confluent-kafka's producer: the fixture, not measured)."""
+    from confluent_kafka import Producer
+
+    from bench.bench_edge import PARTITIONS
+    from pipeline.kafka_admin import TopicSpec, ensure_topics
+    from pipeline.topics import DECISIONS_CONFIG
+
+    await ensure_topics(bootstrap, [TopicSpec(topic, PARTITIONS, DECISIONS_CONFIG)])
+    producer = Producer(
+        {"bootstrap.servers": bootstrap, "linger.ms": 50, "batch.size": 1 << 20, "acks": "all"}
+    )
+    maker = WorkerExempts()
+    started = time.perf_counter()
+    for first in range(0, records, GENERATE_CHUNK):
+        keys, values = maker.chunk(first, min(GENERATE_CHUNK, records - first))
+        for key, value in zip(keys, values, strict=True):
+            while True:
+                try:
+                    producer.produce(topic, value=value, key=key)
+                    break
+                except BufferError:
+                    producer.poll(0.05)
+        producer.poll(0)
+    left = producer.flush(120)
+    assert left == 0, f"{left} records not delivered"
+    return time.perf_counter() - started
+
+
+async def _aiokafka_read(bootstrap: str, topic: str) -> dict[str, Any]:
+    """aiokafka's own cost: the feed's consumer settings, every record fetched, none
+    applied."""
+    from aiokafka import AIOKafkaConsumer
+    from aiokafka.structs import TopicPartition
+
+    from bench.bench_edge import PARTITIONS
+    from pipeline.edge.feed import FeedConfig
+
+    cfg = FeedConfig(bootstrap, topic)
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
+        fetch_max_wait_ms=cfg.fetch_max_wait_ms, fetch_max_bytes=cfg.fetch_max_bytes,
+        max_partition_fetch_bytes=cfg.max_partition_fetch_bytes,
+    )  # fmt: skip
+    await consumer.start()
+    try:
+        partitions = [TopicPartition(topic, p) for p in range(PARTITIONS)]
+        consumer.assign(partitions)
+        await consumer.seek_to_beginning(*partitions)
+        ends = await consumer.end_offsets(partitions)
+        total = sum(ends.values())
+        started, cpu0 = time.perf_counter(), time.process_time()
+        seen = 0
+        while seen < total:
+            batches = await consumer.getmany(timeout_ms=200, max_records=cfg.max_records_per_poll)
+            seen += sum(len(records) for records in batches.values())
+        wall_s, cpu_s = time.perf_counter() - started, time.process_time() - cpu0
+    finally:
+        await consumer.stop()
+    return {
+        "records": seen,
+        "wall_s": round(wall_s, 2),
+        "cpu_s": round(cpu_s, 2),
+        "records_per_s": round(seen / wall_s),
+        "cpu_us_per_record": round(cpu_s / seen * 1e6, 2),
+    }
+
+
+def _confluent_read(bootstrap: str, topic: str, total: int, apply: bool) -> dict[str, Any]:
+    """confluent-kafka's consume in batches of 10,000 (the next lever), bare or with each
+    batch given to ``DecisionView.apply_encoded``."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    from bench.bench_edge import PARTITIONS
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"b8-coldload-{os.getpid()}-{apply}",
+            "enable.auto.commit": False,
+            "fetch.max.bytes": 64 << 20,
+            "max.partition.fetch.bytes": 8 << 20,
+        }
+    )
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(PARTITIONS)])
+    view = _edge_view() if apply else None
+    if view is not None:
+        view.index.reserve_familiar(total)
+    started, cpu0 = time.perf_counter(), time.process_time()
+    seen = 0
+    try:
+        while seen < total:
+            messages = consumer.consume(10_000, 1.0)
+            if view is not None and messages:
+                view.apply_encoded([m.key() for m in messages], [m.value() for m in messages])
+            seen += len(messages)
+        wall_s, cpu_s = time.perf_counter() - started, time.process_time() - cpu0
+    finally:
+        consumer.close()
+    out: dict[str, Any] = {
+        "records": seen,
+        "wall_s": round(wall_s, 2),
+        "cpu_s": round(cpu_s, 2),
+        "records_per_s": round(seen / wall_s),
+        "cpu_us_per_record": round(cpu_s / seen * 1e6, 2),
+    }
+    if view is not None:
+        out["held"] = len(view)
+    return out
+
+
+async def _feed_load(bootstrap: str, topic: str, total: int) -> dict[str, Any]:
+    """``DecisionFeed`` from start to ready, as the edge runs it."""
+    from pipeline.edge.feed import DecisionFeed, FeedConfig
+
+    view = _edge_view()
+    feed = DecisionFeed(view, FeedConfig(bootstrap, topic))
+    gc.collect()
+    before = _mem_kb()
+    started, cpu0 = time.perf_counter(), time.process_time()
+    await feed.start()
+    try:
+        await feed.wait_ready(900)
+        wall_s, cpu_s = time.perf_counter() - started, time.process_time() - cpu0
+    finally:
+        await feed.stop()
+    after = _mem_kb()
+    outcomes = view.stats.outcomes
+    assert (len(view), outcomes["bad"]) == (total, 0), (len(view), outcomes)
+    return {
+        "records": len(view),
+        "wall_s": round(wall_s, 2),
+        "cpu_s": round(cpu_s, 2),
+        "records_per_s": round(total / wall_s),
+        "cpu_us_per_record": round(cpu_s / total * 1e6, 2),
+        "rss_growth_mb": round((after["VmRSS"] - before["VmRSS"]) / 1024, 1),
+        "load_ms_reported": feed.load_ms,
+    }
+
+
+def bench_coldload_kafka(records: int) -> dict[str, Any]:
+    """The records produced once to a local broker's topic, then read four ways."""
+    import asyncio
+
+    from bench.bench_edge import broker
+    from pipeline.logs import configure_logging
+
+    configure_logging("WARNING")
+    topic = "b8-familiar"
+    out: dict[str, Any] = {"records": records}
+    with broker(None) as bootstrap:
+        out["produce_s"] = round(asyncio.run(_fill(bootstrap, topic, records)), 2)
+        out["aiokafka_read_only"] = asyncio.run(_aiokafka_read(bootstrap, topic))
+        out["feed_start_to_ready"] = asyncio.run(_feed_load(bootstrap, topic, records))
+        out["confluent_read_only"] = _confluent_read(bootstrap, topic, records, apply=False)
+        out["confluent_with_apply_encoded"] = _confluent_read(bootstrap, topic, records, apply=True)
+    scale = RECORDS / records
+    out["extrapolated_30m_s"] = {
+        name: round(out[name]["wall_s"] * scale, 1)
+        for name in (
+            "aiokafka_read_only",
+            "feed_start_to_ready",
+            "confluent_read_only",
+            "confluent_with_apply_encoded",
+        )
+    }
+    return out
+
+
+def bench_coldload_all(args: argparse.Namespace) -> dict[str, Any]:
+    """Both cold loads, each in its own process, with the load average around them."""
+    load_before = os.getloadavg()
+    started = datetime.now(UTC)
+    inproc = _child("coldload", args)
+    load_mid = os.getloadavg()
+    kafka = _child("coldload_kafka", args)
+    out: dict[str, Any] = {
+        "part": "b8_coldload",
+        "started_at": started.isoformat(timespec="seconds"),
+        "load_before": [round(x, 2) for x in load_before],
+        "load_between": [round(x, 2) for x in load_mid],
+        "load_after": [round(x, 2) for x in os.getloadavg()],
+        "nproc": os.cpu_count(),
+        "coldload": inproc,
+        "coldload_kafka": kafka,
+        "target_load_s_30m": TARGETS["load_s_30m"],
+    }
+    if "error" not in inproc:
+        out["met_in_process"] = inproc["load_s"] * RECORDS / inproc["records"] <= 60
+    return out
+
+
 # -- the whole part ----------------------------------------------------------------------
 
 
 def _child(variant: str, args: argparse.Namespace, engine: str = "auto") -> dict[str, Any]:
     command = [sys.executable, "-m", "bench.b8_familiar", "--variant", variant]
     command += ["--records", str(args.records), "--python-records", str(args.python_records)]
+    command += ["--kafka-records", str(args.kafka_records)]
     env = {**os.environ, "AUTHPIPE_ENGINE": engine}  # DecisionIndex's familiar storage
     done = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
@@ -264,6 +622,7 @@ def bench_b8(args: argparse.Namespace) -> dict[str, Any]:
     grown = _child("rust_grown", args)
     python = _child("python", args, engine="python")
     edge_with_store = _child("python", args, engine="rust")
+    coldload = bench_coldload_all(args)
     out: dict[str, Any] = {
         "part": "b8_familiar",
         "started_at": started.isoformat(timespec="seconds"),
@@ -274,6 +633,7 @@ def bench_b8(args: argparse.Namespace) -> dict[str, Any]:
         "rust_grown": grown,
         "python": python,
         "edge_with_store": edge_with_store,
+        "coldload": coldload,
         "targets": TARGETS,
     }
     if "error" not in rust and "error" not in python:
@@ -299,7 +659,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--records", type=int, default=RECORDS)
     parser.add_argument("--python-records", type=int, default=PYTHON_RECORDS)
-    parser.add_argument("--variant", choices=("all", "rust", "rust_grown", "python"), default="all")
+    parser.add_argument("--kafka-records", type=int, default=KAFKA_RECORDS)
+    parser.add_argument(
+        "--variant",
+        choices=(
+            "all", "rust", "rust_grown", "python", "coldload", "coldload_kafka", "coldload_all"
+        ),
+        default="all",
+    )  # fmt: skip
     parser.add_argument("--out", type=Path, help="also write the result (JSON) here")
     args = parser.parse_args(argv)
     if args.variant == "rust":
@@ -308,6 +675,12 @@ def main(argv: list[str] | None = None) -> int:
         result = bench_rust(args.records, reserve=False)
     elif args.variant == "python":
         result = bench_python(args.python_records)
+    elif args.variant == "coldload":
+        result = bench_coldload(args.records)
+    elif args.variant == "coldload_kafka":
+        result = bench_coldload_kafka(min(args.kafka_records, args.records))
+    elif args.variant == "coldload_all":
+        result = bench_coldload_all(args)
     else:
         result = bench_b8(args)
     text = orjson.dumps(result, option=orjson.OPT_INDENT_2 if args.out else 0)

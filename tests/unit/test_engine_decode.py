@@ -496,3 +496,62 @@ def test_apply_batch_is_apply_encoded_of_the_records(chunked: bool) -> None:
         10,
         {"default", "acme"},
     )
+
+
+class _Fetches:
+    """Enough of an AIOKafkaConsumer for ``DecisionFeed._read``: one fetched batch, then
+    fetches that find nothing; its position is the batch's end once fetched."""
+
+    def __init__(self, tp: Any, records: list[Any]) -> None:
+        self.batches = [{tp: records}]
+        self.offset = 0
+        self.end = len(records)
+
+    async def getmany(self, *partitions: Any, **kw: object) -> object:
+        import asyncio
+
+        if self.batches:
+            self.offset = self.end
+            return self.batches.pop()
+        await asyncio.sleep(0.01)
+        return {}
+
+    async def position(self, tp: Any) -> int:
+        return self.offset
+
+
+@pytest.mark.parametrize("ready", [False, True], ids=["loading", "ready"])
+async def test_the_feed_applies_load_chunks_while_loading_and_small_ones_after(
+    ready: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a zero budget the feed yields after every chunk: LOAD_CHUNK messages while it
+    reads up to its targets (the cold load), APPLY_CHUNK once ready; all end applied."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from aiokafka.structs import TopicPartition
+
+    from pipeline.edge import feed as feed_module
+
+    monkeypatch.setattr(feed_module, "APPLY_BUDGET_S", 0.0)
+    monkeypatch.setattr(feed_module, "LOAD_CHUNK", 256)
+    view = _view(engine)
+    keys, values = _exempts(1_000)
+    records = [SimpleNamespace(key=k, value=v) for k, v in zip(keys, values, strict=True)]
+    tp = TopicPartition("decisions", 0)
+    feed = DecisionFeed(view, FeedConfig("unused:9092", "decisions"))
+    feed._targets = {tp: len(records)}
+    if ready:
+        feed._ready.set()
+    seen: list[int] = []
+    reading = asyncio.create_task(feed._read(_Fetches(tp, records), [tp]))  # type: ignore[arg-type]
+    try:
+        async with asyncio.timeout(5):
+            while len(view) < 1_000:
+                seen.append(len(view))
+                await asyncio.sleep(0)
+    finally:
+        reading.cancel()
+    chunk = feed_module.APPLY_CHUNK if ready else 256
+    assert sorted({n for n in seen if 0 < n < 1_000})[:3] == [chunk, 2 * chunk, 3 * chunk]
+    assert (feed._ready.is_set(), view.stats.outcomes["put"]) == (True, 1_000)
