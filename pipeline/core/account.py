@@ -359,16 +359,16 @@ class AccountShard(Shard):
         ``familiar.memory_ms``, or got a new password within ``familiar.after_reset_ms``:
         its failure here is the owner's typo or the owner's app, not a wave's (rule 8
         and the strangers tier count the others)."""
-        mapping, now = rules.familiar.mapping, attempt.occurred_ms
+        familiar, now = rules.familiar, attempt.occurred_ms  # ``get``: a table packed or not
         tenant, account = attempt.tenant, attempt.account
-        entry = mapping.get(("familiar", tenant, account, attempt.source, None))
+        entry = familiar.get(("familiar", tenant, account, attempt.source, None))
         if entry is not None and entry.blocked_until_ms > now:
             return True
         if attempt.device is not None:
-            entry = mapping.get(("familiar", tenant, account, None, attempt.device))
+            entry = familiar.get(("familiar", tenant, account, None, attempt.device))
             if entry is not None and entry.blocked_until_ms > now:
                 return True
-        entry = mapping.get(reset_key(tenant, account))  # its owner's stale clients
+        entry = familiar.get(reset_key(tenant, account))  # its owner's stale clients
         return entry is not None and entry.blocked_until_ms > now
 
     def _tenant_share(

@@ -150,7 +150,7 @@ class SourceShard(Shard):
         if not rules.strangers_on or attempt.failure_reason in _NOT_NEW:
             return
         now = attempt.occurred_ms
-        known = rules.familiar.mapping.get(("familiar", attempt.tenant, None, attempt.source, None))
+        known = rules.familiar.get(("familiar", attempt.tenant, None, attempt.source, None))
         if known is not None and known.blocked_until_ms > now:
             return  # a known place: some account signed in here (the wave's step-up place)
         if src.stranger_window >= 0 and now - src.stranger_since_ms <= rules.strangers_redeem_ms:

@@ -25,8 +25,8 @@ stays bounded by the cap.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
-from typing import Generic, Protocol, TypeVar
+from collections.abc import Callable, Iterator, MutableMapping
+from typing import Any, Generic, Protocol, TypeVar
 
 from pipeline.core.keys import Key
 
@@ -104,14 +104,9 @@ class BoundedTable(Generic[E]):
     def create(self, key: Key, factory: Callable[[], E], replace: bool = False) -> E:
         """A new entry for ``key`` at the newest end, for a caller that already looked
         it up: absent (the cap applies) or, with ``replace``, present but past its time."""
-        entries = self._entries
-        if replace:
-            del entries[key]
-            self.expired += 1
-        elif len(entries) >= self.cap:
-            self._evict()
+        _make_room(self, self._entries, key, replace)
         entry = factory()
-        entries[key] = entry
+        self._entries[key] = entry
         return entry
 
     def put(self, key: Key, entry: E) -> None:
@@ -153,25 +148,273 @@ class BoundedTable(Generic[E]):
 
     def expire(self, now_ms: int) -> list[Key]:
         """Drop entries from the oldest end while they are past ``keep_until_ms``."""
-        entries = self._entries
         if now_ms > self.now_ms:
             self.now_ms = now_ms
-        dropped: list[Key] = []
-        while entries:
-            key = next(iter(entries))
-            entry = entries[key]
-            if entry.keep_until_ms > now_ms:
-                break
-            del entries[key]
-            self.expired += 1
-            dropped.append(key)
-            if self.on_drop is not None:
+        gone = _pop_expired(self._entries, _keep_until, now_ms)
+        self.expired += len(gone)
+        if self.on_drop is not None:
+            for key, entry in gone:
                 self.on_drop(key, entry)
-        return dropped
+        return [key for key, _ in gone]
 
     def items(self) -> Iterator[tuple[Key, E]]:
         return iter(list(self._entries.items()))
 
 
+class _Capped(Protocol):
+    cap: int
+    expired: int
+
+    def _evict(self) -> None: ...
+
+
+def _make_room(
+    table: _Capped, entries: MutableMapping[Any, Any], key: object, replace: bool
+) -> None:
+    """Before a new entry: drop ``key``'s own, past its time (``replace``), else evict
+    the oldest-touched one when the table is at its cap."""
+    if replace:
+        del entries[key]
+        table.expired += 1
+    elif len(entries) >= table.cap:
+        table._evict()
+
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+def _pop_expired(
+    entries: OrderedDict[K, V], deadline: Callable[[V], int], now_ms: int
+) -> list[tuple[K, V]]:
+    """Pop entries from the oldest end while their deadline is at or before ``now_ms``."""
+    gone: list[tuple[K, V]] = []
+    while entries:
+        key = next(iter(entries))
+        value = entries[key]
+        if deadline(value) > now_ms:
+            break
+        del entries[key]
+        gone.append((key, value))
+    return gone
+
+
+def _keep_until(entry: Expiring) -> int:
+    return entry.keep_until_ms
+
+
 def _deadline(item: tuple[Key, Expiring]) -> int:
     return item[1].keep_until_ms
+
+
+# -- packed tables (issue 45 item 2) ---------------------------------------------------------
+
+_HEX = frozenset("0123456789abcdef")
+_NONE, _DIGEST, _TEXT = 0, 1, 2
+_SCOPES = ("familiar", "passed")
+"""Scopes a packed key names in one byte (3 + index); any other is kept as text."""
+
+
+def pack_key(key: Key) -> bytes:
+    """A decision key as one bytes object: per part a tag and its bytes (None: the tag
+    alone; 32 lowercase hex digits, an account or client digest: their 16 bytes; other
+    text: its length in two bytes and UTF-8), the scope in one byte when it is a familiar
+    table's. Two keys pack alike exactly when they are equal."""
+    scope, tenant, account, source, device = key
+    out = bytearray()
+    if scope in _SCOPES:
+        out.append(3 + _SCOPES.index(scope))
+    else:
+        _pack_part(out, scope)
+    for part in (tenant, account, source, device):
+        _pack_part(out, part)
+    return bytes(out)
+
+
+def _pack_part(out: bytearray, part: str | None) -> None:
+    if part is None:
+        out.append(_NONE)
+    elif len(part) == 32 and _HEX.issuperset(part):
+        out.append(_DIGEST)
+        out += bytes.fromhex(part)
+    else:
+        data = part.encode()
+        out.append(_TEXT)
+        out += len(data).to_bytes(2, "little")
+        out += data
+
+
+def unpack_key(packed: bytes) -> Key:
+    """The key ``pack_key`` packed."""
+    parts: list[str | None] = []
+    at = 0
+    if packed[0] >= 3:
+        parts.append(_SCOPES[packed[0] - 3])
+        at = 1
+    while at < len(packed):
+        tag = packed[at]
+        if tag == _NONE:
+            parts.append(None)
+            at += 1
+        elif tag == _DIGEST:
+            parts.append(packed[at + 1 : at + 17].hex())
+            at += 17
+        else:
+            size = int.from_bytes(packed[at + 1 : at + 3], "little")
+            parts.append(packed[at + 3 : at + 3 + size].decode())
+            at += 3 + size
+    scope, tenant, account, source, device = parts
+    return (scope or "", tenant or "", account, source, device)
+
+
+class Dumped(Protocol):
+    keep_until_ms: int
+
+    def dump(self) -> list[object]: ...
+
+
+D = TypeVar("D", bound=Dumped)
+
+
+class PackedTable(Generic[D]):
+    """``BoundedTable``'s bounds and order (``cap``, least recently touched evicted first,
+    ``evicted``, expiry from the oldest end) over packed entries: each key is kept as
+    ``pack_key`` bytes and each entry as ``pack(entry.dump())`` bytes (``load`` turns the
+    record back into an entry), so an entry costs two bytes objects and its slot, not a
+    tuple, its strings, a record and its fields. An entry ``pack`` cannot keep exactly
+    (None) is kept as the object.
+
+    Entries are values, not objects the table shares: ``get`` and ``find`` return a copy,
+    and a caller that changes one stores it back with ``save`` (``create`` returns the
+    new entry, kept as an object until saved). ``keep_until`` reads a packed entry's
+    ``keep_until_ms`` (expiry and ``sort_by_deadline``)."""
+
+    __slots__ = (
+        "_entries",
+        "cap",
+        "evicted",
+        "evictions",
+        "expired",
+        "keep_until",
+        "load",
+        "now_ms",
+        "on_drop",
+        "pack",
+        "unpack",
+    )
+
+    def __init__(
+        self,
+        cap: int,
+        load: Callable[[list[object]], D],
+        pack: Callable[[list[object]], bytes | None],
+        unpack: Callable[[bytes], list[object]],
+        keep_until: Callable[[bytes], int],
+        on_drop: Callable[[Key, D], None] | None = None,
+        record_evicted: bool = False,
+    ) -> None:
+        self._entries: OrderedDict[bytes, bytes | D] = OrderedDict()
+        self.cap = cap
+        self.load = load
+        self.pack = pack
+        self.unpack = unpack
+        self.keep_until = keep_until
+        self.on_drop = on_drop
+        self.evictions = 0
+        self.expired = 0
+        self.evicted: list[Key] | None = [] if record_evicted else None
+        self.now_ms = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, key: Key) -> bool:
+        return pack_key(key) in self._entries
+
+    def _value(self, stored: bytes | D) -> D:
+        if isinstance(stored, bytes):
+            return self.load(self.unpack(stored))
+        return stored
+
+    def _deadline(self, stored: bytes | D) -> int:
+        if isinstance(stored, bytes):
+            return self.keep_until(stored)
+        return stored.keep_until_ms
+
+    def get(self, key: Key) -> D | None:
+        """A copy of ``key``'s entry, or None."""
+        stored = self._entries.get(pack_key(key))
+        return None if stored is None else self._value(stored)
+
+    def find(self, key: Key) -> D | None:
+        """A copy of ``key``'s entry, moved to the newest end (touched), or None."""
+        packed = pack_key(key)
+        stored = self._entries.get(packed)
+        if stored is None:
+            return None
+        self._entries.move_to_end(packed)
+        return self._value(stored)
+
+    def create(self, key: Key, factory: Callable[[], D], replace: bool = False) -> D:
+        """A new entry for ``key`` at the newest end (as ``BoundedTable.create``)."""
+        packed = pack_key(key)
+        _make_room(self, self._entries, packed, replace)
+        entry = factory()
+        self._entries[packed] = entry
+        return entry
+
+    def save(self, key: Key, entry: D) -> None:
+        """Store ``entry`` (changed) for ``key``, packed, where the key stands in the
+        order; a key not held is put at the newest end (the cap applies)."""
+        packed = pack_key(key)
+        value = self.pack(entry.dump())
+        if packed in self._entries:
+            self._entries[packed] = entry if value is None else value
+        else:
+            self.put(key, entry)
+
+    def put(self, key: Key, entry: D) -> None:
+        """Insert a restored entry at the newest end (cap applies)."""
+        packed = pack_key(key)
+        entries = self._entries
+        if packed not in entries and len(entries) >= self.cap:
+            self._evict()
+        value = self.pack(entry.dump())
+        entries[packed] = entry if value is None else value
+        entries.move_to_end(packed)
+
+    def _evict(self) -> None:
+        """Remove the least recently touched entry to make room (the cap)."""
+        packed, stored = self._entries.popitem(last=False)
+        self.evictions += 1
+        key = unpack_key(packed)
+        if self.evicted is not None:
+            self.evicted.append(key)
+        if self.on_drop is not None:
+            self.on_drop(key, self._value(stored))
+
+    def pop(self, key: Key) -> D | None:
+        stored = self._entries.pop(pack_key(key), None)
+        return None if stored is None else self._value(stored)
+
+    def expire(self, now_ms: int) -> list[Key]:
+        """Drop entries from the oldest end while they are past ``keep_until_ms``."""
+        if now_ms > self.now_ms:
+            self.now_ms = now_ms
+        gone = _pop_expired(self._entries, self._deadline, now_ms)
+        self.expired += len(gone)
+        keys = [unpack_key(packed) for packed, _ in gone]
+        if self.on_drop is not None:
+            for key, (_, stored) in zip(keys, gone, strict=True):
+                self.on_drop(key, self._value(stored))
+        return keys
+
+    def sort_by_deadline(self) -> None:
+        """Order entries by ``keep_until_ms`` (stable), as ``BoundedTable``'s."""
+        ordered = sorted(self._entries.items(), key=lambda item: self._deadline(item[1]))
+        self._entries.clear()
+        self._entries.update(ordered)
+
+    def items(self) -> Iterator[tuple[Key, D]]:
+        """Copies of every entry, oldest touched first."""
+        return iter([(unpack_key(k), self._value(v)) for k, v in self._entries.items()])
