@@ -169,10 +169,17 @@ def bench_worker_familiar(
     before = tracemalloc.take_snapshot() if by_line else None
     engine = Engine(policy)
     feed(engine, generated(users))
-    for shard in (engine.accounts, engine.sources):
+    shards = (engine.accounts, engine.sources)
+    for shard in shards:
         shard.take_dirty()
     gc.collect()
     engine_bytes = tracemalloc.get_traced_memory()[0] - empty
+    # a compiled familiar store (when the index keeps exempts there) is not traced
+    store_bytes = sum(
+        store.approx_bytes()
+        for store in {id(s.index): getattr(s.index, "_familiar", None) for s in shards}.values()
+        if store is not None
+    )
     lines = top_lines(before, users, by_line) if before is not None else []
     before = None
     for _, table in named_tables(engine):
@@ -192,6 +199,8 @@ def bench_worker_familiar(
         "exempts_per_success": round(exempts / users, 2),
         "exempts_lifted": lifted,
         "engine_heap_bytes_per_user": round(engine_bytes / users),
+        "store_bytes_per_user": round(store_bytes / users),
+        "bytes_per_user": round((engine_bytes + store_bytes) / users),
         "table_heap_bytes_per_user": round(table_bytes / users),
         "table_heap_bytes_per_entry": round(table_bytes / held) if held else None,
         "cpu_us_per_success": round(cpu_s / users * 1e6, 1),
