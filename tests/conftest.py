@@ -94,12 +94,38 @@ def _shared_group(nodeid: str) -> str | None:
     return next((g for prefix, g in SHARED_GROUPS.items() if name.startswith(prefix)), None)
 
 
+SLOW_FILES = (
+    "test_sim_gateway.py",
+    "test_sim_pipeline.py",
+    "test_bench_quick.py",
+    "test_clients_other_languages.py",
+    "test_audit_sink.py",
+    "test_worker.py",
+    "test_replay_parity.py",
+    "test_stream_order.py",
+    "test_rollup_changelog_broker.py",
+    "test_kafka_stack.py",
+    "test_sim_engine.py",
+    "test_lockout_broker.py",
+)
+"""The files that take longest after the shared groups (30-85 s each, `--durations`),
+longest first: a worker that starts one last keeps the other idle meanwhile."""
+
+
+def _rank(nodeid: str) -> int:
+    group = _shared_group(nodeid)
+    if group is not None:
+        return {"cluster": 0, "keycloak": 1}[group]
+    name = os.path.basename(nodeid.split("::", 1)[0])
+    return 2 + (SLOW_FILES.index(name) if name in SLOW_FILES else len(SLOW_FILES))
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The shared groups first (the clusters' six minutes, then Keycloak), so a worker
-    starts them while the other takes everything else (`scripts/test` keeps this order:
-    `--no-loadscope-reorder`); otherwise the collection's order."""
-    rank = {"cluster": 0, "keycloak": 1}
-    items.sort(key=lambda item: rank.get(_shared_group(item.nodeid) or "", 2))
+    starts them while the other takes everything else, then the slowest files, longest
+    first (`scripts/test` keeps this order: `--no-loadscope-reorder`); otherwise the
+    collection's order (the sort is stable)."""
+    items.sort(key=lambda item: _rank(item.nodeid))
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
