@@ -134,6 +134,20 @@ impl<'a> Fields<'a> {
     }
 }
 
+const ONES: u64 = 0x0101_0101_0101_0101;
+const HIGHS: u64 = 0x8080_8080_8080_8080;
+
+/// True when some byte of `word` may be `"`, `\\`, below 0x20 or above 0x7f (the
+/// zero-byte test can flag a byte after a true match, never miss one).
+#[inline]
+fn special(word: u64) -> bool {
+    let zero = |w: u64| w.wrapping_sub(ONES) & !w & HIGHS;
+    let quote = zero(word ^ (ONES * u64::from(b'"')));
+    let backslash = zero(word ^ (ONES * u64::from(b'\\')));
+    let control = word.wrapping_sub(ONES * 0x20) & !word & HIGHS;
+    (quote | backslash | control | (word & HIGHS)) != 0
+}
+
 struct Reader<'a> {
     raw: &'a [u8],
     at: usize,
@@ -167,6 +181,14 @@ impl<'a> Reader<'a> {
         let rest = &self.raw[start..];
         let mut ascii = true;
         let mut len = 0;
+        // Eight bytes at a time while none is special (a quote, a backslash, a control
+        // character or a byte of a multi-byte character); the byte loop does the rest.
+        while let Some(word) = rest.get(len..len + 8) {
+            if special(u64::from_le_bytes(word.try_into().unwrap_or_default())) {
+                break;
+            }
+            len += 8;
+        }
         loop {
             let b = *rest.get(len)?;
             if b == b'"' {
@@ -380,6 +402,34 @@ fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn strings_are_read_whole_and_escapes_refused() {
+        for text in [
+            &b"a"[..],
+            b"0123456789abcdef0123",
+            b"\xc3\xa9tait 8 bytes+",
+            b"",
+        ] {
+            let mut raw = vec![b'"'];
+            raw.extend_from_slice(text);
+            raw.extend_from_slice(b"\"rest");
+            let mut reader = Reader { raw: &raw, at: 0 };
+            assert_eq!(reader.string(), Some(text));
+            assert_eq!(reader.at, text.len() + 2);
+        }
+        for bad in [
+            &b"\"01234567\\n\""[..],
+            b"\"0123456789\x01\"",
+            b"\"01234567\xff\"",
+        ] {
+            assert!(Reader { raw: bad, at: 0 }.string().is_none());
+        }
+        assert!(!special(u64::from_le_bytes(*b"abcdef01")));
+        for word in [*b"abc\"ef01", *b"abcdef0\\", *b"\tbcdef01", *b"abcdef0\x80"] {
+            assert!(special(u64::from_le_bytes(word)));
+        }
+    }
 
     #[test]
     fn times_are_epoch_ms() {
