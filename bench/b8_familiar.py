@@ -547,8 +547,9 @@ async def _feed_load(bootstrap: str, topic: str, total: int) -> dict[str, Any]:
     }
 
 
-def bench_coldload_kafka(records: int) -> dict[str, Any]:
-    """The records produced once to a local broker's topic, then read four ways."""
+def bench_coldload_kafka(records: int, feed_only: bool = False) -> dict[str, Any]:
+    """The records produced once to a local broker's topic, then read four ways (the feed
+    alone with ``feed_only``: run it with ``AUTHPIPE_ENGINE=python`` for today's decoder)."""
     import asyncio
 
     from bench.bench_edge import broker
@@ -559,6 +560,10 @@ def bench_coldload_kafka(records: int) -> dict[str, Any]:
     out: dict[str, Any] = {"records": records}
     with broker(None) as bootstrap:
         out["produce_s"] = round(asyncio.run(_fill(bootstrap, topic, records)), 2)
+        if feed_only:
+            out["engine"] = os.environ.get("AUTHPIPE_ENGINE", "auto")
+            out["feed_start_to_ready"] = asyncio.run(_feed_load(bootstrap, topic, records))
+            return out
         out["aiokafka_read_only"] = asyncio.run(_aiokafka_read(bootstrap, topic))
         out["feed_start_to_ready"] = asyncio.run(_feed_load(bootstrap, topic, records))
         out["confluent_read_only"] = _confluent_read(bootstrap, topic, records, apply=False)
@@ -663,7 +668,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--variant",
         choices=(
-            "all", "rust", "rust_grown", "python", "coldload", "coldload_kafka", "coldload_all"
+            "all", "rust", "rust_grown", "python", "coldload", "coldload_kafka",
+            "coldload_kafka_feed", "coldload_all"
         ),
         default="all",
     )  # fmt: skip
@@ -679,6 +685,8 @@ def main(argv: list[str] | None = None) -> int:
         result = bench_coldload(args.records)
     elif args.variant == "coldload_kafka":
         result = bench_coldload_kafka(min(args.kafka_records, args.records))
+    elif args.variant == "coldload_kafka_feed":
+        result = bench_coldload_kafka(min(args.kafka_records, args.records), feed_only=True)
     elif args.variant == "coldload_all":
         result = bench_coldload_all(args)
     else:
