@@ -291,6 +291,7 @@ class PackedTable(Generic[D]):
 
     __slots__ = (
         "_entries",
+        "_last",
         "cap",
         "evicted",
         "evictions",
@@ -314,6 +315,9 @@ class PackedTable(Generic[D]):
         record_evicted: bool = False,
     ) -> None:
         self._entries: OrderedDict[bytes, bytes | D] = OrderedDict()
+        # The last key packed and its bytes: a caller finds, creates and saves one key
+        # in turn with the same tuple, which is packed once.
+        self._last: tuple[Key | None, bytes] = (None, b"")
         self.cap = cap
         self.load = load
         self.pack = pack
@@ -329,7 +333,15 @@ class PackedTable(Generic[D]):
         return len(self._entries)
 
     def __contains__(self, key: Key) -> bool:
-        return pack_key(key) in self._entries
+        return self._key(key) in self._entries
+
+    def _key(self, key: Key) -> bytes:
+        """``pack_key(key)``, once for a tuple used again at once."""
+        last, packed = self._last
+        if last is not key:
+            packed = pack_key(key)
+            self._last = (key, packed)
+        return packed
 
     def _value(self, stored: bytes | D) -> D:
         if isinstance(stored, bytes):
@@ -343,12 +355,12 @@ class PackedTable(Generic[D]):
 
     def get(self, key: Key) -> D | None:
         """A copy of ``key``'s entry, or None."""
-        stored = self._entries.get(pack_key(key))
+        stored = self._entries.get(self._key(key))
         return None if stored is None else self._value(stored)
 
     def find(self, key: Key) -> D | None:
         """A copy of ``key``'s entry, moved to the newest end (touched), or None."""
-        packed = pack_key(key)
+        packed = self._key(key)
         stored = self._entries.get(packed)
         if stored is None:
             return None
@@ -357,7 +369,7 @@ class PackedTable(Generic[D]):
 
     def create(self, key: Key, factory: Callable[[], D], replace: bool = False) -> D:
         """A new entry for ``key`` at the newest end (as ``BoundedTable.create``)."""
-        packed = pack_key(key)
+        packed = self._key(key)
         _make_room(self, self._entries, packed, replace)
         entry = factory()
         self._entries[packed] = entry
@@ -366,7 +378,7 @@ class PackedTable(Generic[D]):
     def save(self, key: Key, entry: D) -> None:
         """Store ``entry`` (changed) for ``key``, packed, where the key stands in the
         order; a key not held is put at the newest end (the cap applies)."""
-        packed = pack_key(key)
+        packed = self._key(key)
         value = self.pack(entry.dump())
         if packed in self._entries:
             self._entries[packed] = entry if value is None else value
@@ -375,7 +387,7 @@ class PackedTable(Generic[D]):
 
     def put(self, key: Key, entry: D) -> None:
         """Insert a restored entry at the newest end (cap applies)."""
-        packed = pack_key(key)
+        packed = self._key(key)
         entries = self._entries
         if packed not in entries and len(entries) >= self.cap:
             self._evict()
@@ -394,7 +406,7 @@ class PackedTable(Generic[D]):
             self.on_drop(key, self._value(stored))
 
     def pop(self, key: Key) -> D | None:
-        stored = self._entries.pop(pack_key(key), None)
+        stored = self._entries.pop(self._key(key), None)
         return None if stored is None else self._value(stored)
 
     def expire(self, now_ms: int) -> list[Key]:
