@@ -318,6 +318,7 @@ class DecisionIndex:
         "_familiar",
         "_heap",
         "_held",
+        "_pushed",
         "_verify",
         "_verify_default",
         "_wall_heap",
@@ -336,14 +337,18 @@ class DecisionIndex:
             else {}
         )
         self._active: dict[Key, Active] = {}
-        self._heap: list[tuple[int, str, Key]] = []
+        # Heap entries (expiry, decision id, push count, key): the push count breaks a tie
+        # between two keys whose decisions share expiry and id (only a buggy or hostile
+        # producer's), so keys, which may hold None, are never compared.
+        self._pushed = 0
+        self._heap: list[tuple[int, str, int, Key]] = []
         # Decisions already tombstoned because the wall clock passed their expiry
         # (``announce_expired``): still in force for events older than that, never
         # tombstoned twice. Only a worker announces (``announce``): a reader such as the
         # edge never drains this heap, so it keeps none (it would grow with every
         # decision ever applied).
         self._announce = announce
-        self._wall_heap: list[tuple[int, str, Key]] = []
+        self._wall_heap: list[tuple[int, str, int, Key]] = []
         self._announced: dict[Key, str] = {}
         self.subjects: dict[str, int] = {}
         self._engine: Any = None if announce else engine
@@ -372,11 +377,11 @@ class DecisionIndex:
         elif (old.action == "exempt") != (active.action == "exempt"):
             self._count(key, -1 if active.action == "exempt" else 1)
         self._active[key] = active
-        # Ordered by (expiry, decision id): ids are unique, so keys (which may hold None)
-        # are never compared.
-        heapq.heappush(self._heap, (active.expires_ms, active.decision_id, key))
+        self._pushed += 1
+        entry = (active.expires_ms, active.decision_id, self._pushed, key)
+        heapq.heappush(self._heap, entry)
         if self._announce:
-            heapq.heappush(self._wall_heap, (active.expires_ms, active.decision_id, key))
+            heapq.heappush(self._wall_heap, entry)
         bound = 2 * len(self._active) + HEAP_SLACK
         if len(self._heap) > bound or len(self._wall_heap) > bound:
             self._compact()
@@ -441,15 +446,16 @@ class DecisionIndex:
     def _compact(self) -> None:
         """Rebuild the heaps from the active decisions (the wall heap without those the
         wall clock already announced): drops the entries of renewed and lifted ones."""
-        active, announced = self._active, self._announced
-        self._heap = [(a.expires_ms, a.decision_id, key) for key, a in active.items()]
+        active, announced, first = self._active, self._announced, self._pushed + 1
+        entries = [
+            (a.expires_ms, a.decision_id, n, key)
+            for n, (key, a) in enumerate(active.items(), first)
+        ]
+        self._pushed += len(entries)
+        self._heap = entries
         heapq.heapify(self._heap)
         if self._announce:
-            self._wall_heap = [
-                (a.expires_ms, a.decision_id, key)
-                for key, a in active.items()
-                if announced.get(key) != a.decision_id
-            ]
+            self._wall_heap = [e for e in entries if announced.get(e[3]) != e[1]]
             heapq.heapify(self._wall_heap)
 
     def lift(self, key: Key) -> Active | None:
@@ -473,7 +479,7 @@ class DecisionIndex:
         heap = self._wall_heap
         out: list[Key] = []
         while heap and heap[0][0] <= wall_ms:
-            _, decision_id, key = heapq.heappop(heap)
+            _, decision_id, _, key = heapq.heappop(heap)
             current = self._active.get(key)
             if current is not None and current.decision_id == decision_id:
                 self._announced[key] = decision_id
@@ -553,7 +559,7 @@ class DecisionIndex:
         heap = self._heap
         removed: list[Key] = []
         while heap and heap[0][0] <= now_ms:
-            _, decision_id, key = heapq.heappop(heap)
+            _, decision_id, _, key = heapq.heappop(heap)
             current = self._active.get(key)
             if current is not None and current.decision_id == decision_id:
                 del self._active[key]
