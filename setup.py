@@ -27,7 +27,8 @@ from setuptools.command.build_ext import build_ext
 # Python: they define pydantic models,
 # which mypyc cannot compile (and which are read once per tenant, not per event).
 CORE_MODULES = (
-    "account", "attempt", "decisions", "dedupe", "engine", "errors", "grouping", "keys",
+    "account", "attempt", "decision_keys", "decisions", "dedupe", "engine", "errors",
+    "grouping", "keys",
     "lockout", "normalise", "outbox", "records", "review", "rollup", "rules", "sequence",
     "shard", "source", "state", "strangers_tier", "streaks", "stuffing", "table", "window",
 )  # fmt: skip

@@ -54,7 +54,7 @@ from aiokafka import AIOKafkaProducer
 from pipeline.clock import wall_ms
 from pipeline.contracts.codec import encode
 from pipeline.contracts.models import Decision, ms_to_datetime
-from pipeline.core.decisions import applicable_keys
+from pipeline.core.decision_keys import applicable_keys
 from pipeline.core.keys import Key, format_key
 from pipeline.core.records import APPLIES_TO
 from pipeline.dev.stack import LocalKafka

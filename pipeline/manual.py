@@ -55,7 +55,7 @@ from pipeline.contracts.models import (
     ms_to_datetime,
     valid_tenant,
 )
-from pipeline.core.decisions import MANUAL
+from pipeline.core.decision_keys import MANUAL
 from pipeline.core.errors import InvalidAttempt
 from pipeline.core.grouping import check_block_source, within_grouping
 from pipeline.core.keys import decision_key, format_key, parse_wire_key, stable_id

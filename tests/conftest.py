@@ -32,6 +32,7 @@ CORE_DIR = os.path.join(
 COMPILED_CORE_MODULES = (
     "account",
     "attempt",
+    "decision_keys",
     "decisions",
     "dedupe",
     "engine",

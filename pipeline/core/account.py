@@ -10,9 +10,7 @@ source).
 from __future__ import annotations
 
 from pipeline.core.attempt import FAMILIAR, PASSWORD_FLOWS, UNCOUNTED, Attempt, repeat_of
-from pipeline.core.decisions import (
-    ALLOWED,
-    Verdict,
+from pipeline.core.decision_keys import (
     keys_for,
     lock_key,
     mfa_account_key,
@@ -21,6 +19,7 @@ from pipeline.core.decisions import (
     uia_device_key,
     uia_key,
 )
+from pipeline.core.decisions import ALLOWED, Verdict
 from pipeline.core.keys import Key
 from pipeline.core.outbox import Outbox
 from pipeline.core.records import build_alert

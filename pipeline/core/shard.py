@@ -12,7 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 from pipeline.core.attempt import Attempt
-from pipeline.core.decisions import Active, DecisionIndex, reset_key
+from pipeline.core.decision_keys import reset_key
+from pipeline.core.decisions import Active, DecisionIndex
 from pipeline.core.dedupe import DEDUPE_CAPACITY, DEDUPE_HORIZON_MS, Deduper
 from pipeline.core.keys import Key, format_key, stable_id
 from pipeline.core.lockout import StreakState

@@ -17,7 +17,7 @@ from __future__ import annotations
 from heapq import heappop, heappush
 
 from pipeline.core.attempt import PASSWORD_FLOWS, Attempt
-from pipeline.core.decisions import lock_key, mfa_account_key, mfa_key, reset_key
+from pipeline.core.decision_keys import lock_key, mfa_account_key, mfa_key, reset_key
 from pipeline.core.keys import Key
 from pipeline.core.lockout import FOREVER_MS, StreakState, holds, lock_ms, wait_ms
 from pipeline.core.outbox import Outbox

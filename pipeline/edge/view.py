@@ -32,13 +32,8 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline.clock import wall_ms
 from pipeline.contracts.codec import DecodeError
-from pipeline.core.decisions import (
-    ALLOWED,
-    Active,
-    DecisionIndex,
-    Verdict,
-    applicable_keys,
-)
+from pipeline.core.decision_keys import applicable_keys
+from pipeline.core.decisions import ALLOWED, Active, DecisionIndex, Verdict
 from pipeline.core.errors import InvalidAttempt
 from pipeline.core.keys import Key, format_key
 from pipeline.core.policy import Policy

@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.contracts.models import datetime_to_ms
-from pipeline.core.decisions import Verdict, keys_for
+from pipeline.core.decision_keys import keys_for
+from pipeline.core.decisions import Verdict
 from pipeline.core.keys import Key, parse_key
 from pipeline.core.policy import DEFAULT_POLICY, Policy
 from pipeline.core.rollup import TICK_MS

@@ -30,15 +30,8 @@ from dataclasses import dataclass
 
 from pipeline.contracts.models import datetime_to_ms
 from pipeline.core.attempt import Attempt
-from pipeline.core.decisions import (
-    Active,
-    DecisionIndex,
-    Verdict,
-    active_of,
-    keys_for,
-    lock_key,
-    mfa_account_key,
-)
+from pipeline.core.decision_keys import keys_for, lock_key, mfa_account_key
+from pipeline.core.decisions import Active, DecisionIndex, Verdict, active_of
 from pipeline.core.keys import Key, decision_key, parse_key
 from pipeline.core.policy import Policy
 from pipeline.core.review import review_session

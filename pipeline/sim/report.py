@@ -210,7 +210,7 @@ def _alerts(
 
 
 def _attack_keys(events: Sequence[TruthEvent]) -> dict[str, str]:
-    from pipeline.core.decisions import keys_for
+    from pipeline.core.decision_keys import keys_for
     from pipeline.core.keys import format_key
 
     out: dict[str, str] = {}

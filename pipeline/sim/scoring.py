@@ -20,7 +20,8 @@ from collections import Counter, defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from pipeline.core.decisions import VERIFY, Verdict
+from pipeline.core.decision_keys import VERIFY
+from pipeline.core.decisions import Verdict
 from pipeline.core.policy import DEFAULT_POLICY, Policy
 from pipeline.sim.by_design import design_reasons
 from pipeline.sim.card import AttackScore, Scorecard

@@ -37,7 +37,7 @@ from typing import IO, Any
 import orjson
 
 from pipeline.contracts.models import format_utc_ms, ms_to_datetime
-from pipeline.core.decisions import keys_for
+from pipeline.core.decision_keys import keys_for
 from pipeline.core.engine import Engine
 from pipeline.core.policy import Policy
 from pipeline.sim.card import Tally

@@ -9,7 +9,8 @@ import orjson
 
 from pipeline.contracts.models import Decision, datetime_to_ms
 from pipeline.core.account import AccountShard
-from pipeline.core.decisions import Active, keys_for
+from pipeline.core.decision_keys import keys_for
+from pipeline.core.decisions import Active
 from pipeline.core.engine import Engine
 from pipeline.core.outbox import Outbox
 from pipeline.core.policy import Policy

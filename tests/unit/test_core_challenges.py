@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from pipeline.core.attempt import Attempt
-from pipeline.core.decisions import Verdict, keys_for
+from pipeline.core.decision_keys import keys_for
+from pipeline.core.decisions import Verdict
 from pipeline.core.engine import Engine
 from pipeline.core.policy import DEFAULT_POLICY
 from pipeline.core.rollup import TenantRollup

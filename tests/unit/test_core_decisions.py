@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from pipeline.core.decisions import Active, DecisionIndex, Verdict, applicable_keys, keys_for
+from pipeline.core.decision_keys import applicable_keys, keys_for
+from pipeline.core.decisions import Active, DecisionIndex, Verdict
 from tests.unit.test_core_support import att
 
 A, S, D, SESS = "a" * 32, "203.0.113.5", "d" * 32, "5" * 32

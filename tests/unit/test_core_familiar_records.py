@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from pipeline.core.account import AccountShard
-from pipeline.core.decisions import keys_for
+from pipeline.core.decision_keys import keys_for
 from pipeline.core.outbox import Outbox
 from pipeline.core.source import SourceShard
 from tests.unit.test_core_support import MIN, att, policy

@@ -23,6 +23,7 @@ ORDER = (
     "policy_rules",
     "policy_waves",
     "policy",
+    "decision_keys",
     "decisions",
     "review",
     "records",

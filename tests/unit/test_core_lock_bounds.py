@@ -10,7 +10,7 @@ import pytest
 from pipeline.contracts.models import datetime_to_ms
 from pipeline.core.account import AccountShard
 from pipeline.core.attempt import Attempt
-from pipeline.core.decisions import keys_for
+from pipeline.core.decision_keys import keys_for
 from pipeline.core.engine import Engine
 from pipeline.core.keys import format_key
 from pipeline.core.lockout import FOREVER_MS

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from pipeline.contracts.models import datetime_to_ms
 from pipeline.core.attempt import Attempt
-from pipeline.core.decisions import Verdict, keys_for
+from pipeline.core.decision_keys import keys_for
+from pipeline.core.decisions import Verdict
 from pipeline.core.engine import Engine
 from pipeline.core.policy import DEFAULT_POLICY, Policy
 from pipeline.core.policy_rules import DAY_MS

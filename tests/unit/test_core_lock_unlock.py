@@ -10,7 +10,7 @@ from pipeline import cli
 from pipeline.contracts.codec import decode_attempt, dumps, encode
 from pipeline.contracts.models import AUDIT_COLUMNS, Decision, ms_to_datetime
 from pipeline.core.attempt import Normaliser
-from pipeline.core.decisions import keys_for
+from pipeline.core.decision_keys import keys_for
 from pipeline.core.engine import Engine
 from pipeline.core.keys import Digester
 from pipeline.core.normalise import NetworkSet, SourceRules

@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 from pipeline.contracts.models import datetime_to_ms
 from pipeline.core.account import AccountShard
 from pipeline.core.attempt import Attempt
-from pipeline.core.decisions import Verdict, keys_for
+from pipeline.core.decision_keys import keys_for
+from pipeline.core.decisions import Verdict
 from pipeline.core.engine import Engine
 from pipeline.core.lockout import lock_ms, wait_ms
 from pipeline.core.outbox import Outbox

@@ -7,7 +7,8 @@ import random
 
 from pipeline.contracts.models import datetime_to_ms
 from pipeline.core.attempt import Attempt
-from pipeline.core.decisions import Verdict, keys_for
+from pipeline.core.decision_keys import keys_for
+from pipeline.core.decisions import Verdict
 from pipeline.core.engine import Engine
 from tests.unit.test_core_support import ACCOUNT, HOUR, MIN, SEC, T0, alerts, att, decisions, policy
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from pipeline.contracts.models import Decision, datetime_to_ms
 from pipeline.core.attempt import Attempt
-from pipeline.core.decisions import DecisionIndex, active_of, keys_for
+from pipeline.core.decision_keys import keys_for
+from pipeline.core.decisions import DecisionIndex, active_of
 from pipeline.core.engine import Engine
 from pipeline.core.keys import parse_key
 from pipeline.core.policy import DEFAULT_POLICY, Policy

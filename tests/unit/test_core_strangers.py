@@ -10,7 +10,7 @@ import pytest
 from pipeline.contracts.codec import encode
 from pipeline.contracts.models import Decision, datetime_to_ms
 from pipeline.core.attempt import Attempt
-from pipeline.core.decisions import keys_for
+from pipeline.core.decision_keys import keys_for
 from pipeline.core.engine import Engine
 from pipeline.core.errors import PolicyError
 from pipeline.core.policy import DEFAULT_POLICY, Policy, policy_from_toml

@@ -8,7 +8,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.core.decisions import ALLOWED, Active, DecisionIndex, keys_for, verify_key
+from pipeline.core.decision_keys import keys_for, verify_key
+from pipeline.core.decisions import ALLOWED, Active, DecisionIndex
 from pipeline.core.engine import Engine
 from pipeline.core.policy import Policy
 from pipeline.core.policy_waves import VerifyConfig

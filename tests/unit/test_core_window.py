@@ -8,7 +8,7 @@ import bisect
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.core.decisions import keys_for
+from pipeline.core.decision_keys import keys_for
 from pipeline.core.engine import Engine
 from pipeline.core.window import Ring, WindowSpec
 from tests.unit.test_core_support import MIN, att

@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from pipeline.core.decisions import Active, DecisionIndex, applicable_keys
+from pipeline.core.decision_keys import applicable_keys
+from pipeline.core.decisions import Active, DecisionIndex
 from pipeline.core.keys import Key
 
 try:

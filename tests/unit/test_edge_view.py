@@ -13,7 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.contracts.codec import encode
-from pipeline.core.decisions import DecisionIndex, applicable_keys
+from pipeline.core.decision_keys import applicable_keys
+from pipeline.core.decisions import DecisionIndex
 from pipeline.core.keys import Key, format_key
 from pipeline.edge import feed as view_module
 from pipeline.edge.blocklist import BlockEntry

@@ -15,12 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.contracts.codec import encode
-from pipeline.core.decisions import (
-    FAMILIAR_RULE,
-    Active,
-    DecisionIndex,
-    applicable_keys,
-)
+from pipeline.core.decision_keys import applicable_keys
+from pipeline.core.decisions import FAMILIAR_RULE, Active, DecisionIndex
 from pipeline.core.keys import Key, parse_key
 from pipeline.core.records import build_decision
 from pipeline.edge.feed import DecisionFeed, FeedConfig

@@ -10,13 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.core.decisions import (
-    FAMILIAR_RULE,
-    Active,
-    DecisionIndex,
-    applicable_keys,
-    familiar_engine,
-)
+from pipeline.core.decision_keys import applicable_keys
+from pipeline.core.decisions import FAMILIAR_RULE, Active, DecisionIndex, familiar_engine
 from pipeline.core.errors import CoreError
 from pipeline.core.keys import Key
 from pipeline.core.review import review_session
