@@ -215,12 +215,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--entry-cap",
         type=int,
-        default=1_000_000,
-        help="entry_cap and familiar.entry_cap (default: one that never bites)",
+        default=None,
+        help="entry_cap and familiar.entry_cap (default: 4 x users, at least 1,000,000: never bites)",
     )
     parser.add_argument("--by-line", type=int, default=0, help="top allocation sites to list")
     args = parser.parse_args(argv)
-    result = bench_worker_familiar(args.users, args.entry_cap, args.repeat, args.by_line)
+    cap = args.entry_cap if args.entry_cap is not None else max(1_000_000, 4 * args.users)
+    result = bench_worker_familiar(args.users, cap, args.repeat, args.by_line)
     print(orjson.dumps(result).decode())
     return 0
 
