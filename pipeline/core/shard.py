@@ -221,15 +221,17 @@ class Shard:
         key = reset_key(attempt.tenant, attempt.account)
         table = rules.familiar
         entry = table.mapping.get(key)
+        now = attempt.occurred_ms
+        keep_until_ms = now + rules.familiar_memory_ms
         if entry is None:
             entry = self._new_familiar_entry(table, key, out)
+            entry.keep_until_ms = keep_until_ms  # not StreakState's default (forever)
         else:
             table.mapping.move_to_end(key)
             if seq >= 0 and entry.seq >= seq:
                 return
-        now = attempt.occurred_ms
+            entry.keep_until_ms = max(entry.keep_until_ms, keep_until_ms)
         entry.blocked_until_ms = max(entry.blocked_until_ms, now + after_ms)
-        entry.keep_until_ms = max(entry.keep_until_ms, now + rules.familiar_memory_ms)
         self._mark_familiar(key, entry, seq)
 
     def _new_familiar_entry(

@@ -5,10 +5,11 @@ the strangers tier), and every other count goes on."""
 from __future__ import annotations
 
 from pipeline.core.attempt import Attempt
+from pipeline.core.decision_keys import reset_key
 from pipeline.core.engine import Engine
 from pipeline.core.policy import DEFAULT_POLICY, Policy, policy_from_toml
 from tests.unit.test_core_strangers import HISTORY_MS, _history, _run, _waves
-from tests.unit.test_core_support import MIN, SEC, att
+from tests.unit.test_core_support import MIN, SEC, TENANT, att
 
 APPS = 60
 OFF = policy_from_toml("[defaults.familiar]\nafter_reset_ms = 0\n")
@@ -89,3 +90,18 @@ def test_failures_after_after_reset_ms_count_again() -> None:
     repeat the account within recount_ms (one per account)."""
     policy = policy_from_toml("[defaults.familiar]\nafter_reset_ms = 120000\n")
     assert _strangers([*_history(), *_stale_apps(retry_ms=3 * MIN)], policy) == APPS
+
+
+def test_a_new_passwords_entry_is_kept_as_long_as_a_familiar_entry_then_expires() -> None:
+    """The reset entry lives familiar.memory_ms from the reset, not forever (it used to
+    take StreakState's default, so only the table's cap ever removed it)."""
+    engine = Engine(DEFAULT_POLICY)
+    reset = att(HISTORY_MS, "ab" * 15, "198.51.200.1", success=True, flow="reset")
+    engine.step_batch([reset])
+    reset_at = reset.occurred_ms
+    rules = engine.accounts.tenant(TENANT)
+    key = reset_key(TENANT, "ab" * 15)
+    memory_ms = DEFAULT_POLICY.defaults.familiar.memory_ms
+    assert rules.familiar.mapping[key].keep_until_ms == reset_at + memory_ms
+    assert rules.familiar.expire(reset_at + memory_ms - 1) == []
+    assert key in rules.familiar.expire(reset_at + memory_ms)

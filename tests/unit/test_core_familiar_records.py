@@ -65,7 +65,8 @@ RECORDS: list[tuple[list[Any], list[Any]]] = [
     ),
     (
         ["familiar", "familiar", "default", "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", None, None],
-        [0, 1790086460000, "", "", 0, 4611686018427387904, 1, 0, 0, 0, 0, 0],
+        # A new password: kept familiar.memory_ms (30 days) from the reset, not forever.
+        [0, 1790086460000, "", "", 0, 1792592060000, 1, 0, 0, 0, 0, 0],
     ),
     (
         [
