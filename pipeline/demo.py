@@ -15,7 +15,6 @@ output), so runs never mix; the broker keeps running afterwards for exploration
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import textwrap
@@ -26,22 +25,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.clock import wall_ms
+from pipeline.demo_services import DemoError, Service, wait_on
 from pipeline.dev.stack import LocalKafka
-from pipeline.errors import AuthpipeError
 from pipeline.logs import get_logger
 from pipeline.settings import Settings, ensure_digest_key_file
 from pipeline.sim.demo_notes import blocklist_note, load_source_decisions
 from pipeline.sim.scenarios import SLOW_ATTACKS
-from pipeline.stream.watch import EX_STUCK
 
 log = get_logger("demo")
 
 READY_TIMEOUT_S = 120.0
 PATIENT_DAY_S = 86_400
-
-
-class DemoError(AuthpipeError):
-    """A step of the demo failed; the message names the step and its log file."""
 
 
 @dataclass(frozen=True)
@@ -53,72 +47,6 @@ class DemoOptions:
     seed: int = 1
     out: Path = Path("report.html")
     keep_services: bool = False
-
-
-class Service:
-    """A subprocess of ``authpipe <args>`` with its own log file, started again (up to
-    ``MAX_RESTARTS`` times) when it exits asking for it: a worker with a stuck partition
-    exits with ``EX_STUCK`` for its supervisor to restart it (``pipeline.stream.watch``)."""
-
-    MAX_RESTARTS = 3
-
-    def __init__(
-        self,
-        name: str,
-        args: list[str],
-        env: dict[str, str],
-        log_dir: Path,
-        program: tuple[str, ...] = (sys.executable, "-m", "pipeline.cli"),
-    ) -> None:
-        self.name = name
-        self.command = [*program, *args]
-        self.env = env
-        self.log_path = log_dir / f"{name}.log"
-        self.restarts = 0
-        self.proc = self._start("wb")
-
-    def _start(self, mode: str) -> subprocess.Popen[bytes]:
-        return subprocess.Popen(
-            self.command,
-            env=self.env,
-            stdout=self.log_path.open(mode),
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-
-    def alive(self) -> bool:
-        if self.proc.poll() is None:
-            return True
-        if self.proc.returncode == EX_STUCK and self.restarts < self.MAX_RESTARTS:
-            self.restarts += 1
-            self.proc = self._start("ab")
-            return True
-        return False
-
-    def stop(self, timeout_s: float = 30.0) -> None:
-        if not self.alive():
-            return
-        os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
-
-    def failed(self, what: str) -> DemoError:
-        tail = self.log_path.read_text(errors="replace").splitlines()[-15:]
-        return DemoError(f"{self.name} {what}; its log is {self.log_path}:\n" + "\n".join(tail))
-
-
-def _wait(predicate: Callable[[], bool], timeout_s: float, service: Service, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if not service.alive():
-            raise service.failed(f"exited while waiting for {what}")
-        if predicate():
-            return
-        time.sleep(0.25)
-    raise service.failed(f"did not get {what} within {timeout_s:g} s")
 
 
 def _rfc3339(epoch_ms: int) -> str:
@@ -267,7 +195,7 @@ def run_demo(settings: Settings, options: DemoOptions) -> int:
             )
         )
         patient = sum(1 for _ in patient_truth.open("rb"))
-        _wait(
+        wait_on(
             lambda: _drained(port, patient),
             900,
             worker,
@@ -307,8 +235,8 @@ def run_demo(settings: Settings, options: DemoOptions) -> int:
         truth.write_bytes(patient_truth.read_bytes() + mixed_truth.read_bytes())
         produced = sum(1 for _ in truth.open("rb"))
         say(f"waiting for the worker to count all {produced} events")
-        _wait(lambda: _drained(port, produced), 900, worker, "every event through every stage")
-        _wait(_quiet_checker(port), 60, worker, "the stages to settle")
+        wait_on(lambda: _drained(port, produced), 900, worker, "every event through every stage")
+        wait_on(_quiet_checker(port), 60, worker, "the stages to settle")
         say("scoring the decisions on the topic against the ground truth")
         _show(
             _run(
@@ -397,8 +325,10 @@ def _start_services(
     services.append(Service("sink", ["sink"], env, demo_dir))
     edge = Service("edge", ["edge", "serve", "--port", str(ports[1])], env, demo_dir)
     services.append(edge)
-    _wait(lambda: _http_ok(f"http://127.0.0.1:{ports[0]}/readyz"), READY_TIMEOUT_S, worker, "ready")
-    _wait(lambda: _http_ok(f"http://127.0.0.1:{ports[1]}/readyz"), READY_TIMEOUT_S, edge, "ready")
+    wait_on(
+        lambda: _http_ok(f"http://127.0.0.1:{ports[0]}/readyz"), READY_TIMEOUT_S, worker, "ready"
+    )
+    wait_on(lambda: _http_ok(f"http://127.0.0.1:{ports[1]}/readyz"), READY_TIMEOUT_S, edge, "ready")
     say(
         f"worker ready (metrics http://127.0.0.1:{ports[0]}/metrics), "
         f"edge ready (http://127.0.0.1:{ports[1]}/v1/check)"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pipeline.demo import Service
+from pipeline.demo_services import Service
 
 
 def exiting(code: int, tmp_path: Path) -> Service:
