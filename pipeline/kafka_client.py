@@ -58,6 +58,14 @@ PRODUCER_GUARANTEES: Mapping[str, Any] = MappingProxyType(
     {"acks": "all", "enable_idempotence": True}
 )
 
+# How long a client waits for one broker's answer before it closes the connection and
+# retries elsewhere (Kafka's own request.timeout.ms). A broker cut off by a network
+# partition answers nothing, and a request already sent to it is retried only after this:
+# faust's 1,200 s for the producer (90 s for its consumer) held an idempotent producer's
+# partition (muted while its batch is in flight) for 20 minutes, and the stage behind it.
+# Idempotent batches never expire, so a shorter wait retries and loses nothing.
+REQUEST_TIMEOUT_S = 30.0
+
 
 def producer_kwargs(kafka: KafkaSettings) -> dict[str, Any]:
     """``client_kwargs`` plus ``PRODUCER_GUARANTEES``: what every aiokafka producer takes."""

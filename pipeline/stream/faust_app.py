@@ -10,7 +10,7 @@ import faust
 from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
 from faust.transport.drivers.aiokafka import Consumer as AIOKafkaConsumer
 
-from pipeline.kafka_client import PRODUCER_GUARANTEES, security_kwargs
+from pipeline.kafka_client import PRODUCER_GUARANTEES, REQUEST_TIMEOUT_S, security_kwargs
 from pipeline.settings import KafkaSettings, Settings
 
 # Every topic the worker declares carries bytes: the stages encode their own envelopes.
@@ -96,6 +96,8 @@ def new_app(s: Settings) -> faust.App:
         # so a restart or a peer takes over in seconds, not faust's default minute.
         broker_session_timeout=10.0,
         broker_heartbeat_interval=1.0,
+        broker_request_timeout=REQUEST_TIMEOUT_S,
+        producer_request_timeout=REQUEST_TIMEOUT_S,
         web_enabled=True,
         # Only /healthz, /readyz and /metrics (_add_views), plus faust's plain index at
         # / ({"status": "OK"}): none of its pages that show or reroute internal state
