@@ -21,7 +21,7 @@ resident growth and the peak are its own):
   (``AUTHPIPE_ENGINE=rust``): what the view costs per record once they leave the dict;
 * ``coldload``: the cold load through the engine's decoder (``DecisionView.apply_encoded``,
   ``FamiliarStore.put_encoded``), in process: N exempts encoded exactly as the worker
-  encodes them (checked against ``encode(build_decision(...))``), generated in chunks and
+  encodes them (checked against ``dumps(decision_value(...))``), generated in chunks and
   applied in the feed's ``LOAD_CHUNK`` slices to a view reserved for N;
 * ``coldload_kafka``: the same records (``--kafka-records``) produced once to a topic of a
   local broker started for the run, then read by ``DecisionFeed`` from start to ready;
@@ -257,7 +257,7 @@ def bench_python(records: int) -> dict[str, Any]:
 
 
 class WorkerExempts:
-    """Familiar exempts as the worker encodes them (``encode(build_decision(...))`` with the
+    """Familiar exempts as the worker encodes them (``dumps(decision_value(...))`` with the
     default policy's familiar numbers: threshold 3, window 30 days, version ``default-1``),
     generated fast: the encoding with sentinels becomes a %-template, times come from
     per-day prefixes. Three of five are (account, place) pairs, two (account, client)."""
@@ -294,16 +294,16 @@ class WorkerExempts:
         issued_ms: int,
         expires_ms: int,
     ) -> str:
-        """The worker's own encoding (``pipeline.core.records.build_decision``)."""
-        from pipeline.contracts.codec import encode
-        from pipeline.core.records import build_decision
+        """The worker's own encoding (``pipeline.core.records.decision_value``)."""
+        from pipeline.contracts.codec import dumps
+        from pipeline.core.records import decision_value
 
         account, source, device = parts
-        d = build_decision(
+        d = decision_value(
             decision_id, key, "familiar", "exempt", "familiar", TENANT, account, source,
             device, 0, 3, MONTH_MS, issued_ms, expires_ms, self.VERSION,
         )  # fmt: skip
-        return encode(d).decode()
+        return dumps(d).decode()
 
     def chunk(self, first: int, count: int) -> tuple[list[bytes | None], list[bytes | None]]:
         """Records ``first`` to ``first + count``: keys and values, issued over the last 30

@@ -53,10 +53,11 @@ class Outbox:
     """The source stage's strangers' failing sources, by the window they failed in."""
     redeemed_shares: Shares = field(default_factory=dict)
     """The source stage's strangers' sources redeemed, by the window they failed in."""
-    exempts: list[tuple[str, Decision]] = field(default_factory=list)
-    """Familiar pairs (action ``exempt``): published on the decisions topic like the
-    decisions, kept apart so a policy's decisions (and their diff) are not drowned by
-    one record per account and source its owner signs in from."""
+    exempts: list[tuple[str, bytes]] = field(default_factory=list)
+    """Familiar pairs (action ``exempt``), encoded (``records.encode_exempt``): published
+    on the decisions topic like the decisions, kept apart so a policy's decisions (and
+    their diff) are not drowned by one record per account and source its owner signs in
+    from."""
 
     def clear(self) -> None:
         self.exempts.clear()

@@ -4,7 +4,10 @@ version, so replaying the same events gives byte-identical records."""
 
 from __future__ import annotations
 
-from pipeline.contracts.models import AccountNotice, Alert, Decision, ms_to_datetime
+from functools import lru_cache
+from typing import Any
+
+from pipeline.contracts.models import AccountNotice, Alert, Decision, format_utc_ms, ms_to_datetime
 from pipeline.core.keys import stable_id
 
 APPLIES_TO = {
@@ -22,7 +25,7 @@ APPLIES_TO = {
 """Which attempts a decision of each scope refuses (``pipeline.core.decisions``)."""
 
 
-def build_decision(
+def decision_value(
     decision_id: str,
     wire_key: str,
     scope: str,
@@ -39,28 +42,53 @@ def build_decision(
     expires_ms: int,
     version: str,
     challenge: str | None = None,
-) -> Decision:
-    """The decision a rule issues on ``wire_key`` (its id is the caller's: it is also
-    kept in the decision index). ``challenge`` names what a challenge demands."""
-    return Decision(
-        decision_id=decision_id,
-        key=wire_key,
-        tenant=tenant,
-        scope=scope,  # type: ignore[arg-type]
-        account_digest=account,
-        source=source,
-        device_id=device,
-        applies_to=APPLIES_TO[scope],  # type: ignore[arg-type]
-        action=action,  # type: ignore[arg-type]
-        rule=rule,
-        count=count,
-        threshold=threshold,
-        window_ms=window_ms,
-        issued_at=ms_to_datetime(issued_ms),
-        expires_at=ms_to_datetime(expires_ms),
-        policy_version=version,
-        challenge=challenge,  # type: ignore[arg-type]
-    )
+) -> dict[str, Any]:
+    """The wire value of the decision a rule issues on ``wire_key`` (its id is the
+    caller's: it is also kept in the decision index), in the codec's field order;
+    ``challenge`` names what a challenge demands (absent otherwise, as the model's
+    serializer leaves it out). ``dumps`` of it is the decision's bytes, equal to
+    ``encode(Decision.model_validate(value))`` (``tests/unit/test_core_exempt_bytes.py``):
+    a first sign-in's exempts are sent so, without the pydantic model and its two
+    datetimes (a quarter of its cost); the rarer decisions become models
+    (``build_decision``) for the replays that read them."""
+    value: dict[str, Any] = {
+        "decision_id": decision_id,
+        "key": wire_key,
+        "tenant": tenant,
+        "scope": scope,
+        "account_digest": account,
+        "source": source,
+        "device_id": device,
+        "applies_to": APPLIES_TO[scope],
+        "action": action,
+        "rule": rule,
+        "count": count,
+        "threshold": threshold,
+        "window_ms": window_ms,
+        "issued_at": utc_ms_text(issued_ms),
+        "expires_at": utc_ms_text(expires_ms),
+        "policy_version": version,
+    }
+    if challenge is not None:
+        value["challenge"] = challenge
+    return value
+
+
+def build_decision(value: dict[str, Any]) -> Decision:
+    """The model of a ``decision_value``."""
+    return Decision.model_validate(value, strict=False)
+
+
+def utc_ms_text(epoch_ms: int) -> str:
+    """``format_utc_ms`` of the time ``epoch_ms``, its seconds' text memoised (exempts of
+    one batch share their seconds; the memo is bounded)."""
+    return _second_text(epoch_ms // 1000) + f"{epoch_ms % 1000:03d}Z"
+
+
+@lru_cache(maxsize=4096)
+def _second_text(epoch_s: int) -> str:
+    """``format_utc_ms`` of the second ``epoch_s``, up to and with its dot."""
+    return format_utc_ms(ms_to_datetime(epoch_s * 1000))[:-4]
 
 
 def build_alert(

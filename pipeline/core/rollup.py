@@ -11,7 +11,7 @@ from pipeline.core.keys import format_key, stable_id
 from pipeline.core.outbox import ACCOUNT_SHARE, UNKNOWN_SHARE
 from pipeline.core.policy import DEFAULT_POLICY, Policy
 from pipeline.core.policy_waves import TenantSprayConfig
-from pipeline.core.records import build_alert, build_decision
+from pipeline.core.records import build_alert, build_decision, decision_value
 from pipeline.core.strangers_tier import SLOW_SHARES, StrangersTier
 from pipeline.core.stuffing import TenantStuffing
 
@@ -249,7 +249,7 @@ class TenantRollup:
         self.waves[tenant] = [issued - lead_in_ms if lead_in_ms else -1, expires]
         wire_key = format_key(("tenant", tenant, None, None, None))
         version = self.policy.policy_version
-        decision = build_decision(
+        value = decision_value(
             stable_id(wire_key, issued, expires, version)
             if rule == "spray_tenant"
             else stable_id(wire_key, issued, expires, version, rule),
@@ -269,7 +269,7 @@ class TenantRollup:
             version,
             challenge="captcha",
         )
-        self.decisions.append((wire_key, decision))
+        self.decisions.append((wire_key, build_decision(value)))
 
     def _stuffing(self, tenant: str, window: int) -> Alert | None:
         cfg = self.policy.for_tenant(tenant).stuffing

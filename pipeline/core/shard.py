@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from pipeline.contracts.codec import dumps
 from pipeline.core.attempt import Attempt
 from pipeline.core.decision_keys import reset_key
 from pipeline.core.decisions import Active, DecisionIndex
@@ -20,7 +21,7 @@ from pipeline.core.lockout import StreakState
 from pipeline.core.outbox import Metrics, Outbox, Shares, add_share
 from pipeline.core.policy import DEFAULT_POLICY, Policy
 from pipeline.core.policy_rules import DAY_MS, RuleConfig
-from pipeline.core.records import build_decision
+from pipeline.core.records import build_decision, decision_value
 from pipeline.core.rules import Dirty, TenantRules
 from pipeline.core.state import KeyState, PairState, SourceState
 from pipeline.core.table import BoundedTable
@@ -91,7 +92,9 @@ class Shard:
             action = _action(cfg.mode)
         wire_key = format_key(key)
         decision_id = stable_id(wire_key, issued_ms, expires_ms, self.version)
-        decision = build_decision(
+        self.index.put(key, Active(decision_id, action, expires_ms, rule, challenge))
+        self.metrics.decisions += 1
+        value = decision_value(
             decision_id,
             wire_key,
             scope,
@@ -109,9 +112,10 @@ class Shard:
             self.version,
             challenge,
         )
-        self.index.put(key, Active(decision_id, action, expires_ms, rule, challenge))
-        (out.exempts if action == "exempt" else out.decisions).append((wire_key, decision))
-        self.metrics.decisions += 1
+        if action == "exempt":  # a first sign-in's: its bytes, no model
+            out.exempts.append((wire_key, dumps(value)))
+        else:
+            out.decisions.append((wire_key, build_decision(value)))
         return decision_id
 
     def familiar(

@@ -61,7 +61,10 @@ def run_engine(events: Sequence[TruthEvent], policy: Policy) -> Outputs:
         if out.decisions or out.exempts:
             # The order the stream sends them in (``pipeline.stream.envelopes.collect``).
             outputs.decisions.extend(DecisionRecord(k, d, position) for k, d in out.decisions)
-            outputs.decisions.extend(DecisionRecord(k, d, position) for k, d in out.exempts)
+            outputs.decisions.extend(
+                DecisionRecord(k, Decision.model_validate_json(raw), position)
+                for k, raw in out.exempts
+            )
             out.decisions.clear()
             out.exempts.clear()
         if out.alerts:

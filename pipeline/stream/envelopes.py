@@ -114,8 +114,8 @@ class StageOutput:
 def collect(out: Outbox, result: StageOutput) -> None:
     for key, decision in out.decisions:
         result.decisions.append((key.encode(), encode(decision) if decision else None))
-    for key, decision in out.exempts:
-        result.decisions.append((key.encode(), encode(decision)))
+    for key, exempt in out.exempts:
+        result.decisions.append((key.encode(), exempt))
     result.alerts.extend(encode(alert) for alert in out.alerts)
     result.notices.extend((n.account_digest.encode(), encode(n)) for n in out.notices)
     out.decisions.clear()

@@ -109,7 +109,8 @@ def engine_answer(values: list[bytes], policy: Policy = DEFAULT_POLICY) -> Answe
     engine = Engine(policy)
     engine.run(sorted((normaliser.normalise(decode_attempt(v)) for v in values), key=replay_order))
     decisions = [
-        encode(d) for _, d in [*engine.out.decisions, *engine.out.exempts] if d is not None
+        *(encode(d) for _, d in engine.out.decisions if d is not None),
+        *(raw for _, raw in engine.out.exempts),
     ]
     return _split(decisions, [encode(a) for a in engine.out.alerts])
 

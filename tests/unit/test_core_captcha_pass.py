@@ -23,7 +23,11 @@ WAVE = ("tenant", "default", None, None, None)
 
 
 def _passes(out: Outbox) -> list[Decision]:
-    return [d for _, d in out.exempts if d.scope == "passed"]
+    return [
+        d
+        for d in map(Decision.model_validate_json, (raw for _, raw in out.exempts))
+        if d.scope == "passed"
+    ]
 
 
 def _engine(pol: Policy | None = None) -> Engine:

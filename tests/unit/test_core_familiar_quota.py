@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import orjson
 
+from pipeline.contracts.models import Decision
 from pipeline.core.account import AccountShard
 from pipeline.core.engine import Engine
 from pipeline.core.outbox import Outbox
@@ -19,8 +20,12 @@ def _exit(i: int) -> str:
     return f"203.0.{i // 250}.{i % 250 + 1}"
 
 
+def _exempts(out: Outbox) -> list[Decision]:
+    return [Decision.model_validate_json(raw) for _, raw in out.exempts]
+
+
 def _exempt_sources(out: Outbox) -> list[str | None]:
-    return [d.source for _, d in out.exempts if d.device_id is None]
+    return [d.source for d in _exempts(out) if d.device_id is None]
 
 
 def test_the_quota_stops_new_places_for_the_rest_of_the_utc_day() -> None:
@@ -48,7 +53,7 @@ def test_places_and_clients_share_the_quota() -> None:
     for i in range(2):
         success = att(i * 1000, account=OWN, source=_exit(i), device=f"c{i}", success=True)
         shard.step(success, 0, out, i)
-    kinds = [(d.source, d.device_id) for _, d in out.exempts]
+    kinds = [(d.source, d.device_id) for d in _exempts(out)]
     assert kinds == [(_exit(0), None), (None, "c0"), (_exit(1), None)]
     assert shard.metrics.familiar_quota_reached == 1
 

@@ -28,11 +28,13 @@ def _play(engine: Engine, attempts: list[Attempt]) -> list[Decision]:
     for a in sorted(attempts):
         engine.step(a, max(engine.accounts.watermark_ms, a.occurred_ms))
         out = engine.out
-        published += [d for _, d in [*out.decisions, *out.exempts] if d is not None]
+        published += [d for _, d in out.decisions if d is not None]
+        published += [Decision.model_validate_json(raw) for _, raw in out.exempts]
         out.decisions.clear()
         out.exempts.clear()
     engine.finish()
-    published += [d for _, d in [*engine.out.decisions, *engine.out.exempts] if d is not None]
+    published += [d for _, d in engine.out.decisions if d is not None]
+    published += [Decision.model_validate_json(raw) for _, raw in engine.out.exempts]
     return published
 
 

@@ -14,11 +14,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.contracts.codec import encode
+from pipeline.contracts.codec import dumps
 from pipeline.core.decision_keys import applicable_keys
 from pipeline.core.decisions import FAMILIAR_RULE, Active, DecisionIndex
 from pipeline.core.keys import Key, parse_key
-from pipeline.core.records import build_decision
+from pipeline.core.records import decision_value
 from pipeline.edge.feed import DecisionFeed, FeedConfig
 from pipeline.edge.view import DecisionView
 from pipeline.settings import Settings
@@ -99,13 +99,13 @@ def _value(
     challenge: str | None = None,
     scope: str | None = None,
 ) -> bytes:
-    """The value the worker encodes for ``wire_key`` (``build_decision``)."""
+    """The value the worker encodes for ``wire_key`` (``decision_value``)."""
     parts = (
         parse_key(wire_key) if "||" not in wire_key else parse_key(wire_key.replace("||", "|-|"))
     )
     scope = scope or parts[0]
-    return encode(
-        build_decision(
+    return dumps(
+        decision_value(
             decision_id,
             wire_key,
             scope,

@@ -94,7 +94,10 @@ def test_twin_gives_the_engines_decisions_and_alerts() -> None:
     twin, engine = run_twin(recs), engine_for(recs)
     got = split([v for _, v in twin.out.decisions if v is not None], twin.out.alerts)
     want = split(
-        [encode(d) for _, d in [*engine.out.decisions, *engine.out.exempts] if d is not None],
+        [
+            *(encode(d) for _, d in engine.out.decisions if d is not None),
+            *(raw for _, raw in engine.out.exempts),
+        ],
         [encode(a) for a in engine.out.alerts],
     )
     assert got == want

@@ -58,7 +58,10 @@ def engine_outputs(recs: list[Record], policy: Policy = POLICY) -> tuple[list[by
     engine = Engine(policy)
     engine.run(attempts)
     return outputs(
-        [encode(d) for _, d in [*engine.out.decisions, *engine.out.exempts] if d is not None],
+        [
+            *(encode(d) for _, d in engine.out.decisions if d is not None),
+            *(raw for _, raw in engine.out.exempts),
+        ],
         [encode(a) for a in engine.out.alerts],
     )
 
