@@ -24,6 +24,14 @@ Failures
   set. Rows ClickHouse still refuses for good (``BatchRefused``, e.g. code 252 "too many
   partitions for single INSERT block" under another partition key) are quarantined with
   the reason and the lane moves on: one batch never stops the sink.
+* A failed commit (the group rebalanced under us) or a rebalance drops the lanes
+  concerned and loads them again from the group's committed offsets and plans; the
+  consumer is sought back to each committed offset and records the same poll had
+  fetched from where the old lane had read to are dropped (they come again), so a
+  replay sees every message of its plan and rebuilds the same rows under the same
+  tokens. (Fed those records, a reloaded lane replayed its plan over a gap, planned
+  new batches from a cap that had not seen the gap's rows and committed them: rows
+  lost, or counted both as rows and in a later replay's summary.)
 * ``after_insert`` (a constructor argument) is called after every successful non-empty
   insert with the insert count and token, before the next commit: crash tests kill the
   process there (``pipeline.sinks.command``).
@@ -142,16 +150,20 @@ class ClickHouseSink:
         await self._start()
         try:
             while not stop.is_set():
-                records = await self._consumer.getmany(
-                    timeout_ms=POLL_TIMEOUT_MS, max_records=POLL_MAX_RECORDS
-                )
-                await self._apply_events()
-                self._ingest(records)
-                await self._tick(monotonic_ms())
-                self._log_progress()
+                await self.poll_once()
             await self._shutdown()
         finally:
             await self._close()
+
+    async def poll_once(self) -> None:
+        """One round of the loop: fetch, apply rebalances, buffer, flush when due."""
+        records = await self._consumer.getmany(
+            timeout_ms=POLL_TIMEOUT_MS, max_records=POLL_MAX_RECORDS
+        )
+        loaded = await self._apply_events()
+        self._ingest(records, skip=loaded)
+        await self._tick(monotonic_ms())
+        self._log_progress()
 
     async def _start(self) -> None:
         self._consumer, self._admin = await open_kafka(
@@ -195,41 +207,46 @@ class ClickHouseSink:
 
     # -- rebalances ----------------------------------------------------------------------
 
-    async def _apply_events(self) -> None:
+    async def _apply_events(self) -> set[Any]:
+        """Apply rebalances and reloads; the partitions that got a new lane."""
+        loaded: set[Any] = set()
         while self._events:
             what, tps = self._events.popleft()
             if what == "revoked":
                 for tp in tps:
                     self.lanes.pop(tp, None)
                     self._paused_full.discard(tp)
+                    loaded.discard(tp)
                 continue
             try:
-                await self._load_lanes(tps, seek=what == "reload")
+                loaded.update(await self._load_lanes(tps))
             except SinkError:
                 raise
             except Exception as exc:  # Kafka hiccup: keep the event, retry after a poll
                 log.warning("sink_load_failed", error=str(exc)[:300], partitions=len(tps))
                 self._events.appendleft((what, tps))
-                return
+                break
+        return loaded
 
-    async def _load_lanes(self, tps: Iterable[Any], *, seek: bool) -> None:
-        """New lanes at their committed offsets, replaying the committed plans.
+    async def _load_lanes(self, tps: Iterable[Any]) -> list[Any]:
+        """New lanes at their committed offsets, replaying the committed plans; the
+        partitions loaded.
 
-        After an assignment the consumer starts at the committed offsets by itself;
-        ``seek`` moves it back there for a lane reloaded after a failure.
+        The consumer is sought back to each new lane's committed offset: records a poll
+        fetched before the lane was loaded (after a failed commit, from where the old lane
+        had read to) are not the lane's to buffer (``poll_once`` drops them); they come
+        again from the committed offset, so the replay sees every message of its plan.
         """
         # A lane that exists is current: every path that outdates one (revocation, a
         # failed commit) removes it before asking for a reload.
         tps = [tp for tp in dict.fromkeys(tps) if tp not in self.lanes and self._assigned(tp)]
         if not tps:
-            return
+            return []
         lanes = await committed_lanes(self._admin, self.group_id, tps, self.kinds, self.cap_config)
         for tp, lane in lanes.items():
             self.lanes[tp] = lane
             offset, plan = lane.committed, lane.plan
-            if not seek:
-                pass
-            elif offset is None:
+            if offset is None:
                 await self._consumer.seek_to_beginning(tp)
             else:
                 self._consumer.seek(tp, offset)
@@ -241,12 +258,17 @@ class ClickHouseSink:
                     offset=offset,
                     entries=len(plan),
                 )
+        return list(lanes)
 
     # -- ingest --------------------------------------------------------------------------
 
-    def _ingest(self, records: Mapping[Any, list[Any]]) -> None:
+    def _ingest(self, records: Mapping[Any, list[Any]], skip: set[Any] | None = None) -> None:
+        """Buffer fetched records; those of partitions in ``skip`` (loaded after the fetch,
+        sought back) come again."""
         now = monotonic_ms()
         for tp, batch in records.items():
+            if skip and tp in skip:
+                continue
             lane = self.lanes.get(tp)
             if lane is None:
                 self._events.append(("reload", [tp]))  # load it, seek back; these come again
