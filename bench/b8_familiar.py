@@ -26,10 +26,20 @@ resident growth and the peak are its own):
 * ``coldload_kafka``: the same records (``--kafka-records``) produced once to a topic of a
   local broker started for the run, then read by ``DecisionFeed`` from start to ready;
   aiokafka's own read of the topic (no apply) and confluent-kafka's (bare, and with
-  ``apply_encoded``) beside it, so the shell's per-record cost is measured apart.
+  ``apply_encoded``) beside it, so the shell's per-record cost is measured apart;
+* ``check``: the check on an edge's view holding N familiar exempts (``apply_encoded`` to
+  a store reserved for N): ``known_records`` gives bench_edge's users 0 to ``--known``
+  records from their own names (8 in 10 familiar at their own address, 1 a new place, 1
+  no record: ``KINDS``), generated ones fill the rest; the answers asserted; then
+  ``DecisionView.check`` per call (the 20,000 users bench_edge's HTTP client asks for,
+  warm, and 100,000 at first sight), bench_edge's ``bench_check`` rates, and
+  ``GET /v1/check`` served as ``edge serve`` serves it (``bench_edge.bench_http``, best
+  p99 of ``--http-rounds``) at each of ``--rates``; ``check_all`` runs it on the known
+  users' records alone and on N, each in its own process.
 
 Run ``python -m bench.b8_familiar [--records 30000000] [--python-records 1000000]
-[--kafka-records 3000000] [--variant all|coldload_all|...] [--out bench/results/<file>.json]``;
+[--kafka-records 3000000] [--variant all|coldload_all|check_all|...] [--known 120000]
+[--rates 2000,10000] [--http-rounds 3] [--duration-s 10] [--out bench/results/<file>.json]``;
 the last line printed is the JSON result.
 """
 
@@ -42,6 +52,7 @@ import random
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -88,14 +99,21 @@ def _timer_overhead_ns() -> int:
     return laps[len(laps) // 2]
 
 
-def _latency(call: Any, args: list[tuple[Any, ...]], overhead_ns: int) -> dict[str, float]:
+def _laps(call: Any, args: list[tuple[Any, ...]]) -> tuple[list[int], list[Any]]:
+    """Nanoseconds of each ``call(*a)`` and what each returned."""
     clock = time.perf_counter_ns
     laps = []
+    answers = []
     for a in args:
         t0 = clock()
-        call(*a)
+        answer = call(*a)
         laps.append(clock() - t0)
-    return _pcts(laps, overhead_ns)
+        answers.append(answer)
+    return laps, answers
+
+
+def _latency(call: Any, args: list[tuple[Any, ...]], overhead_ns: int) -> dict[str, float]:
+    return _pcts(_laps(call, args)[0], overhead_ns)
 
 
 def _sample_keys(rng: random.Random, count: int) -> list[tuple[str, str]]:
@@ -264,8 +282,9 @@ class WorkerExempts:
 
     VERSION = "default-1"
 
-    def __init__(self, seed: int = 8) -> None:
+    def __init__(self, seed: int = 8, tenant: str = TENANT) -> None:
         self.rng = random.Random(seed)
+        self.tenant = tenant
         first_day = (NOW_MS - MONTH_MS) // DAY_MS
         self.day_prefix = [
             _format_ms((first_day + d) * DAY_MS)[:11] for d in range(2 * MONTH_MS // DAY_MS + 2)
@@ -278,7 +297,7 @@ class WorkerExempts:
         from pipeline.core.keys import format_key
 
         account, source, device = parts
-        key = format_key(("familiar", TENANT, account, source, device))
+        key = format_key(("familiar", self.tenant, account, source, device))
         text = self.encode("DIDSENTINEL", key, parts, 1_000_000_000_000, 1_100_000_000_000)
         text = text.replace("%", "%%").replace(key, "%(key)s").replace("DIDSENTINEL", "%(id)s")
         text = text.replace("ACCTSENTINEL", "%(account)s").replace("SRCSENTINEL", "%(source)s")
@@ -300,7 +319,7 @@ class WorkerExempts:
 
         account, source, device = parts
         d = decision_value(
-            decision_id, key, "familiar", "exempt", "familiar", TENANT, account, source,
+            decision_id, key, "familiar", "exempt", "familiar", self.tenant, account, source,
             device, 0, 3, MONTH_MS, issued_ms, expires_ms, self.VERSION,
         )  # fmt: skip
         return dumps(d).decode()
@@ -310,6 +329,7 @@ class WorkerExempts:
         days and expiring 30 days later."""
         bits, randint = self.rng.getrandbits, self.rng.randrange
         pair, client, prefix, first_day = self.pair, self.client, self.day_prefix, self.first_day
+        tenant = self.tenant
         keys: list[bytes | None] = []
         values: list[bytes | None] = []
         for i in range(first, first + count):
@@ -325,12 +345,12 @@ class WorkerExempts:
             fields["expires"] = prefix[day - first_day + 30] + clock
             if i % 5 < 3:
                 source = f"10.{i >> 16 & 255}.{i >> 8 & 255}.{i & 255}"
-                key = f"familiar|{TENANT}|{account}|{source}|-"
+                key = f"familiar|{tenant}|{account}|{source}|-"
                 fields["source"], fields["key"] = source, key
                 values.append((pair % fields).encode())
             else:
                 device = f"{bits(128):032x}"
-                key = f"familiar|{TENANT}|{account}|-|{device}"
+                key = f"familiar|{tenant}|{account}|-|{device}"
                 fields["device"], fields["key"] = device, key
                 values.append((client % fields).encode())
             keys.append(key.encode())
@@ -364,6 +384,15 @@ def _edge_view() -> Any:
     return DecisionView(build_normaliser(Settings()), now_ms=lambda: NOW_MS, policy=Policy())
 
 
+def _apply_chunks(view: Any, keys: list[bytes | None], values: list[bytes | None]) -> None:
+    """``view.apply_encoded`` of the messages in the feed's ``LOAD_CHUNK`` slices."""
+    from pipeline.edge.feed import LOAD_CHUNK
+
+    apply = view.apply_encoded
+    for start in range(0, len(keys), LOAD_CHUNK):
+        apply(keys[start : start + LOAD_CHUNK], values[start : start + LOAD_CHUNK])
+
+
 def bench_coldload(records: int) -> dict[str, Any]:
     """N worker-encoded exempts through ``DecisionView.apply_encoded`` in the feed's
     ``LOAD_CHUNK`` slices, into a view reserved for N (as the feed reserves it)."""
@@ -376,14 +405,12 @@ def bench_coldload(records: int) -> dict[str, Any]:
     before = _mem_kb()
     cpu0 = time.process_time()
     view.index.reserve_familiar(records)
-    apply = view.apply_encoded
     generate_s = load_s = 0.0
     for first in range(0, records, GENERATE_CHUNK):
         t0 = time.perf_counter()
         keys, values = maker.chunk(first, min(GENERATE_CHUNK, records - first))
         t1 = time.perf_counter()
-        for start in range(0, len(keys), LOAD_CHUNK):
-            apply(keys[start : start + LOAD_CHUNK], values[start : start + LOAD_CHUNK])
+        _apply_chunks(view, keys, values)
         load_s += time.perf_counter() - t1
         generate_s += t1 - t0
         del keys, values
@@ -581,36 +608,266 @@ def bench_coldload_kafka(records: int, feed_only: bool = False) -> dict[str, Any
     return out
 
 
-def bench_coldload_all(args: argparse.Namespace) -> dict[str, Any]:
-    """Both cold loads, each in its own process, with the load average around them."""
+def _one_then_other(
+    part: str, one: tuple[str, Callable[[], Any]], other: tuple[str, Callable[[], Any]]
+) -> dict[str, Any]:
+    """``part``'s result: ``one``'s run, then ``other``'s, with the load average around
+    them."""
     load_before = os.getloadavg()
     started = datetime.now(UTC)
-    inproc = _child("coldload", args)
+    first = one[1]()
     load_mid = os.getloadavg()
-    kafka = _child("coldload_kafka", args)
-    out: dict[str, Any] = {
-        "part": "b8_coldload",
+    second = other[1]()
+    return {
+        "part": part,
         "started_at": started.isoformat(timespec="seconds"),
         "load_before": [round(x, 2) for x in load_before],
         "load_between": [round(x, 2) for x in load_mid],
         "load_after": [round(x, 2) for x in os.getloadavg()],
         "nproc": os.cpu_count(),
-        "coldload": inproc,
-        "coldload_kafka": kafka,
-        "target_load_s_30m": TARGETS["load_s_30m"],
+        one[0]: first,
+        other[0]: second,
     }
+
+
+def bench_coldload_all(args: argparse.Namespace) -> dict[str, Any]:
+    """Both cold loads, each in its own process, with the load average around them."""
+    out = _one_then_other(
+        "b8_coldload",
+        ("coldload", lambda: _child("coldload", args)),
+        ("coldload_kafka", lambda: _child("coldload_kafka", args)),
+    )
+    out["target_load_s_30m"] = TARGETS["load_s_30m"]
+    inproc = out["coldload"]
     if "error" not in inproc:
         out["met_in_process"] = inproc["load_s"] * RECORDS / inproc["records"] <= 60
+    return out
+
+
+# -- the check at N records, in process and over HTTP ------------------------------------
+
+CHECK_TENANT = "default"
+"""The tenant of a check that names none: bench_edge's HTTP client names none."""
+KNOWN = 120_000
+"""Users ``bench_edge.Workload.user(i)``, i < KNOWN, given records from their own names:
+the first ``POOL`` (20,000) are those bench_edge's HTTP client asks for (and the warm
+in-process set), the rest are checked once each in process (first sight)."""
+KINDS = ("familiar",) * 8 + ("new_place", "unknown")
+"""User i's standing, ``KINDS[i % 10]``: familiar at their own address; an account
+familiar at another place only (a new place); an account without any record."""
+HTTP_RATES = (2_000, 10_000)
+HTTP_ROUNDS = 3
+HTTP_DURATION_S = 10.0
+WARM_PASSES = 5
+B4_HTTP_2000 = {"p50_ms": 0.875, "p99_ms": 1.635, "target_p99_ms": 5.0}
+"""B4 at 2,000 requests/s (results/2026-11-30.json, 100,000 decisions, quiet machine)."""
+
+
+def known_records(
+    view: Any, maker: WorkerExempts, known: int
+) -> tuple[list[bytes | None], list[bytes | None]]:
+    """The records of users 0 to ``known`` by ``KINDS``, encoded as the worker encodes
+    them (``maker.encode``), their digests and sources as the view computes a check's."""
+    from bench.bench_edge import Workload
+    from pipeline.core.keys import format_key
+
+    norm = view.normaliser
+    keys: list[bytes | None] = []
+    values: list[bytes | None] = []
+    for i in range(known):
+        kind = KINDS[i % 10]
+        if kind == "unknown":
+            continue
+        account, address, _ = Workload.user(i)
+        if kind == "new_place":
+            address = f"192.168.{i >> 8 & 255}.{i & 255}"
+        digest = norm.account_digest(CHECK_TENANT, account)
+        source = norm.sources.source_of(address, ())
+        key = format_key(("familiar", CHECK_TENANT, digest, source, None))
+        issued = NOW_MS - DAY_MS * (1 + i % 28)
+        value = maker.encode(f"{i:032x}", key, (digest, source, None), issued, issued + MONTH_MS)
+        keys.append(key.encode())
+        values.append(value.encode())
+    return keys, values
+
+
+def _answer(verdict: Any) -> str:
+    """``familiar`` (allowed, nothing to ask) or ``step_up``; anything else is a bug here."""
+    if verdict.allowed and verdict.challenge is None and not verdict.step_up:
+        return "familiar"
+    assert verdict.allowed and verdict.challenge == "step_up", verdict
+    return "step_up"
+
+
+def _by_kind(
+    users: range, laps: list[int], answers: list[Any], passes: int, overhead_ns: int
+) -> dict[str, Any]:
+    """Latency per user kind, each kind's answers asserted (familiar: allowed, nothing to
+    ask; the others: step_up)."""
+    out: dict[str, Any] = {"calls": len(laps), "all": _pcts(laps, overhead_ns)}
+    kinds = [KINDS[i % 10] for i in users] * passes
+    for kind in dict.fromkeys(KINDS):
+        mine = [n for n, k in enumerate(kinds) if k == kind]
+        want = "familiar" if kind == "familiar" else "step_up"
+        assert all(_answer(answers[n]) == want for n in mine), kind
+        out[kind] = _pcts([laps[n] for n in mine], overhead_ns) | {"calls": len(mine)}
+    return out
+
+
+def _http_answers(view: Any, users: list[int]) -> dict[str, str]:
+    """The body the edge's fast path writes for ``GET /v1/check`` of each user (the
+    function ``EdgeSite`` answers with), by kind; asserts familiar users get the plain
+    allowed body and the others a step-up."""
+    from bench.bench_edge import Workload
+    from pipeline.edge.handlers import ALLOWED_BODY, EDGE_KEY, create_app
+    from pipeline.edge.health import AlwaysReady
+
+    edge = create_app(view, AlwaysReady())[EDGE_KEY]
+    out = {}
+    for i in users:
+        account, address, _ = Workload.user(i)
+        body = edge.quick_check({"account": account, "ip": address}, None)
+        assert body is not None
+        kind = KINDS[i % 10]
+        if kind == "familiar":
+            assert body == ALLOWED_BODY, body
+        else:
+            assert orjson.loads(body)["challenge"] == "step_up", body
+        out[kind] = body.decode()
+    return out
+
+
+async def _http(view: Any, rates: tuple[int, ...], rounds: int, duration_s: float) -> Any:
+    from bench.bench_edge import bench_http
+
+    out: dict[str, Any] = {}
+    for rate in rates:
+        runs = [await bench_http(view, rate, duration_s) for _ in range(rounds)]
+        best = min(runs, key=lambda r: r["http_p99_ms"])  # as bench_edge: best of the rounds
+        best["http_rounds_p99_ms"] = [r["http_p99_ms"] for r in runs]
+        best["http_rounds_p50_ms"] = [r["http_p50_ms"] for r in runs]
+        best["http_rounds_achieved_rps"] = [r["http_achieved_rps"] for r in runs]
+        out[str(rate)] = best
+    return out
+
+
+def bench_check(
+    records: int,
+    known: int = KNOWN,
+    rates: tuple[int, ...] = HTTP_RATES,
+    rounds: int = HTTP_ROUNDS,
+    duration_s: float = HTTP_DURATION_S,
+    calls: int = 300_000,
+) -> dict[str, Any]:
+    """An edge's view holding ``records`` familiar exempts (the known users' and
+    generated ones), applied with ``apply_encoded`` to a store reserved first: the check's
+    latency in process (``DecisionView.check``: the warm set, and first sight), bench_edge's
+    ``bench_check`` rates, and ``GET /v1/check`` served as ``edge serve`` serves it
+    (``bench_edge.bench_http``) at each rate."""
+    import asyncio
+
+    from bench.bench_edge import POOL, Workload
+    from bench.bench_edge import bench_check as bench_edge_check
+    from pipeline.edge.feed import settle_heap
+    from pipeline.logs import configure_logging
+    from pipeline.settings import Settings
+
+    configure_logging("warning", "json")  # as bench_edge: challenged checks log at info
+    maker = WorkerExempts(tenant=CHECK_TENANT)
+    maker.check(*maker.chunk(0, 100))
+    view = _edge_view()
+    keys, values = known_records(view, maker, known)
+    filler = max(0, records - len(keys))
+    gc.collect()
+    before = _mem_kb()
+    started = time.perf_counter()
+    view.index.reserve_familiar(len(keys) + filler)
+    _apply_chunks(view, keys, values)
+    for first in range(known, known + filler, GENERATE_CHUNK):
+        _apply_chunks(view, *maker.chunk(first, min(GENERATE_CHUNK, known + filler - first)))
+    build_s = time.perf_counter() - started
+    held = len(view)
+    assert (held, view.stats.outcomes["bad"]) == (len(keys) + filler, 0), view.stats
+    del keys, values
+    gc.collect()
+    loaded = _mem_kb()
+    settle_heap()  # as the feed does once it has caught up
+    warm = range(min(POOL, known))
+    first_sight = range(len(warm), known)
+    attempt = [
+        (CHECK_TENANT, *Workload.user(i)[:2], (), None, False, "login") for i in range(known)
+    ]
+    overhead_ns = _timer_overhead_ns()
+    # The answers asserted before any timing: every warm user's, by kind (and its caches
+    # warmed), and the HTTP fast path's body for one user of each kind.
+    _by_kind(warm, [0] * len(warm), [view.check(*attempt[i]) for i in warm], 1, 0)
+    bodies = _http_answers(view, [0, 8, 9])
+    laps, answers = _laps(view.check, [attempt[i] for i in first_sight])
+    first_out = _by_kind(first_sight, laps, answers, 1, overhead_ns) if laps else {}
+    for i in warm:  # first sight's 100,000 pushed the warm set out of the view's caches
+        view.check(*attempt[i])
+    laps, answers = _laps(view.check, [attempt[i] for i in warm] * WARM_PASSES)
+    warm_out = _by_kind(warm, laps, answers, WARM_PASSES, overhead_ns)
+    rates_out = bench_edge_check(view, Workload(6, Settings()), calls)
+    load_before = os.getloadavg()
+    http = asyncio.run(_http(view, rates, rounds, duration_s))
+    after = _mem_kb()
+    return {
+        "records": held,
+        "known_users": known,
+        "known_records": held - filler,
+        "generated_records": filler,
+        "build_s": round(build_s, 2),
+        "rss_mb": round(loaded["VmRSS"] / 1024, 1),
+        "rss_growth_mb": round((loaded["VmRSS"] - before["VmRSS"]) / 1024, 1),
+        "rss_end_mb": round(after["VmRSS"] / 1024, 1),
+        "peak_rss_mb": round(after["VmHWM"] / 1024, 1),
+        "timer_overhead_ns": overhead_ns,
+        "http_bodies": bodies,
+        "check_first_sight": first_out,
+        "check_warm": warm_out | {"users": len(warm), "passes": WARM_PASSES},
+        "bench_edge_check": rates_out,
+        "load_before_http": [round(x, 2) for x in load_before],
+        "load_after_http": [round(x, 2) for x in os.getloadavg()],
+        "http": http,
+    }
+
+
+def bench_check_all(args: argparse.Namespace) -> dict[str, Any]:
+    """The check on the known users' records alone, then with ``--records`` in the store,
+    each in its own process, with the load average around them."""
+    out = _one_then_other(
+        "b8_check",
+        ("small", lambda: _child("check", args, records=0)),
+        ("full", lambda: _child("check", args)),
+    )
+    out["b4_http_2000"] = B4_HTTP_2000
+    small, full = out["small"], out["full"]
+    if "error" not in small and "error" not in full:
+        out["compared"] = {
+            f"http_{rate}_p99_ms": [run["http"][rate]["http_p99_ms"] for run in (small, full)]
+            for rate in full["http"]
+        } | {
+            f"check_{part}_{kind}_p99_us": [run[part][kind]["p99_us"] for run in (small, full)]
+            for part in ("check_warm", "check_first_sight")
+            for kind in ("familiar", "new_place", "unknown")
+            if full[part] and small[part]
+        }
     return out
 
 
 # -- the whole part ----------------------------------------------------------------------
 
 
-def _child(variant: str, args: argparse.Namespace, engine: str = "auto") -> dict[str, Any]:
+def _child(
+    variant: str, args: argparse.Namespace, engine: str = "auto", records: int | None = None
+) -> dict[str, Any]:
+    records = args.records if records is None else records
     command = [sys.executable, "-m", "bench.b8_familiar", "--variant", variant]
-    command += ["--records", str(args.records), "--python-records", str(args.python_records)]
-    command += ["--kafka-records", str(args.kafka_records)]
+    command += ["--records", str(records), "--python-records", str(args.python_records)]
+    command += ["--kafka-records", str(args.kafka_records), "--known", str(args.known)]
+    command += ["--rates", ",".join(map(str, args.rates)), "--http-rounds", str(args.http_rounds)]
+    command += ["--duration-s", str(args.duration_s)]
     env = {**os.environ, "AUTHPIPE_ENGINE": engine}  # DecisionIndex's familiar storage
     done = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
@@ -628,6 +885,7 @@ def bench_b8(args: argparse.Namespace) -> dict[str, Any]:
     python = _child("python", args, engine="python")
     edge_with_store = _child("python", args, engine="rust")
     coldload = bench_coldload_all(args)
+    check = bench_check_all(args)
     out: dict[str, Any] = {
         "part": "b8_familiar",
         "started_at": started.isoformat(timespec="seconds"),
@@ -639,6 +897,7 @@ def bench_b8(args: argparse.Namespace) -> dict[str, Any]:
         "python": python,
         "edge_with_store": edge_with_store,
         "coldload": coldload,
+        "check": check,
         "targets": TARGETS,
     }
     if "error" not in rust and "error" not in python:
@@ -669,10 +928,19 @@ def main(argv: list[str] | None = None) -> int:
         "--variant",
         choices=(
             "all", "rust", "rust_grown", "python", "coldload", "coldload_kafka",
-            "coldload_kafka_feed", "coldload_all"
+            "coldload_kafka_feed", "coldload_all", "check", "check_all"
         ),
         default="all",
     )  # fmt: skip
+    parser.add_argument("--known", type=int, default=KNOWN, help="check: users with records")
+    parser.add_argument(
+        "--rates",
+        type=lambda text: tuple(int(r) for r in text.split(",") if r),
+        default=HTTP_RATES,
+        help="check: HTTP requests/s, a comma list (empty: no HTTP)",
+    )
+    parser.add_argument("--http-rounds", type=int, default=HTTP_ROUNDS)
+    parser.add_argument("--duration-s", type=float, default=HTTP_DURATION_S)
     parser.add_argument("--out", type=Path, help="also write the result (JSON) here")
     args = parser.parse_args(argv)
     if args.variant == "rust":
@@ -689,6 +957,12 @@ def main(argv: list[str] | None = None) -> int:
         result = bench_coldload_kafka(min(args.kafka_records, args.records), feed_only=True)
     elif args.variant == "coldload_all":
         result = bench_coldload_all(args)
+    elif args.variant == "check":
+        result = bench_check(
+            args.records, args.known, args.rates, args.http_rounds, args.duration_s
+        )
+    elif args.variant == "check_all":
+        result = bench_check_all(args)
     else:
         result = bench_b8(args)
     text = orjson.dumps(result, option=orjson.OPT_INDENT_2 if args.out else 0)
