@@ -317,6 +317,18 @@ def test_exact_answer_when_the_worker_is_killed_mid_stream(
     expected = engine_answer(values)
     assert_same_answer(kafka_bootstrap, stream_names, expected)
     assert len(expected[0]) >= 3
+    assert_placed_by_key(kafka_bootstrap, stream_names.decisions)
+
+
+def assert_placed_by_key(bootstrap: str, topic: str, partitions: int = 4) -> None:
+    """Every decision sits on the partition Kafka's default partitioner gives its key
+    (murmur2, as a plain send placed it before decisions went out as record batches), so
+    a key's records share one partition and compaction keeps its latest."""
+    from aiokafka.partitioner import murmur2
+
+    messages = read_topic(bootstrap, topic)
+    misplaced = [m for m in messages if (murmur2(m.key) & 0x7FFFFFFF) % partitions != m.partition]
+    assert (len(messages) > 0, misplaced[:3]) == (True, [])
 
 
 def test_two_workers_decide_like_one_through_a_rebalance(
