@@ -41,6 +41,7 @@ replay of the same calls yields identical rows (the sink's dedup tokens rely on 
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -97,7 +98,9 @@ class RateCap:
     def __init__(self, config: RateCapConfig = RateCapConfig()) -> None:
         self._limit = config.rows_per_minute
         self._max_keys = config.max_keys
-        self._minutes: dict[int, dict[Key, list[Any]]] = {}
+        # Each minute's keys in first-created order, an OrderedDict: evicting a plain
+        # dict's first key leaves a hole that every later ``next(iter())`` walks over.
+        self._minutes: dict[int, OrderedDict[Key, list[Any]]] = {}
         self._tracked = 0
         self.evicted_keys = 0
 
@@ -119,7 +122,7 @@ class RateCap:
         minute = row[TS_MS] // MINUTE_MS
         keys = self._minutes.get(minute)
         if keys is None:
-            keys = self._minutes[minute] = {}
+            keys = self._minutes[minute] = OrderedDict()
         tenant = row[TENANT]
         source_key = (SOURCE_KEY, tenant, row[SOURCE])
         account_key = (ACCOUNT_KEY, tenant, row[ACCOUNT_DIGEST])
@@ -171,8 +174,7 @@ class RateCap:
         while self._tracked > self._max_keys:
             minute = min(self._minutes)
             keys = self._minutes[minute]
-            key = next(iter(keys))
-            entry = keys.pop(key)
+            key, entry = keys.popitem(last=False)
             if not keys:
                 del self._minutes[minute]
             self._tracked -= 1

@@ -4,6 +4,7 @@ check answering exactly as the core's shared check with the worker's normalisati
 from __future__ import annotations
 
 import asyncio
+from collections import OrderedDict
 from types import SimpleNamespace
 
 import orjson
@@ -306,12 +307,15 @@ def test_at_320_characters_an_account_is_accepted() -> None:
 
 
 def test_caches_are_bounded() -> None:
-    """Distinct identifiers never grow the normalisation caches past their capacity."""
+    """Distinct identifiers never grow the normalisation caches past their capacity; the
+    oldest entries go first (OrderedDicts: a plain dict slowed down evicting its head)."""
     view = DecisionView(normaliser(), now_ms=Clock(), cache_entries=100)
     for i in range(1000):
         view.check(TENANT, f"user{i}", f"192.0.2.{i % 250}", (), f"dev{i}", True)
     sizes = [len(c) for c in (view._accounts, view._addresses, view._devices, view._keys)]
     assert sizes == [100, 100, 100, 100]
+    assert [type(c) for c in (view._accounts, view._keys)] == [OrderedDict, OrderedDict]
+    assert next(iter(view._devices)) == (TENANT, "dev900")  # the oldest 900 went first
 
 
 def test_list_forwarded_for_gives_the_same_answer_as_text() -> None:
