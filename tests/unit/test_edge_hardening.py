@@ -12,7 +12,6 @@ import pytest
 from aiohttp.test_utils import TestClient
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from structlog.testing import capture_logs
 
 from pipeline.edge.errors import CheckInputError
 from pipeline.edge.handlers import create_app
@@ -28,6 +27,7 @@ from tests.unit.test_edge_support import (
     TENANT,
     Clock,
     account_key,
+    edge_logs,
     message,
     new_view,
     source_key,
@@ -207,7 +207,7 @@ async def test_a_thousand_refused_checks_write_a_bounded_number_of_lines(edge: E
     per-second budget); the rest are counted in a metric and a summary line follows."""
     edge.view.apply(*message(account_key(), T0 + 10 * MIN))
     batch = [{"account": ACCOUNT, "ip": PEER}] * 1000
-    with capture_logs() as logs:
+    with edge_logs() as logs:
         body = await edge.post_json("/v1/check/batch", batch)
     assert isinstance(body, dict) and len(body["results"]) == 1000
     refused = [entry for entry in logs if entry["event"] == "edge_check_refused"]

@@ -15,7 +15,6 @@ import pytest
 from aiohttp import ClientResponse, web
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CONTENT_TYPE_LATEST
-from structlog.testing import capture_logs
 from yarl import URL
 
 from pipeline.core.keys import format_key
@@ -32,6 +31,7 @@ from tests.unit.test_edge_support import (
     Clock,
     account_key,
     account_source_key,
+    edge_logs,
     message,
     new_view,
     source_key,
@@ -310,7 +310,7 @@ async def test_odd_input_is_never_a_500(edge: Edge, query: str) -> None:
 async def test_refusal_is_logged_with_key_and_decision_id_not_the_account(edge: Edge) -> None:
     """The refused check logs the decision key and id for operators, never the plain account."""
     edge.view.apply(*message(account_key(), T0 + MIN, decision_id="f" * 32))
-    with capture_logs() as logs:
+    with edge_logs() as logs:
         await edge.get_json(check_url())
     refused = [entry for entry in logs if entry["event"] == "edge_check_refused"]
     assert refused == [

@@ -4,13 +4,20 @@ settings); no tests here."""
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import structlog
+from structlog.testing import LogCapture
 
 from pipeline.contracts.codec import encode
 from pipeline.contracts.models import Decision, ms_to_datetime
 from pipeline.core.attempt import Normaliser
 from pipeline.core.keys import Key, format_key
 from pipeline.core.records import APPLIES_TO
+from pipeline.edge import handlers
 from pipeline.edge.view import DecisionView
 from pipeline.settings import Settings
 from pipeline.wiring import build_normaliser
@@ -118,3 +125,24 @@ def message(key: Key, expires_ms: int, **kw: object) -> tuple[bytes, bytes]:
 
 def tombstone(key: Key) -> tuple[bytes, None]:
     return format_key(key).encode(), None
+
+
+@contextmanager
+def edge_logs() -> Iterator[list[dict[str, Any]]]:
+    """The edge handlers' log entries while the block runs (as ``capture_logs`` gives them),
+    whatever structlog's global configuration: a test that configured logging in process at
+    another level, with loggers cached on first use, hides the edge's lines from
+    ``capture_logs`` in every later test of its worker."""
+    capture = LogCapture()
+    saved = handlers.log
+    handlers.log = structlog.wrap_logger(
+        None,
+        processors=[capture],
+        wrapper_class=structlog.make_filtering_bound_logger(logging.NOTSET),
+        cache_logger_on_first_use=False,
+        component="edge",
+    )
+    try:
+        yield capture.entries
+    finally:
+        handlers.log = saved
