@@ -43,6 +43,7 @@ from pipeline.sinks.rows import Message, decode_audit, decode_dead_letter
 from pipeline.sinks.rows import decision_message as decode_decision
 from tests.plugins.clickhouse import ChHttpEndpoint, recent_minute
 from tests.plugins.waiting import wait_until
+from tests.unit.test_sink_support import audit_row as support_row
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 AUTHPIPE = REPO_ROOT / ".venv" / "bin" / "authpipe"
@@ -65,28 +66,9 @@ def audit_row(
     tenant: str = "acme",
 ) -> list[Any]:
     """One audit row (AUDIT_COLUMNS order), input coordinates from ``index``."""
-    values = {
-        "ts_ms": datetime_to_ms(ts),
-        "tenant": tenant,
-        "service": "idp",
-        "flow": "login",
-        "account_digest": account,
-        "account": None,
-        "source": source,
-        "device_id": "",
-        "trusted": False,
-        "outcome": outcome,
-        "failure_reason": "bad_password" if outcome == "failure" else "",
-        "decision": "allowed",
-        "weight": 1,
-        "summary": False,
-        "policy_version": "p1",
-        "event_id": f"ev-{index}",
-        "kafka_topic": "auth.login-attempts",
-        "kafka_partition": index % 7,
-        "kafka_offset": index,
-    }
-    return [values[name] for name in AUDIT_COLUMNS]
+    return support_row(
+        index, datetime_to_ms(ts), outcome=outcome, account=account, source=source, tenant=tenant
+    )
 
 
 def audit_batch(rows: list[list[Any]]) -> bytes:

@@ -26,6 +26,7 @@ from pipeline.sinks.connect import open_clickhouse
 from pipeline.sinks.migrate import apply_migrations
 from pipeline.sinks.quarantine import DEAD_LETTERS_COLUMNS
 from pipeline.sinks.tables import ALERTS_COLUMNS, DECISIONS_COLUMNS
+from tests.unit.test_sink_support import audit_row
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DASHBOARDS = REPO_ROOT / "dashboards" / "grafana"
@@ -79,30 +80,24 @@ def attempt(
     flow: str = "login",
     weight: int = 1,
 ) -> list[Any]:
-    values = {
-        "ts_ms": at(minutes),
-        "tenant": tenant,
-        "service": "idp",
-        "flow": flow,
-        "account_digest": account,
-        "account": None,
-        "source": source,
-        "device_id": "",
-        "trusted": False,
-        "outcome": outcome,
-        "failure_reason": ("refused" if decision == "block" else "bad_password")
+    return audit_row(
+        0,
+        at(minutes),
+        tenant=tenant,
+        account=account,
+        source=source,
+        outcome=outcome,
+        decision=decision,
+        weight=weight,
+        partition=0,
+        flow=flow,
+        failure_reason=("refused" if decision == "block" else "bad_password")
         if outcome == "failure"
         else "",
-        "decision": decision,
-        "weight": weight,
-        "summary": weight > 1,
-        "policy_version": "p1",
-        "event_id": event,
-        "kafka_topic": "auth.login-attempts",
-        "kafka_partition": 0,
-        "kafka_offset": 0,
-    }
-    return [values[name] for name in AUDIT_COLUMNS]
+        summary=weight > 1,
+        event_id=event,
+        kafka_offset=0,
+    )
 
 
 def decision_row(

@@ -9,7 +9,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.contracts.models import AUDIT_COLUMNS
 from pipeline.sinks.ratecap import (
     ACCOUNT_DIGEST,
     EVENT_ID,
@@ -23,6 +22,7 @@ from pipeline.sinks.ratecap import (
     RateCapConfig,
     is_capped,
 )
+from tests.unit.test_sink_support import audit_row
 
 BASE_MS = 1_790_000_040_000 - (1_790_000_040_000 % MINUTE_MS)
 
@@ -38,29 +38,18 @@ def row(
     decision: str = "allowed",
     weight: int = 1,
 ) -> list[Any]:
-    """One audit row in AUDIT_COLUMNS order."""
-    values = {
-        "ts_ms": ts_ms,
-        "tenant": tenant,
-        "service": "idp",
-        "flow": "login",
-        "account_digest": account,
-        "account": None,
-        "source": source,
-        "device_id": "dev",
-        "trusted": False,
-        "outcome": outcome,
-        "failure_reason": "bad_password" if outcome == "failure" else "",
-        "decision": decision,
-        "weight": weight,
-        "summary": False,
-        "policy_version": "p1",
-        "event_id": f"e{index}",
-        "kafka_topic": "auth.login-attempts",
-        "kafka_partition": 0,
-        "kafka_offset": index,
-    }
-    return [values[name] for name in AUDIT_COLUMNS]
+    """One audit row in AUDIT_COLUMNS order, from partition 0 (the sink's tests' builder)."""
+    return audit_row(
+        index,
+        ts_ms,
+        tenant=tenant,
+        account=account,
+        source=source,
+        outcome=outcome,
+        decision=decision,
+        weight=weight,
+        partition=0,
+    )
 
 
 def run(cap: RateCap, rows: list[list[Any]]) -> list[list[Any]]:
@@ -110,7 +99,7 @@ def test_source_cap_writes_n_rows_then_one_summary() -> None:
     assert summary[WEIGHT] == 140
     assert summary[ACCOUNT_DIGEST] == ""
     assert summary[SOURCE] == "203.0.113.7"
-    assert summary[EVENT_ID] == "summary:e60"
+    assert summary[EVENT_ID] == "summary:ev-60"
     assert summary[TS_MS] == BASE_MS + 60
     assert cap.tracked_keys == 0
 

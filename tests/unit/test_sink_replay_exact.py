@@ -24,6 +24,7 @@ from pipeline.sinks.clickhouse import ClickHouseUnavailable
 from pipeline.sinks.loop import ClickHouseSink
 from pipeline.sinks.plan import decode_plan
 from pipeline.sinks.ratecap import RateCapConfig
+from tests.unit.test_sink_support import audit_row as support_row
 
 SETTINGS = Settings()
 AUDIT = SETTINGS.kafka.audit_topic
@@ -35,28 +36,7 @@ WEIGHT, EVENT_ID, SUMMARY = COL["weight"], COL["event_id"], COL["summary"]
 
 def audit_row(index: int, ts_ms: int, account: str, source: str) -> list[Any]:
     """A failed attempt (capped), input coordinates (auth.login-attempts, 0, index)."""
-    values = {
-        "ts_ms": ts_ms,
-        "tenant": "acme",
-        "service": "idp",
-        "flow": "login",
-        "account_digest": account,
-        "account": None,
-        "source": source,
-        "device_id": "",
-        "trusted": False,
-        "outcome": "failure",
-        "failure_reason": "bad_password",
-        "decision": "allowed",
-        "weight": 1,
-        "summary": False,
-        "policy_version": "p1",
-        "event_id": f"ev-{index}",
-        "kafka_topic": "auth.login-attempts",
-        "kafka_partition": 0,
-        "kafka_offset": index,
-    }
-    return [values[name] for name in AUDIT_COLUMNS]
+    return support_row(index, ts_ms, account=account, source=source, partition=0)
 
 
 def audit_log(
