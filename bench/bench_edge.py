@@ -75,6 +75,7 @@ LIBS_DIR = REPO_ROOT / ".state" / "kafka" / "libs"
 TENANT = "default"
 MIN_MS = 60_000
 POOL = 20_000
+WARMUP_REQUESTS = 500
 BLOCKED_SHARE_INVERSE = 50
 PARTITIONS = 8
 
@@ -367,24 +368,33 @@ def _p99_ms(samples: list[float]) -> float:
     return round(sorted(samples)[int(len(samples) * 0.99)] * 1000, 3)
 
 
-async def _client(url: str, rate: int, duration_s: float, connections: int, seed: int) -> None:
-    """The load process: open-loop GETs at ``rate``/s; prints one JSON line of results."""
+async def _client(
+    url: str, rate: int, duration_s: float, connections: int, seed: int, users: int = 0
+) -> None:
+    """The load process: open-loop GETs at ``rate``/s; prints one JSON line of results.
+    Each request asks for one of 5,000 users drawn from the pool (so the edge's caches
+    answer most), or with ``users`` for a different one of users 0 to ``users - 1`` each
+    (as many as there are requests, warm-up included; repeated only when they run out)."""
     rng = random.Random(seed)
     host, port = url.removeprefix("http://").split(":")
-    paths = [
-        "/v1/check?account={}&ip={}".format(*Workload.user(rng.randrange(POOL))[:2]).encode()
-        for _ in range(5000)
-    ]
+    if users:
+        wanted = int(rate * duration_s) + WARMUP_REQUESTS
+        picks = rng.sample(range(users), min(users, wanted))
+    else:
+        picks = [rng.randrange(POOL) for _ in range(5000)]
+    paths = ["/v1/check?account={}&ip={}".format(*Workload.user(i)[:2]).encode() for i in picks]
     load = _Load(host, paths)
     loop = asyncio.get_running_loop()
     for _ in range(connections):
         _, connection = await loop.create_connection(lambda: _Connection(load), host, int(port))
         load.idle.append(connection)
-    load.expected = 500
-    for i in range(500):  # warm up
+    load.expected = WARMUP_REQUESTS
+    for i in range(WARMUP_REQUESTS):
         load.submit(i, time.perf_counter())
         await asyncio.sleep(0.001)
     await asyncio.wait_for(load.finished.wait(), 30)
+    if users:  # the load's users are ones the warm-up did not ask for
+        load.requests = load.requests[WARMUP_REQUESTS:] + load.requests[:WARMUP_REQUESTS]
     for samples in (load.latencies, load.late, load.round_trips):
         samples.clear()
     load.finished.clear()
@@ -409,6 +419,7 @@ async def _client(url: str, rate: int, duration_s: float, connections: int, seed
         orjson.dumps(
             {
                 "requests": total,
+                "distinct_users": len(set(picks)),
                 "errors": load.errors,
                 "achieved_rps": round(total / elapsed),
                 "p50_ms": round(latencies[len(latencies) // 2] * 1000, 3),
@@ -426,10 +437,11 @@ async def _client(url: str, rate: int, duration_s: float, connections: int, seed
 
 
 async def bench_http(
-    view: DecisionView, rate: int, duration_s: float, site_kind: str = "edge"
+    view: DecisionView, rate: int, duration_s: float, site_kind: str = "edge", users: int = 0
 ) -> dict[str, Any]:
     """``site_kind``: ``edge`` serves as ``authpipe edge serve`` does (``EdgeSite``, the fast
-    path); ``aiohttp`` through aiohttp's own ``TCPSite`` (every request through the app)."""
+    path); ``aiohttp`` through aiohttp's own ``TCPSite`` (every request through the app).
+    ``users``: each request asks for a different user of that many (``_client``)."""
     runner = web.AppRunner(create_app(view, AlwaysReady()), access_log=None)
     await runner.setup()
     site: web.BaseSite = web.TCPSite(runner, "127.0.0.1", 0)
@@ -449,6 +461,8 @@ async def bench_http(
             str(rate),
             "--duration-s",
             str(duration_s),
+            "--users",
+            str(users),
             stdout=asyncio.subprocess.PIPE,
             cwd=REPO_ROOT,
         )
@@ -460,8 +474,8 @@ async def bench_http(
     server_cpu_s = server_times.user - times_started.user + server_sys_s
     server_waited_s = run_queue_wait_s() - waited_started_s
     result: dict[str, Any] = orjson.loads(out.decode().strip().splitlines()[-1])
-    # The client's warm-up requests (500) are served too.
-    served = result["requests"] + 500
+    # The client's warm-up requests are served too.
+    served = result["requests"] + WARMUP_REQUESTS
     result["server_cpu_us_per_request"] = round(server_cpu_s / served * 1e6)
     result["server_system_cpu_us_per_request"] = round(server_sys_s / served * 1e6)
     # Over the client's start-up too: an upper bound of the server's wait during the load.
@@ -692,9 +706,12 @@ def main(argv: list[str] | None = None) -> int:
         "--familiar", type=int, default=200_000, help="familiar exempts (bench.edge_familiar)"
     )
     parser.add_argument("--client", help=argparse.SUPPRESS)
+    parser.add_argument("--users", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.client:
-        asyncio.run(_client(args.client, args.rate, args.duration_s, 64, args.seed))
+        asyncio.run(
+            _client(args.client, args.rate, args.duration_s, 64, args.seed, users=args.users)
+        )
         return 0
     # Refusals are logged at info; the figures are taken with logging at warning (refusals
     # are ~1 % of the HTTP load, a JSON log line costs ~20 us).

@@ -19,7 +19,8 @@ def test_known_records_are_the_worker_encoding_of_each_kind() -> None:
 def test_check_answers_by_kind_in_process_and_over_http() -> None:
     """3,000 records (2,250 known, 750 generated): the warm and first-sight checks are
     timed for each kind (asserted familiar or step_up inside), the fast path's bodies say
-    so, and one short HTTP round at 200 requests/s answers every request."""
+    so, and one short HTTP round at 200 requests/s answers every request, each request
+    (and each of the 500 warm-up requests) asking for a different known user."""
     result = bench_check(3_000, known=2_500, rates=(200,), rounds=1, duration_s=0.5, calls=2_000)
     assert (result["records"], result["known_records"], result["generated_records"]) == (
         3_000,
@@ -39,4 +40,8 @@ def test_check_answers_by_kind_in_process_and_over_http() -> None:
     )
     assert '"challenge":"step_up"' in result["http_bodies"]["unknown"]
     http = result["http"]["200"]
-    assert (http["http_requests"], http["http_errors"]) == (100, 0)
+    assert (http["http_requests"], http["http_errors"], http["http_distinct_users"]) == (
+        100,
+        0,
+        600,
+    )
