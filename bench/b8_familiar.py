@@ -739,13 +739,16 @@ def _http_answers(view: Any, users: list[int]) -> dict[str, str]:
 async def _http(
     view: Any, rates: tuple[int, ...], rounds: int, duration_s: float, users: int
 ) -> Any:
-    """Each request asks for a different one of the ``users`` known users (first sight for
-    the edge's caches once the requests outnumber them, as a gateway of millions sees)."""
+    """Each request asks for a different one of the ``users`` known users, each round
+    its own draw (first sight for the edge's caches, as a gateway of millions sees)."""
     from bench.bench_edge import bench_http
 
     out: dict[str, Any] = {}
     for rate in rates:
-        runs = [await bench_http(view, rate, duration_s, users=users) for _ in range(rounds)]
+        runs = [
+            await bench_http(view, rate, duration_s, users=users, seed=round_)
+            for round_ in range(rounds)
+        ]
         best = min(runs, key=lambda r: r["http_p99_ms"])  # as bench_edge: best of the rounds
         best["http_rounds_p99_ms"] = [r["http_p99_ms"] for r in runs]
         best["http_rounds_p50_ms"] = [r["http_p50_ms"] for r in runs]

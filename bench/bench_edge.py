@@ -437,11 +437,18 @@ async def _client(
 
 
 async def bench_http(
-    view: DecisionView, rate: int, duration_s: float, site_kind: str = "edge", users: int = 0
+    view: DecisionView,
+    rate: int,
+    duration_s: float,
+    site_kind: str = "edge",
+    users: int = 0,
+    seed: int = 6,
 ) -> dict[str, Any]:
     """``site_kind``: ``edge`` serves as ``authpipe edge serve`` does (``EdgeSite``, the fast
     path); ``aiohttp`` through aiohttp's own ``TCPSite`` (every request through the app).
-    ``users``: each request asks for a different user of that many (``_client``)."""
+    ``users``: each request asks for a different user of that many (``_client``), drawn
+    with ``seed`` (give each round its own, or a later round finds the first's in the
+    edge's caches)."""
     runner = web.AppRunner(create_app(view, AlwaysReady()), access_log=None)
     await runner.setup()
     site: web.BaseSite = web.TCPSite(runner, "127.0.0.1", 0)
@@ -463,6 +470,8 @@ async def bench_http(
             str(duration_s),
             "--users",
             str(users),
+            "--seed",
+            str(seed),
             stdout=asyncio.subprocess.PIPE,
             cwd=REPO_ROOT,
         )
