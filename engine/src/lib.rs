@@ -1,10 +1,13 @@
 //! authpipe's compiled engine (issue 45), as the Python module `authpipe_engine`.
 //!
 //! The first piece: `FamiliarStore`, the edge's familiar exempts as fixed-size records
-//! (`table.rs`) keyed by `familiar_digest` (`digest.rs`), with no Python object per record.
+//! (`table.rs`) keyed by `familiar_digest` (`digest.rs`), with no Python object per record;
+//! and `partition_slots`, Kafka's default partitioner for the worker's decisions
+//! (`partition.rs`).
 
 mod decode;
 mod digest;
+mod partition;
 mod table;
 
 use std::borrow::Cow;
@@ -409,11 +412,27 @@ impl FamiliarStore {
     }
 }
 
+/// Each key's partition index among `partitions` as Kafka's default partitioner gives it
+/// (`partition.rs`): one call for an envelope's decisions.
+#[pyfunction]
+fn partition_slots(keys: Vec<Bound<'_, PyBytes>>, partitions: u32) -> PyResult<Vec<u32>> {
+    if partitions == 0 {
+        return Err(PyValueError::new_err(
+            "partitions must be at least 1: the topic's metadata names none yet",
+        ));
+    }
+    Ok(keys
+        .iter()
+        .map(|key| partition::slot(key.as_bytes(), partitions))
+        .collect())
+}
+
 #[pymodule]
 fn authpipe_engine(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<FamiliarStore>()?;
     m.add_function(wrap_pyfunction!(familiar_digest, m)?)?;
     m.add_function(wrap_pyfunction!(id_fingerprint, m)?)?;
+    m.add_function(wrap_pyfunction!(partition_slots, m)?)?;
     m.add("KEY_BYTES", KEY_BYTES)?;
     m.add("RECORD_BYTES", RECORD_BYTES)?;
     m.add("RECORD_FORMAT", "<16sqqQ")?;
