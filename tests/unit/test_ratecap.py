@@ -27,29 +27,11 @@ from tests.unit.test_sink_support import audit_row
 BASE_MS = 1_790_000_040_000 - (1_790_000_040_000 % MINUTE_MS)
 
 
-def row(
-    index: int,
-    *,
-    ts_ms: int = BASE_MS,
-    tenant: str = "acme",
-    account: str = "a1",
-    source: str = "203.0.113.7",
-    outcome: str = "failure",
-    decision: str = "allowed",
-    weight: int = 1,
-) -> list[Any]:
-    """One audit row in AUDIT_COLUMNS order, from partition 0 (the sink's tests' builder)."""
-    return audit_row(
-        index,
-        ts_ms,
-        tenant=tenant,
-        account=account,
-        source=source,
-        outcome=outcome,
-        decision=decision,
-        weight=weight,
-        partition=0,
-    )
+def row(index: int, *, ts_ms: int = BASE_MS, **columns: Any) -> list[Any]:
+    """One audit row (the sink tests' builder) from partition 0, by default account a1 at
+    203.0.113.7; ``columns`` as ``audit_row`` takes them."""
+    defaults: dict[str, Any] = {"account": "a1", "source": "203.0.113.7", "partition": 0}
+    return audit_row(index, ts_ms, **(defaults | columns))
 
 
 def run(cap: RateCap, rows: list[list[Any]]) -> list[list[Any]]:
