@@ -51,6 +51,10 @@ from bench.stream import (
     latency_summary,
 )
 from pipeline.clock import wall_ms
+from pipeline.contracts.codec import encode
+from pipeline.manual import Target, manual_decision
+from pipeline.settings import Settings
+from pipeline.wiring import build_normaliser
 
 LOADS = (0, 50, 1000, 10_000)
 PROBES = 30
@@ -62,6 +66,8 @@ steady state. B7 on 2026-12-02: 2-4 of the first 4 probes at 200-900 ms, at most
 the next 36."""
 POLL_S = 0.005
 PROBE_TIMEOUT_S = 5.0
+_NORMALISER = build_normaliser(Settings())
+"""The operator's grouping of the feed probe's source (the defaults, as the bench's edge)."""
 WARMUP_S = 3.0
 """Seconds between the worker and edge being ready and the first probe at 0 events/s."""
 LOAD_WARMUP_S = 90.0
@@ -296,7 +302,7 @@ async def run_probes(
         "to_edge": latency_summary(column("to_edge_ms")),
         "to_topic": latency_summary(column("to_topic_ms")),
         "to_worker_send": latency_summary(column("to_worker_send_ms")),
-        # the block-list feed: a fresh source's 5th failed challenge to the feed listing it
+        # the block-list feed: an operator's block of a fresh source to the feed listing it
         "to_feed": latency_summary([ms / 1000 for ms in feeds if ms is not None]),
         "feed_timed_out": sum(ms is None for ms in feeds),
         "feed_ms": feeds,
@@ -330,15 +336,25 @@ async def send_five(
 async def feed_probe(
     producer: AIOKafkaProducer, names: Names, client: CheckClient, tag: str, i: int
 ) -> float | None:
-    """A fresh source fails ``challenge_failures.threshold`` (5) captchas; from the
-    broker's acknowledgement of the 5th, ms until the edge's block-list feed lists the
-    source (the ``challenge_failures`` block, through the source stage). None: not
-    within ``PROBE_TIMEOUT_S``."""
+    """An operator blocks a fresh source (``pipeline.manual``'s decision, published to the
+    decisions topic as ``authpipe decisions add`` does); from the broker's acknowledgement,
+    ms until the edge's block-list feed lists the source. None: not within
+    ``PROBE_TIMEOUT_S``.
+
+    Since issue 44 (1eb5324) no rule puts a source on the feed: a source's failed CAPTCHAs
+    earn it a CAPTCHA at the edge, not a block. Operators' blocks are what the feed
+    serves, so they are what this probe times (the topic to nginx's view; the worker is
+    not on this path)."""
     ip = f"172.21.{i // 250}.{i % 250 + 1}"
-    account = f"b7f-{tag}@example.com"
-    # a failed captcha (flow challenge): bot evidence for the source stage
-    captcha = {"failure_reason": "other", "flow": "challenge", "challenge": "captcha"}
-    await send_five(producer, names.input, f"b7f{tag}", account, ip, 0.05, **captcha)
+    decision = manual_decision(
+        Target("default", source=ip),
+        _NORMALISER,
+        ttl_ms=600_000,
+        reason=f"b7 feed probe {tag}",
+        operator="bench",
+        now_ms=wall_ms(),
+    )
+    await producer.send_and_wait(names.decisions, key=decision.key.encode(), value=encode(decision))
     acked = time.perf_counter()
     if not await client.feed_lists(ip, PROBE_TIMEOUT_S):
         return None
