@@ -36,14 +36,11 @@ import collections
 import gc
 import os
 import random
-import shutil
-import socket
 import statistics
 import sys
-import tempfile
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -51,13 +48,13 @@ import orjson
 from aiohttp import web
 from aiokafka import AIOKafkaProducer
 
+from bench.stream import broker
 from pipeline.clock import wall_ms
 from pipeline.contracts.codec import encode
 from pipeline.contracts.models import Decision, ms_to_datetime
 from pipeline.core.decision_keys import applicable_keys
 from pipeline.core.keys import Key, format_key
 from pipeline.core.records import APPLIES_TO
-from pipeline.dev.stack import LocalKafka
 from pipeline.edge.fastpath import EdgeSite
 from pipeline.edge.feed import DecisionFeed, FeedConfig, settle_heap
 from pipeline.edge.handlers import EDGE_KEY, create_app
@@ -71,7 +68,6 @@ from pipeline.topics import DECISIONS_CONFIG
 from pipeline.wiring import build_normaliser
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-LIBS_DIR = REPO_ROOT / ".state" / "kafka" / "libs"
 TENANT = "default"
 MIN_MS = 60_000
 POOL = 20_000
@@ -493,27 +489,6 @@ async def bench_http(
 
 
 # -- 3 and 4: the broker -----------------------------------------------------------------
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-@contextmanager
-def broker(bootstrap: str | None) -> Iterator[str]:
-    if bootstrap:
-        yield bootstrap
-        return
-    state = Path(tempfile.mkdtemp(prefix="authpipe-bench-edge-"))
-    kafka = LocalKafka(state, _free_port(), _free_port(), libs_dir=LIBS_DIR)
-    try:
-        kafka.up()
-        yield kafka.bootstrap
-    finally:
-        kafka.down()
-        shutil.rmtree(state, ignore_errors=True)
 
 
 @asynccontextmanager
