@@ -1,10 +1,12 @@
 //! authpipe's compiled engine (issue 45), as the Python module `authpipe_engine`.
 //!
 //! The first piece: `FamiliarStore`, the edge's familiar exempts as fixed-size records
-//! (`table.rs`) keyed by `familiar_digest` (`digest.rs`), with no Python object per record;
-//! and `partition_slots`, Kafka's default partitioner for the worker's decisions
+//! (`table.rs`) keyed by `familiar_digest` (`digest.rs`), with no Python object per record,
+//! filled from the decisions topic's JSON (`decode.rs`) or straight from a fetch answer's
+//! record batches (`batch.rs`); and `partition_slots`, Kafka's default partitioner for the worker's decisions
 //! (`partition.rs`).
 
+mod batch;
 mod decode;
 mod digest;
 mod partition;
@@ -132,6 +134,118 @@ type Encoded<'py> = (
     Vec<Bound<'py, PyString>>,
 );
 
+/// What ``put_batches`` did: ``put_encoded``'s counts with the handed-back messages
+/// themselves, then the offset to read next, the records read and whether a batch was
+/// left unread.
+type Batches<'py> = (
+    Vec<(Option<Bound<'py, PyBytes>>, Option<Bound<'py, PyBytes>>)>,
+    usize,
+    usize,
+    usize,
+    usize,
+    Vec<Bound<'py, PyString>>,
+    i64,
+    usize,
+    bool,
+);
+
+/// The counts of one ``put_encoded`` or ``put_batches`` call, and the keys handed back.
+#[derive(Default)]
+struct Tally {
+    put: usize,
+    lifted: usize,
+    expired: usize,
+    changed: usize,
+    tenants: Vec<Vec<u8>>,
+    back_keys: HashSet<Digest>,
+}
+
+impl Tally {
+    /// Hand back the later messages of ``raw_key`` too, if it is a familiar key.
+    fn hand_back(&mut self, raw_key: &[u8]) {
+        if let Some(k) = decode::familiar_key(raw_key) {
+            self.back_keys.insert(digest::familiar_digest(
+                k.tenant, k.account, k.source, k.device,
+            ));
+        }
+    }
+
+    /// The counts, and the tenants as Python strings.
+    #[allow(clippy::type_complexity)]
+    fn finish<'py>(
+        &self,
+        py: Python<'py>,
+    ) -> (usize, usize, usize, usize, Vec<Bound<'py, PyString>>) {
+        let tenants = self
+            .tenants
+            .iter()
+            .map(|t| PyString::new(py, std::str::from_utf8(t).unwrap_or_default()))
+            .collect();
+        (self.put, self.lifted, self.expired, self.changed, tenants)
+    }
+}
+
+impl FamiliarStore {
+    /// Apply one message (``value`` None: a tombstone) if it is a familiar exempt or a
+    /// tombstone on a familiar key that is not handed back already; false: the caller's.
+    fn take(
+        &mut self,
+        raw_key: &[u8],
+        value: Option<&[u8]>,
+        now: i64,
+        held: Option<&Table>,
+        tally: &mut Tally,
+    ) -> PyResult<bool> {
+        let Some(k) = decode::familiar_key(raw_key) else {
+            return Ok(false);
+        };
+        let digest = digest::familiar_digest(k.tenant, k.account, k.source, k.device);
+        if tally.back_keys.contains(&digest) || held.is_some_and(|h| h.get(&digest).is_some()) {
+            tally.back_keys.insert(digest);
+            return Ok(false);
+        }
+        let Some(value) = value else {
+            tally.lifted += 1;
+            if self.table.lift(&digest, None).is_some() {
+                tally.changed += 1;
+            }
+            return Ok(true);
+        };
+        let Some(exempt) = decode::familiar_exempt(value, raw_key) else {
+            tally.back_keys.insert(digest);
+            return Ok(false);
+        };
+        if exempt.expires_ms <= now {
+            tally.expired += 1;
+            if self.table.lift(&digest, None).is_some() {
+                tally.changed += 1;
+            }
+            return Ok(true);
+        }
+        // A familiar pair is familiar from its issue (``evidence_since_ms``); an evidence
+        // start before -1 is the dict's to hold.
+        if exempt.issued_ms < -1 {
+            tally.back_keys.insert(digest);
+            return Ok(false);
+        }
+        let record = Value {
+            expires_ms: exempt.expires_ms,
+            since_ms: exempt.issued_ms,
+            id_fp: digest::id_fingerprint(exempt.decision_id),
+        };
+        let records = self.table.len() + 1;
+        self.table
+            .put(digest, record)
+            .map_err(|_| no_memory(records))?;
+        tally.put += 1;
+        tally.changed += 1;
+        if !tally.tenants.iter().any(|t| t.as_slice() == k.tenant) {
+            tally.tenants.push(k.tenant.to_vec());
+        }
+        Ok(true)
+    }
+}
+
 fn value_tuple(v: Value) -> (i64, i64, u64) {
     (v.expires_ms, v.since_ms, v.id_fp)
 }
@@ -222,75 +336,77 @@ impl FamiliarStore {
         }
         let held = held.as_ref().map(|h| &h.table);
         let mut back: Vec<usize> = Vec::new();
-        let mut back_keys: HashSet<Digest> = HashSet::new();
-        let mut tenants: Vec<Vec<u8>> = Vec::new();
-        let (mut put, mut lifted, mut expired, mut changed) = (0usize, 0usize, 0usize, 0usize);
+        let mut tally = Tally::default();
         for (i, (key, value)) in keys.iter().zip(values.iter()).enumerate() {
             let Ok(key) = key.cast::<PyBytes>() else {
                 back.push(i);
                 continue;
             };
-            let raw_key = key.as_bytes();
-            let Some(k) = decode::familiar_key(raw_key) else {
+            let value = if value.is_none() {
+                None
+            } else if let Ok(v) = value.cast::<PyBytes>() {
+                Some(v.as_bytes())
+            } else {
+                // not bytes: the Python path reports it (its key's later messages follow)
+                tally.hand_back(key.as_bytes());
                 back.push(i);
                 continue;
             };
-            let digest = digest::familiar_digest(k.tenant, k.account, k.source, k.device);
-            if back_keys.contains(&digest) || held.is_some_and(|h| h.get(&digest).is_some()) {
+            if !self.take(key.as_bytes(), value, now, held, &mut tally)? {
                 back.push(i);
-                back_keys.insert(digest);
-                continue;
-            }
-            if value.is_none() {
-                lifted += 1;
-                if self.table.lift(&digest, None).is_some() {
-                    changed += 1;
-                }
-                continue;
-            }
-            let exempt = value
-                .cast::<PyBytes>()
-                .ok()
-                .and_then(|v| decode::familiar_exempt(v.as_bytes(), raw_key).map(|e| (e, v)));
-            let Some((exempt, _)) = exempt else {
-                back.push(i);
-                back_keys.insert(digest);
-                continue;
-            };
-            if exempt.expires_ms <= now {
-                expired += 1;
-                if self.table.lift(&digest, None).is_some() {
-                    changed += 1;
-                }
-                continue;
-            }
-            // A familiar pair is familiar from its issue (``evidence_since_ms``); an
-            // evidence start before -1 is the dict's to hold.
-            if exempt.issued_ms < -1 {
-                back.push(i);
-                back_keys.insert(digest);
-                continue;
-            }
-            let value = Value {
-                expires_ms: exempt.expires_ms,
-                since_ms: exempt.issued_ms,
-                id_fp: digest::id_fingerprint(exempt.decision_id),
-            };
-            let records = self.table.len() + 1;
-            self.table
-                .put(digest, value)
-                .map_err(|_| no_memory(records))?;
-            put += 1;
-            changed += 1;
-            if !tenants.iter().any(|t| t.as_slice() == k.tenant) {
-                tenants.push(k.tenant.to_vec());
             }
         }
-        let tenants = tenants
-            .iter()
-            .map(|t| PyString::new(py, std::str::from_utf8(t).unwrap_or_default()))
-            .collect();
+        let (put, lifted, expired, changed, tenants) = tally.finish(py);
         Ok((back, put, lifted, expired, changed, tenants))
+    }
+
+    /// Apply a fetch answer's record batches (``raw``: the partition's records as the
+    /// broker sent them, ``batch.rs``) from ``from_offset`` as ``put_encoded`` applies the
+    /// same messages: familiar exempts and their tombstones here, every other message
+    /// handed back as ``(key, value)`` (bytes or None) in order. The batches are read up
+    /// to the end, to a batch cut short, or to one this reader does not take (another
+    /// format, a compression codec, a bad CRC): ``unread`` then says so, and ``next`` is
+    /// that batch's first offset, for a consumer to read from. Returns ``(handed_back,
+    /// put, lifted, expired, changed, tenants, next, records, unread)``.
+    #[pyo3(signature = (raw, from_offset, now_ms, held = None))]
+    fn put_batches<'py>(
+        &mut self,
+        py: Python<'py>,
+        raw: &[u8],
+        from_offset: i64,
+        now_ms: i64,
+        held: Option<PyRef<'py, FamiliarStore>>,
+    ) -> PyResult<Batches<'py>> {
+        let now = time_ms("now_ms", now_ms)?;
+        let held = held.as_ref().map(|h| &h.table);
+        let (records, next, stop) = batch::read(raw, from_offset);
+        let mut back: Vec<(Option<Bound<'py, PyBytes>>, Option<Bound<'py, PyBytes>>)> = Vec::new();
+        let mut tally = Tally::default();
+        for r in &records {
+            let taken = match r.key {
+                Some(key) => self.take(key, r.value, now, held, &mut tally)?,
+                None => false,
+            };
+            if !taken {
+                back.push((
+                    r.key.map(|k| PyBytes::new(py, k)),
+                    r.value.map(|v| PyBytes::new(py, v)),
+                ));
+            }
+        }
+        let (put, lifted, expired, changed, tenants) = tally.finish(py);
+        let unread = stop == batch::Stop::Unread;
+        Ok((
+            back,
+            put,
+            lifted,
+            expired,
+            changed,
+            tenants,
+            next,
+            records.len(),
+            unread,
+        ))
     }
 
     /// Remove ``digest``'s record, only if its fingerprint is ``id_fp`` when one is given

@@ -76,6 +76,25 @@ class FamiliarBatch(NamedTuple):
     """The tenants of the exempts put."""
 
 
+class FetchedBatches(NamedTuple):
+    """What ``DecisionIndex.apply_familiar_batches`` did with a fetch answer's batches."""
+
+    handed_back: list[tuple[bytes | None, bytes | None]]
+    """The messages (key, value) it did not apply, in order: the caller's to apply."""
+    put: int
+    lifted: int
+    expired: int
+    changed: int
+    tenants: list[str]
+    next_offset: int
+    """The offset to read next: past the last batch read."""
+    records: int
+    """Records read (at or after the fetch's offset, control batches not counted)."""
+    unread: bool
+    """A batch the engine does not read (another format, a codec, a bad CRC) stopped the
+    walk at ``next_offset``: a consumer must read on from there."""
+
+
 ALLOWED = Verdict(True, 0)
 HEAP_SLACK = 1024
 """Stale heap entries a decision index tolerates beyond twice its active decisions."""
@@ -245,6 +264,12 @@ class DecisionIndex:
         expires_ms, since_ms, fingerprint = record
         return Active(f"{fingerprint:016x}", "exempt", expires_ms, FAMILIAR_RULE, None, since_ms)
 
+    @property
+    def stores_familiar(self) -> bool:
+        """Whether familiar exempts are kept in the compiled store (a reader with the
+        engine), so ``apply_familiar_encoded`` and ``apply_familiar_batches`` apply."""
+        return self._familiar is not None
+
     def familiar_alive(self, now_ms: int) -> int:
         """Familiar exempts in the compiled store alive at ``now_ms`` (0 without one): what
         ``items`` does not list. Scans the store."""
@@ -271,6 +296,20 @@ class DecisionIndex:
         if self._familiar is None:
             return None
         return FamiliarBatch._make(self._familiar.put_encoded(keys, values, now_ms, self._held))
+
+    def apply_familiar_batches(
+        self, raw: bytes, from_offset: int, now_ms: int
+    ) -> FetchedBatches | None:
+        """``apply_familiar_encoded`` of the messages in a fetch answer's record batches
+        (``raw``, one partition's records as the broker sent them, read from
+        ``from_offset``) without a Python object per message: the engine reads the
+        batches (``FamiliarStore.put_batches``, engine/src/batch.rs) and hands back only
+        the messages it does not apply. None without a store."""
+        if self._familiar is None:
+            return None
+        return FetchedBatches._make(
+            self._familiar.put_batches(raw, from_offset, now_ms, self._held)
+        )
 
     def _compact(self) -> None:
         """Rebuild the heaps from the active decisions (the wall heap without those the

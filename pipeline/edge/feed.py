@@ -27,10 +27,12 @@ from typing import TYPE_CHECKING, Any
 
 from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.client import AIOKafkaClient
 from aiokafka.errors import KafkaError
 from aiokafka.structs import TopicPartition
 
 from pipeline.clock import wall_ms
+from pipeline.edge.bulkload import BulkConfig, BulkResult, bulk_load
 from pipeline.edge.errors import EdgeError
 from pipeline.edge.view import DecisionView
 from pipeline.fingerprint import fingerprint, mismatch, read_fingerprint
@@ -94,6 +96,10 @@ class FeedConfig:
     # not compared.
     fingerprint: Mapping[str, str] | None = None
     fingerprint_check_s: float = 30.0
+    # The cold load read as record batches by the engine (pipeline.edge.bulkload), when the
+    # view keeps familiar exempts in the compiled store; False: the consumer reads it all.
+    bulk_load: bool = True
+    bulk: BulkConfig = field(default_factory=BulkConfig)
 
 
 class DecisionFeed:
@@ -105,7 +111,11 @@ class DecisionFeed:
         self._task: asyncio.Task[None] | None = None
         self._consumer: AIOKafkaConsumer | None = None
         self._targets: dict[TopicPartition, int] = {}
+        self._starts: dict[TopicPartition, int] = {}
         self._positions: dict[TopicPartition, int] = {}
+        self.bulk: BulkResult | None = None
+        """What the last cold load read as record batches (None: it did not)."""
+        self._bulk_broken = False
         self._ready = asyncio.Event()
         self._waiting: str | None = f"connecting to the broker at {config.bootstrap_servers}"
         self._started_wall_ms = 0
@@ -292,6 +302,8 @@ class DecisionFeed:
         self._consumer = consumer
         try:
             partitions = await self._assign(consumer)
+            if cfg.bulk_load and self._starts and not self._bulk_broken and self.view.reads_batches:
+                await self._bulk_load(consumer, partitions)
             await self._read(consumer, partitions)
         finally:
             self._consumer = None
@@ -315,8 +327,9 @@ class DecisionFeed:
         consumer.assign(partitions)
         await consumer.seek_to_beginning(*partitions)
         self._targets = dict(await consumer.end_offsets(partitions))
+        self._starts = {}
         if not self._ready.is_set():
-            starts = await consumer.beginning_offsets(partitions)
+            self._starts = starts = dict(await consumer.beginning_offsets(partitions))
             self._reserve(sum(end - starts.get(tp, 0) for tp, end in self._targets.items()))
         log.info(
             "edge_feed_assigned",
@@ -325,6 +338,49 @@ class DecisionFeed:
             messages_at_start=sum(self._targets.values()),
         )
         return partitions
+
+    async def _bulk_load(
+        self, consumer: AIOKafkaConsumer, partitions: list[TopicPartition]
+    ) -> None:
+        """The cold load as record batches (``pipeline.edge.bulkload``), the consumer
+        paused, then seeked to every position reached to read on. A broker error raises
+        (the feed starts over); a bug is logged and the consumer reads everything, now and
+        on every later start."""
+        cfg = self.config
+        consumer.pause(*partitions)
+        client = AIOKafkaClient(
+            bootstrap_servers=cfg.bootstrap_servers,
+            client_id=cfg.client_id,
+            request_timeout_ms=cfg.request_timeout_ms,
+            **cfg.security,
+        )
+        positions = self._positions
+        positions.update(self._starts)
+        t0 = time.perf_counter()
+        try:
+            await client.bootstrap()
+            await client.add_topic(cfg.topic)
+            self.bulk = await bulk_load(client, self.view, positions, self._targets, cfg.bulk)
+        except (KafkaError, OSError):
+            raise
+        except Exception:
+            self._bulk_broken = True
+            log.exception("edge_bulk_load_crashed", topic=cfg.topic)
+            positions.update(self._starts)
+            return
+        finally:
+            await client.close()
+            for tp in partitions:
+                consumer.seek(tp, positions.get(tp, 0))
+            consumer.resume(*partitions)
+        log.info(
+            "edge_bulk_load_done",
+            topic=cfg.topic,
+            records=self.bulk.records,
+            fetches=self.bulk.fetches,
+            left=self.bulk.left,
+            seconds=round(time.perf_counter() - t0, 3),
+        )
 
     def _reserve(self, messages: int) -> None:
         """Before a cold load, room in the view's compiled store for the topic's messages

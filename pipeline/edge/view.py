@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from pipeline.clock import wall_ms
 from pipeline.contracts.codec import DecodeError
 from pipeline.core.decision_keys import applicable_keys
-from pipeline.core.decisions import ALLOWED, Active, DecisionIndex, Verdict
+from pipeline.core.decisions import ALLOWED, Active, DecisionIndex, FetchedBatches, Verdict
 from pipeline.core.errors import InvalidAttempt
 from pipeline.core.keys import Key, format_key
 from pipeline.core.policy import Policy
@@ -167,17 +167,42 @@ class DecisionView:
             for key, value in zip(keys, values, strict=True):
                 apply(key, value, now)
             return len(keys)
-        outcomes = self.stats.outcomes
-        outcomes["put"] += batch.put
-        outcomes["lift"] += batch.lifted
-        outcomes["expired"] += batch.expired
-        if batch.changed:
-            _bump(self.changes, batch.changed)
-        if batch.tenants:
-            self.tenants.update(batch.tenants)
+        self._count_batch(batch.put, batch.lifted, batch.expired, batch.changed, batch.tenants)
         for i in batch.handed_back:
             apply(keys[i], values[i], now)
         return len(keys)
+
+    @property
+    def reads_batches(self) -> bool:
+        """Whether ``apply_fetched`` can read record batches (the compiled store is in)."""
+        return self.index.stores_familiar
+
+    def apply_fetched(self, raw: bytes, from_offset: int) -> FetchedBatches:
+        """Apply one partition's records of a fetch answer (``raw``: record batches, read
+        from ``from_offset``) as ``apply_encoded`` applies the same messages, the engine
+        reading the batches; returns what it read (``next_offset``; ``unread``: a batch
+        left for a consumer). Only with the compiled store (``reads_batches``)."""
+        now = self.now_ms()
+        batch = self.index.apply_familiar_batches(raw, from_offset, now)
+        if batch is None:
+            raise RuntimeError("apply_fetched needs the compiled store (reads_batches)")
+        self._count_batch(batch.put, batch.lifted, batch.expired, batch.changed, batch.tenants)
+        apply = self._apply
+        for key, value in batch.handed_back:
+            apply(key, value, now)
+        return batch
+
+    def _count_batch(
+        self, put: int, lifted: int, expired: int, changed: int, tenants: list[str]
+    ) -> None:
+        outcomes = self.stats.outcomes
+        outcomes["put"] += put
+        outcomes["lift"] += lifted
+        outcomes["expired"] += expired
+        if changed:
+            _bump(self.changes, changed)
+        if tenants:
+            self.tenants.update(tenants)
 
     def _apply(self, key: bytes | None, value: bytes | None, now_ms: int) -> str:
         try:
