@@ -546,12 +546,14 @@ def _confluent_read(bootstrap: str, topic: str, total: int, apply: bool) -> dict
     return out
 
 
-async def _feed_load(bootstrap: str, topic: str, total: int) -> dict[str, Any]:
-    """``DecisionFeed`` from start to ready, as the edge runs it."""
+async def _feed_load(bootstrap: str, topic: str, total: int, bulk: bool = True) -> dict[str, Any]:
+    """``DecisionFeed`` from start to ready, as the edge runs it: the cold load read as
+    record batches by the engine (``bulk``, the default) or every record by the
+    consumer."""
     from pipeline.edge.feed import DecisionFeed, FeedConfig
 
     view = _edge_view()
-    feed = DecisionFeed(view, FeedConfig(bootstrap, topic))
+    feed = DecisionFeed(view, FeedConfig(bootstrap, topic, bulk_load=bulk))
     gc.collect()
     before = _mem_kb()
     started, cpu0 = time.perf_counter(), time.process_time()
@@ -572,7 +574,10 @@ async def _feed_load(bootstrap: str, topic: str, total: int) -> dict[str, Any]:
         "cpu_us_per_record": round(cpu_s / total * 1e6, 2),
         "rss_growth_mb": round((after["VmRSS"] - before["VmRSS"]) / 1024, 1),
         "load_ms_reported": feed.load_ms,
-    }
+        "bulk": None if feed.bulk is None else {
+            "records": feed.bulk.records, "fetches": feed.bulk.fetches, "left": feed.bulk.left
+        },
+    }  # fmt: skip
 
 
 def bench_coldload_kafka(records: int, feed_only: bool = False) -> dict[str, Any]:
@@ -580,7 +585,7 @@ def bench_coldload_kafka(records: int, feed_only: bool = False) -> dict[str, Any
     alone with ``feed_only``: run it with ``AUTHPIPE_ENGINE=python`` for today's decoder)."""
     import asyncio
 
-    from bench.bench_edge import broker
+    from bench.stream import broker
 
     topic = "b8-familiar"
     out: dict[str, Any] = {"records": records}
@@ -588,10 +593,14 @@ def bench_coldload_kafka(records: int, feed_only: bool = False) -> dict[str, Any
         out["produce_s"] = round(asyncio.run(_fill(bootstrap, topic, records)), 2)
         if feed_only:
             out["engine"] = os.environ.get("AUTHPIPE_ENGINE", "auto")
-            out["feed_start_to_ready"] = asyncio.run(_feed_load(bootstrap, topic, records))
+            for round_ in (1, 2):
+                for name, bulk in (("feed_start_to_ready", True), ("feed_consumer_only", False)):
+                    run = asyncio.run(_feed_load(bootstrap, topic, records, bulk))
+                    out[f"{name}_{round_}"] = run
             return out
         out["aiokafka_read_only"] = asyncio.run(_aiokafka_read(bootstrap, topic))
         out["feed_start_to_ready"] = asyncio.run(_feed_load(bootstrap, topic, records))
+        out["feed_consumer_only"] = asyncio.run(_feed_load(bootstrap, topic, records, False))
         out["confluent_read_only"] = _confluent_read(bootstrap, topic, records, apply=False)
         out["confluent_with_apply_encoded"] = _confluent_read(bootstrap, topic, records, apply=True)
     scale = RECORDS / records
@@ -600,6 +609,7 @@ def bench_coldload_kafka(records: int, feed_only: bool = False) -> dict[str, Any
         for name in (
             "aiokafka_read_only",
             "feed_start_to_ready",
+            "feed_consumer_only",
             "confluent_read_only",
             "confluent_with_apply_encoded",
         )
