@@ -25,10 +25,12 @@ class FamiliarStore:
     ) -> tuple[list[int], int, int, int, int, list[str]]: ...
     def put_batches(
         self,
-        raw: bytes,
+        raw: bytes | bytearray,
         from_offset: int,
         now_ms: int,
         held: FamiliarStore | None = None,
+        start: int = 0,
+        end: int | None = None,
     ) -> tuple[
         list[tuple[bytes | None, bytes | None]], int, int, int, int, list[str], int, int, bool
     ]: ...

@@ -14,9 +14,9 @@ mod table;
 
 use std::borrow::Cow;
 
-use pyo3::exceptions::{PyMemoryError, PyValueError};
+use pyo3::exceptions::{PyMemoryError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyList, PyString};
+use pyo3::types::{PyByteArray, PyBytes, PyList, PyString};
 use std::collections::HashSet;
 
 use table::{Digest, Table, Value, KEY_BYTES, MAX_RECORDS, RECORD_BYTES};
@@ -368,17 +368,41 @@ impl FamiliarStore {
     /// format, a compression codec, a bad CRC): ``unread`` then says so, and ``next`` is
     /// that batch's first offset, for a consumer to read from. Returns ``(handed_back,
     /// put, lifted, expired, changed, tenants, next, records, unread)``.
-    #[pyo3(signature = (raw, from_offset, now_ms, held = None))]
+    ///
+    /// ``raw`` is bytes, or a bytearray (a connection's own answer buffer) of which
+    /// ``raw[start:end]`` are the batches; nothing may resize it during the call.
+    #[pyo3(signature = (raw, from_offset, now_ms, held = None, start = 0, end = None))]
+    #[allow(clippy::too_many_arguments)]
     fn put_batches<'py>(
         &mut self,
         py: Python<'py>,
-        raw: &[u8],
+        raw: &Bound<'py, PyAny>,
         from_offset: i64,
         now_ms: i64,
         held: Option<PyRef<'py, FamiliarStore>>,
+        start: usize,
+        end: Option<usize>,
     ) -> PyResult<Batches<'py>> {
         let now = time_ms("now_ms", now_ms)?;
         let held = held.as_ref().map(|h| &h.table);
+        let whole: &[u8] = if let Ok(b) = raw.cast::<PyBytes>() {
+            b.as_bytes()
+        } else if let Ok(b) = raw.cast::<PyByteArray>() {
+            // SAFETY: the GIL is held for the whole call and nothing here runs Python code
+            // that could resize the bytearray (only new bytes objects are made).
+            unsafe { b.as_bytes() }
+        } else {
+            return Err(PyTypeError::new_err(
+                "put_batches reads bytes or a bytearray of record batches",
+            ));
+        };
+        let end = end.unwrap_or(whole.len());
+        let Some(raw) = whole.get(start..end) else {
+            return Err(PyValueError::new_err(format!(
+                "put_batches: [{start}:{end}] is not within the {} bytes given",
+                whole.len()
+            )));
+        };
         let (records, next, stop) = batch::read(raw, from_offset);
         let mut back: Vec<(Option<Bound<'py, PyBytes>>, Option<Bound<'py, PyBytes>>)> = Vec::new();
         let mut tally = Tally::default();

@@ -298,17 +298,22 @@ class DecisionIndex:
         return FamiliarBatch._make(self._familiar.put_encoded(keys, values, now_ms, self._held))
 
     def apply_familiar_batches(
-        self, raw: bytes, from_offset: int, now_ms: int
+        self,
+        raw: bytes | bytearray,
+        from_offset: int,
+        now_ms: int,
+        start: int = 0,
+        end: int | None = None,
     ) -> FetchedBatches | None:
         """``apply_familiar_encoded`` of the messages in a fetch answer's record batches
-        (``raw``, one partition's records as the broker sent them, read from
+        (``raw[start:end]``, one partition's records as the broker sent them, read from
         ``from_offset``) without a Python object per message: the engine reads the
         batches (``FamiliarStore.put_batches``, engine/src/batch.rs) and hands back only
         the messages it does not apply. None without a store."""
         if self._familiar is None:
             return None
         return FetchedBatches._make(
-            self._familiar.put_batches(raw, from_offset, now_ms, self._held)
+            self._familiar.put_batches(raw, from_offset, now_ms, self._held, start, end)
         )
 
     def _compact(self) -> None:

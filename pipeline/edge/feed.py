@@ -32,7 +32,7 @@ from aiokafka.errors import KafkaError
 from aiokafka.structs import TopicPartition
 
 from pipeline.clock import wall_ms
-from pipeline.edge.bulkload import BulkConfig, BulkResult, bulk_load
+from pipeline.edge.bulkload import BulkConfig, BulkResult, bulk_load, fetcher_for
 from pipeline.edge.errors import EdgeError
 from pipeline.edge.view import DecisionView
 from pipeline.fingerprint import fingerprint, mismatch, read_fingerprint
@@ -344,8 +344,8 @@ class DecisionFeed:
     ) -> None:
         """The cold load as record batches (``pipeline.edge.bulkload``), the consumer
         paused, then seeked to every position reached to read on. A broker error raises
-        (the feed starts over); a bug is logged and the consumer reads everything, now and
-        on every later start."""
+        (the feed starts over); a malformed answer (``FetchConnectionError``) or a bug is
+        logged and the consumer reads everything, now and on every later start."""
         cfg = self.config
         consumer.pause(*partitions)
         client = AIOKafkaClient(
@@ -360,7 +360,15 @@ class DecisionFeed:
         try:
             await client.bootstrap()
             await client.add_topic(cfg.topic)
-            self.bulk = await bulk_load(client, self.view, positions, self._targets, cfg.bulk)
+            fetcher = fetcher_for(
+                client, cfg.bulk, cfg.security, cfg.client_id, cfg.request_timeout_ms / 1000
+            )
+            try:
+                self.bulk = await bulk_load(
+                    fetcher, client, self.view, positions, self._targets, cfg.bulk
+                )
+            finally:
+                fetcher.close()
         except (KafkaError, OSError):
             raise
         except Exception:

@@ -177,13 +177,16 @@ class DecisionView:
         """Whether ``apply_fetched`` can read record batches (the compiled store is in)."""
         return self.index.stores_familiar
 
-    def apply_fetched(self, raw: bytes, from_offset: int) -> FetchedBatches:
-        """Apply one partition's records of a fetch answer (``raw``: record batches, read
-        from ``from_offset``) as ``apply_encoded`` applies the same messages, the engine
-        reading the batches; returns what it read (``next_offset``; ``unread``: a batch
-        left for a consumer). Only with the compiled store (``reads_batches``)."""
+    def apply_fetched(
+        self, raw: bytes | bytearray, from_offset: int, start: int = 0, end: int | None = None
+    ) -> FetchedBatches:
+        """Apply one partition's records of a fetch answer (``raw[start:end]``: record
+        batches, read from ``from_offset``) as ``apply_encoded`` applies the same
+        messages, the engine reading the batches; returns what it read (``next_offset``;
+        ``unread``: a batch left for a consumer). Only with the compiled store
+        (``reads_batches``)."""
         now = self.now_ms()
-        batch = self.index.apply_familiar_batches(raw, from_offset, now)
+        batch = self.index.apply_familiar_batches(raw, from_offset, now, start, end)
         if batch is None:
             raise RuntimeError("apply_fetched needs the compiled store (reads_batches)")
         self._count_batch(batch.put, batch.lifted, batch.expired, batch.changed, batch.tenants)

@@ -17,7 +17,10 @@ from pipeline.core.keys import parse_key
 from pipeline.edge.feed import DecisionFeed, FeedConfig
 from pipeline.edge.view import DecisionView
 from pipeline.kafka_admin import TopicSpec, ensure_topics
+from pipeline.kafka_client import security_kwargs
+from pipeline.settings import KafkaSettings
 from pipeline.topics import DECISIONS_CONFIG
+from tests.plugins.kafka import SCRAM_USERS, TLS_CLIENT, TlsBroker
 from tests.plugins.waiting import wait_until_async
 from tests.unit.test_edge_support import (
     MIN,
@@ -113,3 +116,44 @@ async def test_a_bulk_loaded_view_equals_the_consumers_and_follows_live(
             30.0,
             description="a decision published after the bulk load",
         )
+
+
+@pytest.mark.parametrize("listener", ["ssl", "mtls", "sasl_ssl"])
+async def test_the_bulk_load_reads_over_tls_mutual_tls_and_sasl(
+    kafka_tls: TlsBroker, topic_name: str, listener: str
+) -> None:
+    """500 exempts loaded as record batches through the TLS listener and the mutual-TLS
+    one (the bulk load's own connections, with the feed's ssl_context) and through
+    SASL_SSL (aiokafka's client and its SCRAM handshake): every record read in bulk, none
+    left to the consumer, all 500 in the view."""
+    await ensure_topics(kafka_tls.plaintext, [TopicSpec(topic_name, PARTITIONS, DECISIONS_CONFIG)])
+    now = wall_ms()
+    await produce(kafka_tls.plaintext, topic_name, [exempt(i, now) for i in range(500)])
+    files = kafka_tls.files
+    options: dict[str, Any] = {"ssl_cafile": str(files.ca_pem)}
+    if listener == "sasl_ssl":
+        user = "authpipe-gateway"
+        options |= {
+            "security_protocol": "SASL_SSL",
+            "sasl_mechanism": "SCRAM-SHA-512",
+            "sasl_username": user,
+            "sasl_password": SCRAM_USERS[user],
+        }
+    else:
+        options["security_protocol"] = "SSL"
+    if listener == "mtls":
+        options |= {
+            "ssl_certfile": str(files.client_cert(TLS_CLIENT)),
+            "ssl_keyfile": str(files.client_key(TLS_CLIENT)),
+        }
+    bootstrap = getattr(kafka_tls, listener)
+    kafka = KafkaSettings.model_validate({"bootstrap_servers": bootstrap, **options})
+    feed = DecisionFeed(
+        DecisionView(normaliser()),
+        FeedConfig(bootstrap, topic_name, poll_interval_ms=100, security=security_kwargs(kafka)),
+    )
+    async with feed:
+        await feed.wait_ready(READY_TIMEOUT_S)
+    assert feed.bulk is not None
+    assert (feed.bulk.records, feed.bulk.left) == (500, {})
+    assert len(feed.view.index) == 500
