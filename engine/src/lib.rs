@@ -389,7 +389,9 @@ impl FamiliarStore {
             b.as_bytes()
         } else if let Ok(b) = raw.cast::<PyByteArray>() {
             // SAFETY: the GIL is held for the whole call and nothing here runs Python code
-            // that could resize the bytearray (only new bytes objects are made).
+            // that could resize the bytearray: only new bytes objects are made (a collection
+            // they set off could run a finalizer, and no finalizer holds the caller's
+            // answer buffer).
             unsafe { b.as_bytes() }
         } else {
             return Err(PyTypeError::new_err(

@@ -124,7 +124,7 @@ class _OwnFetcher:
             if broker is None:
                 raise KafkaError(f"broker {node} is not in the cluster's metadata")
             connection = await FetchConnection.open(
-                broker.host, broker.port, self._ssl, self._client_id
+                broker.host, broker.port, self._ssl, self._client_id, self._timeout_s
             )
             self._connections[node] = connection
         cfg = self._config
@@ -181,9 +181,19 @@ async def bulk_load(
                 _leave(open_, tp, "no_leader", result)
                 continue
             by_node[leader].append(tp)
-        answers = await asyncio.gather(
-            *(fetcher.fetch(node, _topics(tps, positions, config)) for node, tps in by_node.items())
+        # Every node's fetch ends before any error is raised: none is left in flight.
+        outcomes = await asyncio.gather(
+            *(
+                fetcher.fetch(node, _topics(tps, positions, config))
+                for node, tps in by_node.items()
+            ),
+            return_exceptions=True,
         )
+        answers = []
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
+            answers.append(outcome)
         result.fetches += len(answers)
         for answer in answers:
             for tp, error_code, buf, start, end in answer:

@@ -182,16 +182,24 @@ class FetchConnection:
 
     @classmethod
     async def open(
-        cls, host: str, port: int, ssl_context: ssl.SSLContext | None, client_id: str
+        cls,
+        host: str,
+        port: int,
+        ssl_context: ssl.SSLContext | None,
+        client_id: str,
+        timeout_s: float = 30.0,
     ) -> FetchConnection:
+        """Connect (and shake hands, with TLS) within ``timeout_s``; raises OSError
+        (TimeoutError included)."""
         answers = _Answers()
-        await asyncio.get_running_loop().create_connection(
-            lambda: answers,
-            host,
-            port,
-            ssl=ssl_context,
-            server_hostname=host if ssl_context else None,
-        )
+        async with asyncio.timeout(timeout_s):
+            await asyncio.get_running_loop().create_connection(
+                lambda: answers,
+                host,
+                port,
+                ssl=ssl_context,
+                server_hostname=host if ssl_context else None,
+            )
         return cls(answers, client_id)
 
     async def fetch(
