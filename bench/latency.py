@@ -68,8 +68,10 @@ POLL_S = 0.005
 PROBE_TIMEOUT_S = 5.0
 _NORMALISER = build_normaliser(Settings())
 """The operator's grouping of the feed probe's source (the defaults, as the bench's edge)."""
-WARMUP_S = 3.0
-"""Seconds between the worker and edge being ready and the first probe at 0 events/s."""
+WARMUP_S = 15.0
+"""Seconds between the worker and edge being ready and the first probe at 0 events/s: a
+worker's first seconds are its start (on 2026-12-07 with 3 s, the 1st to 4th probes after
+the warm-up ones took up to 207 ms, the rest at most 135; bench/README.md)."""
 LOAD_WARMUP_S = 90.0
 """Seconds the background load flows before the first probe (``--warmup-s``): the steady
 state, not a new deployment's first minute. ``bench.stream``'s load draws from 50,000
