@@ -69,9 +69,9 @@ PROBE_TIMEOUT_S = 5.0
 _NORMALISER = build_normaliser(Settings())
 """The operator's grouping of the feed probe's source (the defaults, as the bench's edge)."""
 WARMUP_S = 15.0
-"""Seconds between the worker and edge being ready and the first probe at 0 events/s: a
-worker's first seconds are its start (on 2026-12-07 with 3 s, the 1st to 4th probes after
-the warm-up ones took up to 207 ms, the rest at most 135; bench/README.md)."""
+"""Seconds between the worker and edge being ready and the first probe at 0 events/s: the
+priming burst below, then quiet (on 2026-12-07, with 3 s and no burst, the 1st to 4th
+probes after the warm-up ones took up to 207 ms, the rest at most 135; bench/README.md)."""
 PRIME_RATE = 200
 PRIME_S = 3
 """At 0 events/s, a burst of ``PRIME_RATE`` events/s for ``PRIME_S`` s at the start of the
