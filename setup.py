@@ -28,6 +28,7 @@ from setuptools.command.build_ext import build_ext
 # which mypyc cannot compile (and which are read once per tenant, not per event).
 CORE_MODULES = (
     "account", "attempt", "decision_keys", "decisions", "dedupe", "engine", "errors",
+    "familiar_store",
     "grouping", "keys",
     "lockout", "normalise", "outbox", "records", "review", "rollup", "rules", "sequence",
     "shard", "source", "state", "strangers_tier", "streaks", "stuffing", "table", "window",

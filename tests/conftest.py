@@ -37,6 +37,7 @@ COMPILED_CORE_MODULES = (
     "dedupe",
     "engine",
     "errors",
+    "familiar_store",
     "grouping",
     "keys",
     "lockout",

@@ -7,14 +7,12 @@ compiled store when installed) and its verdicts. Which keys apply to an attempt 
 from __future__ import annotations
 
 import heapq
-import importlib
-import os
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from pipeline.contracts.models import Decision, datetime_to_ms
 from pipeline.core.decision_keys import VERIFY
-from pipeline.core.errors import CoreError
+from pipeline.core.familiar_store import FAMILIAR_ENGINE, FamiliarBatch, FetchedBatches
 from pipeline.core.keys import Key
 from pipeline.core.policy import Policy
 
@@ -60,41 +58,6 @@ class Verdict:
         return "observe" if self.observed_key else "allowed"
 
 
-class FamiliarBatch(NamedTuple):
-    """What ``DecisionIndex.apply_familiar_encoded`` did with a fetch's messages."""
-
-    handed_back: list[int]
-    """The indexes of the messages it did not apply, in order: the caller's to apply."""
-    put: int
-    lifted: int
-    """Tombstones applied (whether or not their key had a record)."""
-    expired: int
-    """Exempts already expired: their key's record removed, as a tombstone does."""
-    changed: int
-    """Records put or removed."""
-    tenants: list[str]
-    """The tenants of the exempts put."""
-
-
-class FetchedBatches(NamedTuple):
-    """What ``DecisionIndex.apply_familiar_batches`` did with a fetch answer's batches."""
-
-    handed_back: list[tuple[bytes | None, bytes | None]]
-    """The messages (key, value) it did not apply, in order: the caller's to apply."""
-    put: int
-    lifted: int
-    expired: int
-    changed: int
-    tenants: list[str]
-    next_offset: int
-    """The offset to read next: past the last batch read."""
-    records: int
-    """Records read (at or after the fetch's offset, control batches not counted)."""
-    unread: bool
-    """A batch the engine does not read (another format, a codec, a bad CRC) stopped the
-    walk at ``next_offset``: a consumer must read on from there."""
-
-
 ALLOWED = Verdict(True, 0)
 HEAP_SLACK = 1024
 """Stale heap entries a decision index tolerates beyond twice its active decisions."""
@@ -103,31 +66,6 @@ PRUNE_STEP_SLOTS = 65_536
 """Slots of the compiled familiar store one ``prune`` of a reader sweeps (under a
 millisecond, bench/README.md "B8"): the whole store every ``slots / 65,536`` prunes;
 an expired record is ignored by every lookup until the sweep removes it."""
-ENGINES = ("auto", "python", "rust")
-
-
-def familiar_engine(mode: str | None = None) -> Any:
-    """The compiled engine (``authpipe_engine``, engine/) whose ``FamiliarStore`` keeps a
-    reader's familiar exempts, or None for the dict (the reference implementation).
-    ``mode`` (default ``AUTHPIPE_ENGINE``, else ``auto``): ``python`` never uses it,
-    ``rust`` requires it, ``auto`` uses it when it is installed."""
-    mode = mode or os.environ.get("AUTHPIPE_ENGINE") or "auto"
-    if mode not in ENGINES:
-        raise CoreError(f"AUTHPIPE_ENGINE={mode!r} is not one of {', '.join(ENGINES)}")
-    if mode == "python":
-        return None
-    try:
-        return importlib.import_module("authpipe_engine")
-    except ImportError:
-        if mode == "rust":
-            raise CoreError(
-                "AUTHPIPE_ENGINE=rust but authpipe_engine is not installed: run scripts/build-engine"
-            ) from None
-        return None
-
-
-FAMILIAR_ENGINE: Any = familiar_engine()
-"""What a ``DecisionIndex`` of a reader uses by default, chosen once at import."""
 
 
 class DecisionIndex:

@@ -34,8 +34,9 @@ from typing import TYPE_CHECKING, Any
 from pipeline.clock import wall_ms
 from pipeline.contracts.codec import DecodeError
 from pipeline.core.decision_keys import applicable_keys
-from pipeline.core.decisions import ALLOWED, Active, DecisionIndex, FetchedBatches, Verdict
+from pipeline.core.decisions import ALLOWED, Active, DecisionIndex, Verdict
 from pipeline.core.errors import InvalidAttempt
+from pipeline.core.familiar_store import FetchedBatches
 from pipeline.core.keys import Key, format_key
 from pipeline.core.policy import Policy
 from pipeline.core.review import review_session

@@ -20,7 +20,7 @@ import faust
 from aiokafka.partitioner import DefaultPartitioner
 
 from pipeline.contracts.codec import dumps
-from pipeline.core.decisions import FAMILIAR_ENGINE
+from pipeline.core.familiar_store import FAMILIAR_ENGINE
 from pipeline.core.outbox import ACCOUNT_SHARE, SOURCE_SHARE
 from pipeline.logs import get_logger
 from pipeline.stream.batching import Batcher

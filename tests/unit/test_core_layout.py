@@ -24,6 +24,7 @@ ORDER = (
     "policy_waves",
     "policy",
     "decision_keys",
+    "familiar_store",
     "decisions",
     "review",
     "records",

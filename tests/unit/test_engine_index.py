@@ -11,8 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.core.decision_keys import applicable_keys
-from pipeline.core.decisions import FAMILIAR_RULE, Active, DecisionIndex, familiar_engine
+from pipeline.core.decisions import FAMILIAR_RULE, Active, DecisionIndex
 from pipeline.core.errors import CoreError
+from pipeline.core.familiar_store import familiar_engine
 from pipeline.core.keys import Key
 from pipeline.core.review import review_session
 from tests.unit.test_core_support import policy
