@@ -49,6 +49,7 @@ from bench.stream import (
     failure,
     free_port,
     latency_summary,
+    start_load,
 )
 from pipeline.clock import wall_ms
 from pipeline.contracts.codec import encode
@@ -396,23 +397,8 @@ def bench_one(
         edge.wait_ready()
         # At 0 events/s a short burst first writes every partition of the run's new topics
         # (PRIME_*), then nothing flows while the probes run.
-        rate, seconds = (rate_per_s, "600") if rate_per_s else (PRIME_RATE, str(PRIME_S))
-        load = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "bench.stream",
-                "--load",
-                ctx.bootstrap,
-                names.input,
-                str(rate),
-                seconds,
-                *(["--load-fresh"] if fresh else []),
-            ],
-            cwd=REPO_ROOT,
-            stdout=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+        rate, seconds = (rate_per_s, 600) if rate_per_s else (PRIME_RATE, PRIME_S)
+        load = start_load(ctx.bootstrap, names.input, rate, seconds, fresh=fresh)
         waited_s = warmup_s if rate_per_s else WARMUP_S
         time.sleep(waited_s)
         load_start = load_1min()

@@ -1086,6 +1086,36 @@ async def probe_latencies(ctx: Context, names: Names, probes: int, gap_s: float)
     }
 
 
+def start_load(
+    bootstrap: str,
+    topic: str,
+    rate_per_s: int,
+    duration_s: float,
+    stdout: int = subprocess.DEVNULL,
+    fresh: bool = False,
+) -> subprocess.Popen[bytes]:
+    """``bench.stream --load``: mixed traffic at ``rate_per_s`` to ``topic`` for
+    ``duration_s`` from a process of its own (its own session, so a ``killpg`` ends it);
+    ``fresh``: every ordinary user signs in at a new place. Its last stdout line is what
+    it sent (JSON)."""
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "bench.stream",
+            "--load",
+            bootstrap,
+            topic,
+            str(rate_per_s),
+            str(duration_s),
+            *(["--load-fresh"] if fresh else []),
+        ],
+        cwd=REPO_ROOT,
+        stdout=stdout,
+        start_new_session=True,
+    )
+
+
 def bench_b2(ctx: Context, rate_per_s: int, probes: int, gap_s: float = 0.1) -> dict[str, Any]:
     """B2: probes' decision latency while a second process loads the input topic."""
     names = Names.fresh("b2")
@@ -1095,21 +1125,7 @@ def bench_b2(ctx: Context, rate_per_s: int, probes: int, gap_s: float = 0.1) -> 
     try:
         run.wait_ready()
         duration_s = probes * 2 * gap_s + 8
-        load = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "bench.stream",
-                "--load",
-                ctx.bootstrap,
-                names.input,
-                str(rate_per_s),
-                str(duration_s),
-            ],
-            cwd=REPO_ROOT,
-            stdout=subprocess.PIPE,
-            start_new_session=True,
-        )
+        load = start_load(ctx.bootstrap, names.input, rate_per_s, duration_s, subprocess.PIPE)
         time.sleep(3)  # the load is flowing before the first probe
         before = run.metrics()
         t0 = time.perf_counter()
