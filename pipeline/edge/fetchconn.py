@@ -20,10 +20,12 @@ import ssl
 import struct
 from dataclasses import dataclass
 
+from aiokafka.protocol.fetch import FetchRequest_v4
+
 from pipeline.edge.errors import EdgeError
 
-FETCH_KEY = 1
-FETCH_VERSION = 4
+FETCH_KEY = FetchRequest_v4.API_KEY
+FETCH_VERSION = FetchRequest_v4.API_VERSION
 READ_UNCOMMITTED = 0
 """As the feed's consumer reads (aiokafka's default): the worker writes no transactions."""
 MAX_ANSWER_BYTES = 1 << 30
@@ -56,19 +58,12 @@ def encode_fetch(
     max_bytes: int,
     topics: list[tuple[str, list[tuple[int, int, int]]]],
 ) -> bytes:
-    """A Fetch v4 request, framed: ``topics`` as (topic, [(partition, offset, max bytes)])."""
+    """A Fetch v4 request, framed: ``topics`` as (topic, [(partition, offset, max bytes)]).
+    The body is aiokafka's own encoding (``FetchRequest_v4``); only the header is ours."""
     client = client_id.encode()
-    parts = [
-        struct.pack(">hhih", FETCH_KEY, FETCH_VERSION, correlation_id, len(client)),
-        client,
-        struct.pack(">iiiibi", -1, max_wait_ms, 1, max_bytes, READ_UNCOMMITTED, len(topics)),
-    ]
-    for topic, partitions in topics:
-        name = topic.encode()
-        parts.append(struct.pack(">h", len(name)) + name + struct.pack(">i", len(partitions)))
-        parts.extend(struct.pack(">iqi", p, offset, limit) for p, offset, limit in partitions)
-    body = b"".join(parts)
-    return struct.pack(">i", len(body)) + body
+    header = struct.pack(">hhih", FETCH_KEY, FETCH_VERSION, correlation_id, len(client)) + client
+    body: bytes = FetchRequest_v4(-1, max_wait_ms, 1, max_bytes, READ_UNCOMMITTED, topics).encode()
+    return struct.pack(">i", len(header) + len(body)) + header + body
 
 
 def parse_fetch(buf: bytearray | bytes, correlation_id: int) -> list[PartitionAnswer]:
